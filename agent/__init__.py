@@ -1,0 +1,1 @@
+"""In-process telemetry for training ranks: wire schema, probes, publisher."""

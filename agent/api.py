@@ -1,0 +1,134 @@
+"""The agent's public API: the one narrow seam through which a training engine reports.
+
+The bundled engine uses exactly this API, and so can any other engine. An engine gets its
+reporter with :func:`telemetry` once, then calls it at a handful of places:
+
+    tel = telemetry()
+    tel.hello(config=ConfigSummary(...), params=ParamCounts(...))
+    with tel.phase("forward"): ...
+    work = tel.collective(dist.all_gather_into_tensor(out, inp, async_op=True),
+                          op="all_gather", nbytes=out.numel() * out.element_size(), group_size=n)
+    ...                       # compute that overlaps the collective
+    work.wait()               # the wait is what the loop was exposed to
+    tel.transfer("d2h", nbytes, start_ns, end_ns)
+    tel.event("overflow", "grad overflow, step skipped", value=scale)
+    tel.step_end(loss=loss, lr=lr, grad_norm=norm, loss_scale=scale, memory=MemoryBytes(...))
+
+When zeroscope did not start the job (no ``ZEROSCOPE_COLLECTOR`` in the environment),
+:func:`telemetry` returns :class:`NullTelemetry`, whose methods do nothing and whose
+``collective`` hands back the very work object it was given: the cost is one method call.
+
+Rules for implementations (they run inside the training loop): never block, never synchronize a
+device for the sake of measurement, never raise into the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
+
+from .schema import (
+    CollectiveOp,
+    ConfigSummary,
+    EventKind,
+    MemoryBytes,
+    ParamCounts,
+    TransferDirection,
+)
+
+PhaseName = Literal["data", "forward", "backward", "optimizer"]
+
+COLLECTOR_ENV = "ZEROSCOPE_COLLECTOR"
+"""Address the agent publishes to (e.g. ``tcp://127.0.0.1:5555``); set by ``zeroscope run``."""
+
+
+class Waitable(Protocol):
+    """What torch.distributed returns for ``async_op=True`` (a Work handle)."""
+
+    def wait(self) -> Any: ...
+
+
+class Telemetry:
+    """The reporting seam. This base class is the no-op implementation; the live agent and the
+    tests' recorders override what they need."""
+
+    enabled: bool = False
+
+    def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
+        """Once, after the engine is built: topology, config summary and parameter counts."""
+
+    @contextlib.contextmanager
+    def phase(self, name: PhaseName) -> Iterator[None]:
+        """Times one phase of the current step (may be entered many times per step: gradient
+        accumulation runs forward/backward once per micro-batch; the times add up)."""
+        yield
+
+    def collective(
+        self,
+        work: Waitable,
+        *,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool = False,
+        label: str = "",
+    ) -> Waitable:
+        """Track one async collective from issue (now) to completion; returns a handle whose
+        ``wait()`` must be used instead of ``work.wait()`` so the exposed time is measured.
+        ``nbytes`` follows nccl-tests: full gathered size for all-gather / reduce-scatter."""
+        return work
+
+    def transfer(
+        self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
+    ) -> None:
+        """One completed offload transfer (``time.perf_counter_ns`` instants)."""
+
+    def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
+        """Something that happened now (overflow, scale change, checkpoint ...); sent at once."""
+
+    def step_end(
+        self,
+        *,
+        memory: MemoryBytes,
+        loss: Any = None,
+        lr: float | None = None,
+        grad_norm: Any = None,
+        loss_scale: float | None = None,
+        overflow: bool = False,
+        skipped: bool = False,
+        samples: int = 0,
+    ) -> None:
+        """The optimizer step finished: emit one StepReport. ``loss`` and ``grad_norm`` may be
+        tensors; implementations read them without forcing a device synchronization."""
+
+    def close(self, exit_code: int = 0, message: str = "") -> None:
+        """The rank is done (sends Bye)."""
+
+
+class NullTelemetry(Telemetry):
+    """Reports nothing: what an engine gets when zeroscope is not watching."""
+
+
+_current: Telemetry | None = None
+
+
+def telemetry() -> Telemetry:
+    """This process's reporter: the live agent when ``ZEROSCOPE_COLLECTOR`` is set, else a
+    no-op. Created once per process."""
+    global _current
+    if _current is None:
+        if os.environ.get(COLLECTOR_ENV):
+            from .live import start_agent  # imported lazily: costs nothing when off
+
+            _current = start_agent()
+        else:
+            _current = NullTelemetry()
+    return _current
+
+
+def set_telemetry(reporter: Telemetry | None) -> None:
+    """Install a reporter explicitly (tests, other engines); ``None`` resets to auto."""
+    global _current
+    _current = reporter

@@ -1,0 +1,115 @@
+"""Run a function on N torch.distributed ranks (gloo, CPU) and fail fast with the failing
+rank's traceback — never a hang.
+
+Ranks are real processes started from a forkserver that has torch preloaded (fast, and safe:
+the server never ran an OpenMP region, so forked children cannot inherit a dead thread pool).
+Each rank sees the same environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), so engine code under test initializes exactly as under torchrun.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+class RankFailed(AssertionError):
+    """A rank raised or died; the message carries its rank and traceback."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, results: Any
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        value = fn(rank, world, *args)
+        results.put((rank, "ok", value))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return each rank's
+    result in rank order. ``fn`` must be a module-level function (it travels by reference).
+
+    The first rank that raises fails the call at once with its traceback (the others are
+    killed); a rank that dies without a word, or a run past ``timeout`` seconds, fails too.
+    """
+    port = free_port()
+    results = _CTX.Queue()
+    procs = [
+        _CTX.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(done))
+                raise RankFailed(f"ranks {missing} did not finish within {timeout:.0f} s")
+            try:
+                rank, status, value = results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and p.exitcode is not None:
+                        # Give its final message a moment to arrive before calling it silent.
+                        try:
+                            rank, status, value = results.get(timeout=2.0)
+                            break
+                        except queue.Empty:
+                            raise RankFailed(
+                                f"rank {r} exited with code {p.exitcode} without a result"
+                            ) from None
+                else:
+                    continue
+            if status == "error":
+                raise RankFailed(f"rank {rank} of {world_size} failed:\n{value}")
+            done[rank] = value
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+    return [done[r] for r in range(world_size)]
