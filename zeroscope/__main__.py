@@ -1,0 +1,7 @@
+"""``python -m zeroscope`` is the ``zeroscope`` command."""
+
+import sys
+
+from zeroscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""The ``zeroscope`` command line: one verb per module under ``zeroscope/commands``.
+
+Each verb module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``main(args) -> int``.
+Verb modules are imported only when their verb runs, so ``zeroscope estimate`` never pays for
+torch or Textual. The process exit code is the verb's return value (for ``run``: the job's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+
+from . import __version__
+
+VERBS: dict[str, str] = {
+    "run": "launch a training script under torchrun with a collector and the live view",
+    "replay": "open the live view on a recorded trace",
+    "summary": "per-rank table and totals of a recorded trace",
+    "export": "convert a trace (e.g. to Chrome/Perfetto JSON)",
+    "estimate": "model-state memory per rank by the ZeRO formulas",
+    "serve": "headless collector and recorder for a job started elsewhere",
+    "jobs": "list the collectors running on this machine",
+    "attach": "open the live view on a job on another machine, over SSH",
+}
+
+
+class CliError(Exception):
+    """A user error: printed as one line ``zeroscope: error: ...``, exit code 2."""
+
+
+def _load(verb: str) -> ModuleType:
+    return importlib.import_module(f"zeroscope.commands.{verb}")
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``verb``'s module is imported (all of them for ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog="zeroscope",
+        description="htop for ZeRO training: live per-rank P/G/O/A memory, "
+        "collectives, loss scale and offload bandwidth.",
+    )
+    parser.add_argument("--version", action="version", version=f"zeroscope {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name, help_text in VERBS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if verb in (None, name):
+            try:
+                _load(name).add_arguments(p)
+            except ModuleNotFoundError as exc:
+                if exc.name != f"zeroscope.commands.{name}":
+                    raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    verb = next((a for a in argv if a in VERBS), None)
+    parser = build_parser(verb)
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    try:
+        module = _load(args.verb)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"zeroscope.commands.{args.verb}":
+            raise
+        print(f"zeroscope: error: '{args.verb}' is not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(module.main(args) or 0)
+    except CliError as exc:
+        print(f"zeroscope: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``zeroscope`` verb (see zeroscope/cli.py)."""
