@@ -15,6 +15,7 @@ DeepSpeed's (AdamW-style) behaviour.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,3 +67,40 @@ def adam_step(master: torch.Tensor, grad: torch.Tensor, state: AdamState, hp: Ad
     step_size = hp.lr / bias_correction1
     denom = (state.exp_avg_sq.sqrt() / bias_correction2**0.5).add_(hp.eps)
     master.addcdiv_(state.exp_avg, denom, value=-step_size)
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """What ``initialize`` returns as the optimizer: the param groups and their
+    hyperparameters (LR schedules, DeepSpeed's and torch's alike, rewrite ``lr`` here).
+
+    It subclasses torch.optim.Optimizer only so torch's LR schedulers (and Hugging Face's
+    LambdaLR ones) accept it; the update itself is the engine's (``engine.step()``), on flat
+    fp32 master shards. ``Optimizer.__init__`` is deliberately not called: it imports
+    torch._dynamo (~8 s on a CPU box) and would hold per-parameter state we never use."""
+
+    def __init__(
+        self, groups: list[dict[str, Any]], *, defaults: dict[str, Any], name: str, decoupled: bool
+    ) -> None:
+        self.defaults = dict(defaults)
+        self.state: Any = {}
+        self.param_groups = [{**self.defaults, **g} for g in groups]
+        self._optimizer_step_pre_hooks: Any = {}
+        self._optimizer_step_post_hooks: Any = {}
+        self.name = name
+        self.decoupled = decoupled
+
+    def hyper(self, group: int) -> AdamHyper:
+        g = self.param_groups[group]
+        return AdamHyper(
+            lr=float(g["lr"]),
+            betas=(float(g["betas"][0]), float(g["betas"][1])),
+            eps=float(g["eps"]),
+            weight_decay=float(g["weight_decay"]),
+            decoupled=self.decoupled,
+        )
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        raise RuntimeError("call engine.step(): the ZeRO engine applies the update")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No-op: the engine forgets gradients after every optimizer step."""
