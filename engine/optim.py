@@ -86,9 +86,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.param_groups = [{**self.defaults, **g} for g in groups]
         self._optimizer_step_pre_hooks: Any = {}
         self._optimizer_step_post_hooks: Any = {}
-        # torch's LR schedulers warn unless they saw optimizer.step() run; the engine applies
-        # the update itself, before it steps the schedule, so that order always holds.
-        self._opt_called = True
         self.name = name
         self.decoupled = decoupled
 
