@@ -150,6 +150,7 @@ def train_cases(rank: int, world: int, cases: list[Case]) -> list[dict[str, Any]
                     for s in rec.steps
                 ],
                 "padded_total": rec.hellos[0]["params"].padded_total,
+                "init": [(c.op, c.nbytes, c.label, c.group_size) for c in rec.init_collectives],
                 "events": [kind for kind, _, _ in rec.events],
                 "kept": kept,
                 "error": error,
@@ -423,6 +424,8 @@ def check_bytes(case: Case, ranks: list[dict[str, Any]], world: int) -> None:
     n = 1 if case.stage == 0 else world
     for r in ranks:
         assert r["padded_total"] == padded_size(psi, n)
+        # every rank starts from rank 0's weights: one broadcast of the flat parameters
+        assert r["init"] == [("broadcast", padded_size(psi, n) * b, "init", world)]
         for mem in r["memory"]:
             assert mem == expected_memory(case.stage, case.precision, world, psi), case.name
         for step, (skipped, _) in zip(r["collectives"], r["scales"]):
