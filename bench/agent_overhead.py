@@ -94,21 +94,25 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         step(off)
         step(live)
     times: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     direct = [0.0, 0.0, 0.0]
     for block in range(3 * args.blocks):
         mode = ("on", "off", "off-again")[block % 3]
         tel = live if mode == "on" else off
         dist.barrier()
         inside[:] = [0.0, 0.0, 0.0]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             step(tel)
         times[mode].append((time.perf_counter() - t0) / args.steps)
+        # CPU time of the whole rank process (all its threads: the agent's sampler, ZeroMQ's
+        # I/O thread, gloo's workers): robust to the machine being shared, unlike wall time.
+        cpu[mode].append((time.process_time() - c0) / args.steps)
         if mode == "on":
             direct = [a + b for a, b in zip(direct, inside)]
     live.close()
     n = args.blocks * args.steps
-    out.put((rank, times, [d / n for d in direct], live.errors, publisher.dropped))
+    out.put((rank, times, cpu, [d / n for d in direct], live.errors, publisher.dropped))
     dist.destroy_process_group()
 
 
@@ -140,7 +144,14 @@ def main() -> int:
         for p in procs:
             p.join()
         received = col.stats()
-    for rank, times, direct, errors, dropped in results:
+    for rank, times, cpu, direct, errors, dropped in results:
+        c_on, c_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+        c_again = statistics.median(cpu["off-again"])
+        print(
+            f"rank {rank}: CPU per step {c_off * 1e3:.2f} ms off, {c_on * 1e3:.2f} ms on: "
+            f"on/off {c_on / c_off:.4f} ({(c_on / c_off - 1) * 100:+.2f}%, goal <= +1%); "
+            f"A/A control {c_again / c_off:.4f}"
+        )
         on, off = statistics.median(times["on"]), statistics.median(times["off"])
         again = statistics.median(times["off-again"])
         print(
