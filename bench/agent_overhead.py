@@ -52,6 +52,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         params=ParamCounts(total=numel, trainable=numel),
     )
     off = NullTelemetry()
+    _ablate(live, args.ablate)
     x, y = torch.randn(args.batch, w), torch.randn(args.batch, 1)
 
     inside = [0.0, 0.0, 0.0]  # phase entry/exit, collective(), step_end()
@@ -116,12 +117,45 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     dist.destroy_process_group()
 
 
+class _NoFuture:
+    """A Work without ``get_future``: completion is then taken at the end of ``wait()``."""
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def wait(self) -> Any:
+        return self.work.wait()
+
+
+def _ablate(live: Any, parts: str) -> None:
+    """Switch parts of the live agent off, to see what the overhead is made of."""
+    import contextlib
+
+    for part in filter(None, parts.split(",")):
+        if part == "hooks":
+            live._activations.hooks = contextlib.nullcontext
+        elif part == "send":
+            live.publisher.send = lambda message: True
+        elif part == "futures":
+            track = live._collectives.track
+            live._collectives.track = lambda work, *a, track=track: track(_NoFuture(work), *a)
+        elif part == "sampler":
+            live.sampler.stop()
+        else:
+            raise SystemExit(f"unknown --ablate part {part!r} (hooks, send, futures, sampler)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="comma-separated agent parts to switch off: hooks, send, futures, sampler",
+    )
     args = parser.parse_args()
     import multiprocessing as mp
     import socket
