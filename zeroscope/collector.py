@@ -131,8 +131,6 @@ class Collector:
 
     def start(self) -> Collector:
         """Bind the sockets (errors raise here) and start serving on a background thread."""
-        if self.record is not None:
-            self.trace = TraceWriter(self.record)
         self._thread = threading.Thread(target=self._run, name="zeroscope-collector", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -180,6 +178,9 @@ class Collector:
         ctx = self._context = zmq.Context()
         try:
             pull, router, pub = self._bind(ctx)
+            # The trace is created only once the sockets are bound: a busy port leaves no file.
+            if self.record is not None:
+                self.trace = TraceWriter(self.record)
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()
