@@ -177,7 +177,14 @@ class Collector:
     def _run(self) -> None:
         ctx = self._context = zmq.Context()
         try:
-            pull, router, pub = self._bind(ctx)
+            try:
+                pull, router, pub = self._bind(ctx)
+            except zmq.ZMQError as exc:
+                # An OSError with the address in it, e.g. "... 127.0.0.1:5555: Address already
+                # in use", so callers report it in one line like any other socket error.
+                raise OSError(
+                    exc.errno, f"cannot bind {self.bind_host}:{self.port}: {exc}"
+                ) from None
             # The trace is created only once the sockets are bound: a busy port leaves no file.
             if self.record is not None:
                 self.trace = TraceWriter(self.record)
