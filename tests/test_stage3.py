@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from tests.test_stage3_support import (
-    DTYPES,
     Hyper,
     Recorder,
     batches,
@@ -27,13 +26,19 @@ def _strategy(
     model: torch.nn.Module, precision: str, recorder: Recorder | None = None, **knobs: Any
 ) -> Any:
     from zeroscope.engine.comm import Comm
-    from zeroscope.engine.config_zero import ZeroConfig
-    from zeroscope.engine.zero.stage3.strategy import Stage3Strategy
+    from zeroscope.engine.config import load_config
+    from zeroscope.engine.zero.stage3 import Stage3Strategy
 
     comm = Comm.data_parallel(recorder or Recorder())
-    return Stage3Strategy(
-        model, zero=ZeroConfig(stage=3, **knobs), dtype=DTYPES[precision], comm=comm
-    )
+    raw: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, **knobs},
+    }
+    if precision != "fp32":
+        raw[precision] = {"enabled": True}
+    config = load_config(raw, dp_world_size=comm.world_size)
+    groups = [list(model.parameters())]
+    return Stage3Strategy(module=model, groups=groups, comm=comm, config=config)
 
 
 def _train_cases(rank: int, world: int, precision: str, cases: list[dict]) -> list[list[float]]:

@@ -6,6 +6,10 @@ arXiv 1910.02054, P_os+g+p).
 - ``coordinator`` which parameters to gather, prefetch, keep or release, learned from the trace
 - ``hooks``       module forward/backward hooks that drive the coordinator
 - ``grads``       reduce-scatter of gradients straight into the owner's shard
-- ``optimizer``   the sharded fp32 master step (clip, loss scale, AdamW) and refresh
-- ``engine``      the assembled strategy: memory accounting and ``save_16bit_model``
+- ``strategy``    the engine's strategy protocol: memory accounting, ``save_16bit_model``
+- ``save``        the consolidated 16-bit weights file (safetensors, no pickle)
 """
+
+from .strategy import Stage3Strategy
+
+__all__ = ["Stage3Strategy"]

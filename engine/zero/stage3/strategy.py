@@ -17,16 +17,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from zeroscope.agent.schema import MemoryBytes
-
+from zeroscope.engine.config import DeepSpeedConfig
 from zeroscope.engine.optim import AdamState
-from zeroscope.engine.precision import copy_master_to_params, master_copy
+from zeroscope.engine.precision import DTYPES, copy_master_to_params, master_copy
 from zeroscope.engine.zero.strategy import Shard
+
 from .coordinator import ParameterCoordinator
 from .grads import GradReducer
 from .hooks import Stage3Hooks
@@ -34,20 +35,6 @@ from .partition import CommLike, Partition
 from .save import NOT_GATHERED, write_safetensors
 
 logger = logging.getLogger(__name__)
-
-
-class Stage3Knobs(Protocol):
-    """The ``zero_optimization`` keys stage 3 reads (``ZeroConfig`` has them all)."""
-
-    reduce_bucket_size: int
-    stage3_prefetch_bucket_size: int
-    stage3_param_persistence_threshold: int
-    stage3_max_live_parameters: int
-    stage3_max_reuse_distance: int
-    stage3_gather_16bit_weights_on_model_save: bool
-
-    @property
-    def overlap(self) -> bool: ...
 
 
 class Stage3Strategy:
@@ -58,23 +45,23 @@ class Stage3Strategy:
 
     def __init__(
         self,
-        module: nn.Module,
         *,
-        zero: Stage3Knobs,
-        dtype: torch.dtype,
+        module: nn.Module,
+        groups: Sequence[Sequence[nn.Parameter]],
         comm: CommLike,
-        param_groups: Sequence[Sequence[nn.Parameter]] | None = None,
+        config: DeepSpeedConfig,
     ) -> None:
         self.module = module
-        self.zero = zero
+        self.zero = zero = config.zero_optimization
+        dtype = DTYPES[config.precision]
+        group_of = {p: index for index, group in enumerate(groups) for p in group}
+        # Frozen parameters (in no group) are sharded too but never stepped: a group of their
+        # own after the trainable ones, with no Shard.
+        frozen = len(groups)
         named = list(module.named_parameters())
-        group_of = {p: 0 for _, p in named}
-        for index, group in enumerate(param_groups or []):
-            for p in group:
-                group_of[p] = index
         # Parameters sorted by group: each group's shards are one contiguous range, so each
         # group's master is a view of one flat fp32 buffer.
-        named.sort(key=lambda item: group_of[item[1]])
+        named.sort(key=lambda item: group_of.get(item[1], frozen))
         self.partition = Partition(
             named,
             dtype=dtype,
@@ -94,10 +81,9 @@ class Stage3Strategy:
         self.master = master_copy(self.partition.shards)
         self._shards: list[Shard] = []
         start = 0
-        n_groups = max(group_of.values(), default=0) + 1
-        for index in range(n_groups):
+        for index in range(len(groups)):
             end = start + sum(
-                sp.shard_numel for sp in self.partition.params if group_of[sp.param] == index
+                sp.shard_numel for sp in self.partition.params if group_of.get(sp.param) == index
             )
             view = self.master[start:end]
             self._shards.append(Shard(master=view, state=AdamState.zeros_like(view), group=index))
