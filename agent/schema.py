@@ -130,9 +130,11 @@ class Phases(msgspec.Struct, omit_defaults=True):
     optimizer: float | None = None
 
 
-class Collective(msgspec.Struct, array_like=True):
+class Collective(msgspec.Struct, array_like=True, gc=False):
     """One collective as issued by the engine. ``nbytes`` follows nccl-tests: the full
-    (gathered) size S for all-gather and reduce-scatter, the buffer size for all-reduce."""
+    (gathered) size S for all-gather and reduce-scatter, the buffer size for all-reduce.
+    (``gc=False``: scalar fields only, so the collector decodes thousands of them per report
+    without garbage-collector tracking; the wire format is unchanged.)"""
 
     op: CollectiveOp
     nbytes: int
@@ -147,7 +149,7 @@ class Collective(msgspec.Struct, array_like=True):
     label: str = ""
 
 
-class Transfer(msgspec.Struct, array_like=True):
+class Transfer(msgspec.Struct, array_like=True, gc=False):
     """One offload transfer: device<->host copy or NVMe file read/write."""
 
     direction: TransferDirection
@@ -228,6 +230,8 @@ class Bye(_Base, tag="bye"):
 Message = Hello | StepReport | Event | Heartbeat | Bye
 
 _encoder = msgspec.msgpack.Encoder()
+_INT64 = 1 << 63
+_MAX_RANK = 1 << 24
 _decoder = msgspec.msgpack.Decoder(Message)
 
 
@@ -258,6 +262,14 @@ def decode(data: bytes | memoryview) -> Message:
         raise SchemaError(f"malformed message: {(str(exc) or 'empty').splitlines()[0]}") from None
     except Exception as exc:  # never let odd bytes crash a receiver (e.g. RecursionError)
         raise SchemaError(f"malformed message: {type(exc).__name__}") from None
+    # Indexed trace columns are SQLite int64s; a rank or step outside sane ranges is garbage.
+    step = getattr(message, "step", 0)
+    instant = message.started_ns if isinstance(message, Hello) else message.wall_ns
+    if not (0 <= message.rank < _MAX_RANK and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
+        raise SchemaError(
+            f"malformed message: rank {message.rank}, step {step} or instant out of range",
+            "malformed",
+        )
     if isinstance(message, Hello) and message.schema_version != SCHEMA_VERSION:
         raise SchemaError(
             f"unsupported schema_version {message.schema_version} from rank {message.rank} "
