@@ -28,7 +28,11 @@ SSHD = "/usr/sbin/sshd"
 
 def sshd_available() -> bool:
     """True when an OpenSSH server and client are installed (CI's .ci/run installs them)."""
-    return os.path.exists(SSHD) and shutil.which("ssh") is not None and shutil.which("ssh-keygen") is not None
+    return (
+        os.path.exists(SSHD)
+        and shutil.which("ssh") is not None
+        and shutil.which("ssh-keygen") is not None
+    )
 
 
 def _free_port() -> int:
@@ -92,7 +96,9 @@ class Sshd:
         pythonpath = ":".join(dict.fromkeys(p for p in parts if p))
         pub = (self.key.with_suffix(".pub")).read_text().strip()
         auth = self.dir / "authorized_keys"
-        auth.write_text(f'environment="PATH={env_path}",environment="PYTHONPATH={pythonpath}" {pub}\n')
+        auth.write_text(
+            f'environment="PATH={env_path}",environment="PYTHONPATH={pythonpath}" {pub}\n'
+        )
         auth.chmod(0o600)
         host_key = self.dir / "host_ed25519"
         _keygen(host_key)

@@ -76,7 +76,9 @@ def test_no_jobs(sshd: Sshd, tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no zeroscope jobs on 127.0.0.1" in _one_line(err)
 
 
-def _remote_record(home: Path, monkeypatch: pytest.MonkeyPatch, **changes: object) -> discovery.JobRecord:
+def _remote_record(
+    home: Path, monkeypatch: pytest.MonkeyPatch, **changes: object
+) -> discovery.JobRecord:
     """Write a record as the remote side would (same machine, its ZEROSCOPE_HOME)."""
     monkeypatch.setenv("ZEROSCOPE_HOME", str(home))
     rec = discovery.JobRecord.here(

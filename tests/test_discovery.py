@@ -48,7 +48,12 @@ def test_register_writes_private_file_and_lists_it(home: Path) -> None:
     assert on_disk["token"] == "s3cret" and on_disk["viewer_port"] == 40002
     assert on_disk["pid"] == os.getpid()
     [job] = discovery.list_jobs()
-    assert (job.job_id, job.state, job.ingest_port, job.bind_host) == ("j1", "running", 40001, "127.0.0.1")
+    assert (job.job_id, job.state, job.ingest_port, job.bind_host) == (
+        "j1",
+        "running",
+        40001,
+        "127.0.0.1",
+    )
     discovery.unregister(handle)
     assert not path.exists()
     assert discovery.list_jobs(include_finished=True) == []
@@ -101,7 +106,9 @@ def test_unregister_with_trace_marks_finished(home: Path, tmp_path: Path) -> Non
 
 
 def test_other_hosts_records_are_ignored_not_pruned(home: Path) -> None:
-    handle = discovery.register(msgspec.structs.replace(_record("far"), host="elsewhere", pid=_dead_pid()))
+    handle = discovery.register(
+        msgspec.structs.replace(_record("far"), host="elsewhere", pid=_dead_pid())
+    )
     assert discovery.list_jobs() == []
     assert Path(handle.path).exists()
 
@@ -118,7 +125,10 @@ def test_folders_without_zeroscope_home(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv("ZEROSCOPE_HOME", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
-    assert discovery.job_dirs() == [tmp_path / "run" / "zeroscope", tmp_path / "h" / ".cache" / "zeroscope" / "jobs"]
+    assert discovery.job_dirs() == [
+        tmp_path / "run" / "zeroscope",
+        tmp_path / "h" / ".cache" / "zeroscope" / "jobs",
+    ]
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert discovery.job_dirs() == [tmp_path / "h" / ".cache" / "zeroscope" / "jobs"]
 

@@ -50,6 +50,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     bind_host: str = "127.0.0.1"
     ingest_port: int
     viewer_port: int
+    """The collector's ROUTER (snapshots, catch-up), on the host's loopback."""
+    pub_port: int | None = None
+    """The collector's PUB (live updates), on the host's loopback; tunnelled beside viewer_port."""
     token: str
     """The per-job secret senders must present (hex); see docs/remote.md."""
     trace: str | None = None
@@ -68,6 +71,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
         ingest_address: str,
         viewer_address: str,
         token: str,
+        pub_address: str | None = None,
         trace: str | os.PathLike[str] | None = None,
         kind: JobKind = "serve",
         command: list[str] | None = None,
@@ -87,6 +91,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
             bind_host=bind_host,
             ingest_port=ingest_port,
             viewer_port=viewer_port,
+            pub_port=split_address(pub_address)[1] if pub_address else None,
             token=token,
             trace=None if trace is None else str(Path(trace).resolve()),
             kind=kind,

@@ -78,7 +78,9 @@ def read_token_file(path: Path, *, create: bool, wait_s: float = TOKEN_FILE_WAIT
         except FileNotFoundError:
             pass
         if time.monotonic() >= deadline:
-            raise ValueError(f"token file {path} did not appear within {wait_s:.0f} s (node 0 creates it)")
+            raise ValueError(
+                f"token file {path} did not appear within {wait_s:.0f} s (node 0 creates it)"
+            )
         time.sleep(0.2)
 
 

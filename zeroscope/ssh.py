@@ -137,7 +137,9 @@ class SshClient:
                 )
             if any(s in low for s in _UNREACHABLE):
                 return SshError("unreachable", f"cannot reach {where} over SSH ({detail})")
-            return SshError("unreachable", f"ssh to {where} failed: {detail or f'exit {returncode}'}")
+            return SshError(
+                "unreachable", f"ssh to {where} failed: {detail or f'exit {returncode}'}"
+            )
         if returncode == 127 or "command not found" in low or "no such file" in low:
             return SshError(
                 "not_installed",
@@ -156,9 +158,13 @@ class SshClient:
                 argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired:
-            raise SshError("unreachable", f"ssh to {self.target} timed out after {timeout:.0f} s")
+            raise SshError(
+                "unreachable", f"ssh to {self.target} timed out after {timeout:.0f} s"
+            ) from None
         except FileNotFoundError:
-            raise SshError("unreachable", "the OpenSSH client (ssh) is not installed here")
+            raise SshError(
+                "unreachable", "the OpenSSH client (ssh) is not installed here"
+            ) from None
         if done.returncode != 0:
             raise self.classify(done.returncode, done.stderr, program=remote_argv[0])
         return done.stdout
@@ -175,9 +181,9 @@ class SshClient:
                 f"{str(exc).splitlines()[0]}",
             ) from None
 
-    def tunnel(self, remote_port: int, local_port: int = 0) -> Tunnel:
-        """An (unopened) ``-L`` tunnel from ``127.0.0.1:local_port`` to the remote loopback."""
-        return Tunnel(client=self, remote_port=remote_port, local_port=local_port or free_port())
+    def tunnel(self, *remote_ports: int) -> Tunnel:
+        """An (unopened) tunnel forwarding a free local port to each remote loopback port."""
+        return Tunnel(client=self, forwards={free_port(): p for p in remote_ports})
 
 
 def free_port() -> int:
@@ -197,23 +203,26 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 @dataclass(kw_only=True)
 class Tunnel:
-    """``ssh -N -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE`` as a child process.
+    """``ssh -N -L 127.0.0.1:LOCAL:127.0.0.1:REMOTE ...`` as a child process.
 
-    ``ExitOnForwardFailure=yes`` makes ssh exit (instead of idling) when the local port cannot
-    be bound; the local listener exists only once authentication succeeded, so "the port
-    accepts connections" is the sign the tunnel is up. Reopening reuses the same local port,
-    so ZeroMQ sockets connected to it simply reconnect.
+    ``ExitOnForwardFailure=yes`` makes ssh exit (instead of idling) when a local port cannot
+    be bound; the local listeners exist only once authentication succeeded, so "the ports
+    accept connections" is the sign the tunnel is up. Reopening reuses the same local ports,
+    so ZeroMQ sockets connected to them simply reconnect.
     """
 
     client: SshClient
-    remote_port: int
-    local_port: int
+    forwards: dict[int, int]
+    """local port -> remote port (both on 127.0.0.1 of their machine)."""
     proc: subprocess.Popen[bytes] | None = None
     _stderr: IO[bytes] | None = None
 
-    @property
-    def local_address(self) -> str:
-        return f"tcp://127.0.0.1:{self.local_port}"
+    def local_address(self, remote_port: int) -> str:
+        """``tcp://127.0.0.1:LOCAL`` for the local end of ``remote_port``."""
+        for local, remote in self.forwards.items():
+            if remote == remote_port:
+                return f"tcp://127.0.0.1:{local}"
+        raise KeyError(remote_port)
 
     @property
     def pid(self) -> int | None:
@@ -223,17 +232,20 @@ class Tunnel:
         return self.proc is not None and self.proc.poll() is None
 
     def open(self, timeout: float = 20.0) -> None:
-        """Start ssh and wait until the local end accepts connections; SshError otherwise."""
+        """Start ssh and wait until the local ends accept connections; SshError otherwise."""
         self.close()
         c = self.client
-        forward = f"127.0.0.1:{self.local_port}:127.0.0.1:{self.remote_port}"
         argv = c.args()
-        argv[1:1] = ["-N", "-L", forward, "-o", "ExitOnForwardFailure=yes"]
-        self._stderr = tempfile.TemporaryFile()
+        flags = ["-N", "-o", "ExitOnForwardFailure=yes"]
+        for local, remote in self.forwards.items():
+            flags += ["-L", f"127.0.0.1:{local}:127.0.0.1:{remote}"]
+        argv[1:1] = flags
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as ssh does)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr
         )
         deadline = time.monotonic() + timeout
+        waiting = set(self.forwards)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._stderr.seek(0)
@@ -244,7 +256,8 @@ class Tunnel:
                 if "forward" in err.lower() or "bind" in err.lower():
                     failure = SshError("tunnel", f"tunnel to {c.target} failed: {_last_line(err)}")
                 raise failure
-            if port_open(self.local_port):
+            waiting = {p for p in waiting if not port_open(p)}
+            if not waiting:
                 return
             time.sleep(0.05)
         self.close()

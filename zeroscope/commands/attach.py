@@ -77,7 +77,9 @@ def choose_job(jobs: list[JobRecord], wanted: str | None, client: SshClient) -> 
             raise CliError(f"no job {wanted} on {host} (jobs there: {known})")
         job = match[0]
         if job.state == "finished":
-            raise CliError(f"job {job.job_id} on {host} already finished; replay its trace: {replay_hint(client, job)}")
+            raise CliError(
+                f"job {job.job_id} on {host} already finished; replay its trace: {replay_hint(client, job)}"
+            )
         return job
     if len(running) == 1:
         return running[0]
@@ -105,11 +107,14 @@ def main(args: argparse.Namespace) -> int:
     client = SshClient(target=target, identity=args.identity, options=list(args.options))
     try:
         job = choose_job(client.remote_jobs(args.remote_zeroscope), args.job, client)
-        tunnel = client.tunnel(job.viewer_port)
+        ports = [job.viewer_port] + ([job.pub_port] if job.pub_port else [])
+        tunnel = client.tunnel(*ports)
         tunnel.open()
     except SshError as exc:
         raise CliError(str(exc)) from None
-    _status(f"job {job.job_id} on {target.host}: tunnel {tunnel.local_address} (ssh pid {tunnel.pid})")
+    _status(
+        f"job {job.job_id} on {target.host}: tunnel {tunnel.local_address} (ssh pid {tunnel.pid})"
+    )
     from zeroscope.ssh_watch import watch_job
 
     try:

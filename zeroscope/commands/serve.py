@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="host name other nodes use to reach this collector (default: this host's name)",
     )
     parser.add_argument(
-        "--record", type=Path, metavar="TRACE", help="trace file (default ./zeroscope-JOB.trace)"
+        "--record", type=Path, metavar="TRACE", help="trace file (default runs/JOB.zstrace)"
     )
     parser.add_argument("--no-record", action="store_true", help="do not write a trace")
     parser.add_argument("--job-id", help="job id (default: $ZEROSCOPE_JOB_ID or a fresh one)")
@@ -126,13 +126,27 @@ def _start_collector(args: argparse.Namespace, token: str | None, trace: Path | 
     return collector
 
 
+def _create_private(trace: Path) -> None:
+    """Create the (empty) trace file 0600 before SQLite opens it: SQLite gives its journal
+    files the database file's mode, so the whole trace stays private."""
+    try:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(trace, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise CliError(f"trace {trace} already exists; pick another --record path") from None
+    except OSError as exc:
+        raise CliError(f"cannot create the trace {trace}: {exc.strerror}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     job_id = args.job_id or os.environ.get(JOB_ID_ENV) or discovery.new_job_id()
     token = _token(args)
-    trace = None if args.no_record else (args.record or Path(f"zeroscope-{job_id}.trace"))
+    trace = None if args.no_record else (args.record or Path("runs") / f"{job_id}.zstrace")
+    if trace is not None:
+        _create_private(trace)
     collector = _start_collector(args, token, trace)
     _, port = discovery.split_address(collector.ingest_address)
     ingest = (
@@ -146,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
             job_id=job_id,
             ingest_address=collector.ingest_address,
             viewer_address=collector.viewer_address,
+            pub_address=collector.pub_address,
             token=token or "",
             trace=trace,
             kind="serve",
@@ -189,5 +204,3 @@ def main(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
         collector.stop()
         discovery.unregister(handle)
-        if trace is not None and trace.exists():
-            trace.chmod(0o600)
