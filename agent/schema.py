@@ -232,7 +232,12 @@ _decoder = msgspec.msgpack.Decoder(Message)
 
 
 class SchemaError(ValueError):
-    """A message that cannot be accepted; ``str()`` is a one-line reason."""
+    """A message that cannot be accepted; ``str()`` is a one-line reason and ``reason`` a short
+    code for counters: ``"oversize"``, ``"malformed"`` or ``"schema_version"``."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def encode(message: Message) -> bytes:
@@ -244,15 +249,19 @@ def decode(data: bytes | memoryview) -> Message:
     """Validate and decode one message, or raise SchemaError with a one-line reason."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise SchemaError(
-            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
+            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit",
+            "oversize",
         )
     try:
         message = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise SchemaError(f"malformed message: {str(exc).splitlines()[0]}") from None
+        raise SchemaError(f"malformed message: {(str(exc) or 'empty').splitlines()[0]}") from None
+    except Exception as exc:  # never let odd bytes crash a receiver (e.g. RecursionError)
+        raise SchemaError(f"malformed message: {type(exc).__name__}") from None
     if isinstance(message, Hello) and message.schema_version != SCHEMA_VERSION:
         raise SchemaError(
             f"unsupported schema_version {message.schema_version} from rank {message.rank} "
-            f"(this zeroscope speaks {SCHEMA_VERSION})"
+            f"(this zeroscope speaks {SCHEMA_VERSION})",
+            "schema_version",
         )
     return message

@@ -1,0 +1,175 @@
+"""The agent's ZeroMQ sender: it never blocks the training loop and counts what it drops.
+
+A PUSH socket with ``IMMEDIATE`` (queue only on a live connection), a small send high-water mark
+and ``NOBLOCK`` sends: when the collector is slow or gone, ``zmq.Again`` comes back at once, the
+message is dropped and the drop count rides on the next StepReport/Heartbeat that gets through.
+PUSH reconnects by itself (every ``RECONNECT_IVL``) when the collector comes back.
+
+The Hello is *sticky*: it is re-sent first whenever the connection is (re)made, so a collector
+restarted mid-run still learns who each rank is. Framing is two frames, ``[token, msgpack]``
+(the token from ``ZEROSCOPE_TOKEN``; an empty frame when unset).
+
+No exception ever leaves this module: a failure is counted in ``errors`` and the message dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zmq
+
+from .schema import Heartbeat, Hello, Message, StepReport, encode
+
+TOKEN_ENV = "ZEROSCOPE_TOKEN"
+"""Per-job shared secret for non-loopback collectors (sent as the first frame)."""
+
+SEND_HWM = 1000
+"""Messages queued per connection before sends fail with EAGAIN (then they are dropped)."""
+
+CLOSE_LINGER_MS = 500
+"""At close only: how long unsent messages (the Bye) may still go out. Bounded, so exit never
+hangs; during the run the socket's linger is 0."""
+
+
+class Publisher:
+    """Thread-safe, never-raising sender of schema messages to one collector address."""
+
+    def __init__(
+        self,
+        address: str,
+        token: bytes = b"",
+        *,
+        hwm: int = SEND_HWM,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.address = address
+        self._token = token
+        self._lock = threading.Lock()
+        self._own_context = context is None
+        self._context = context if context is not None else zmq.Context()
+        self._socket: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._sticky: bytes | None = None
+        self._sticky_pending = False
+        self._pending_drops = 0
+        self.sent = 0
+        self.dropped = 0
+        """Messages dropped in total (EAGAIN or errors)."""
+        self.errors = 0
+        """Unexpected exceptions caught (also counted in ``dropped``)."""
+        self.closed = False
+        try:
+            sock = self._context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, hwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock.connect(address)
+            self._socket = sock
+        except Exception:
+            self.errors += 1
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def set_sticky(self, hello: Hello) -> None:
+        """Remember ``hello`` and send it now and after every reconnection."""
+        try:
+            data = encode(hello)
+        except Exception:
+            self.errors += 1
+            return
+        with self._lock:
+            self._sticky = data
+            self._sticky_pending = True
+            self._flush_sticky_locked()
+
+    def send(self, message: Message) -> bool:
+        """Encode and send without blocking; False (and counted) when dropped."""
+        try:
+            with self._lock:
+                carries = isinstance(message, (StepReport, Heartbeat))
+                if carries:
+                    message.dropped = self._pending_drops  # type: ignore[union-attr]
+                data = encode(message)
+                ok = self._flush_sticky_locked() and self._send_locked(data)
+                if ok:
+                    if carries:
+                        self._pending_drops -= message.dropped  # type: ignore[union-attr]
+                else:
+                    self._drop_locked()
+                return ok
+        except Exception:
+            self.errors += 1
+            self.dropped += 1
+            self._pending_drops += 1
+            return False
+
+    def poll_connection(self) -> None:
+        """Called from the sampler thread: notice disconnections (so the Hello is re-sent on
+        reconnection) and retry a pending Hello. Never raises."""
+        try:
+            mon = self._monitor
+            while mon is not None and mon.poll(0):
+                mon.recv_multipart(zmq.NOBLOCK)
+                with self._lock:
+                    if self._sticky is not None:
+                        self._sticky_pending = True
+            with self._lock:
+                self._flush_sticky_locked()
+        except Exception:
+            self.errors += 1
+
+    @property
+    def hello_pending(self) -> bool:
+        return self._sticky_pending
+
+    def _flush_sticky_locked(self) -> bool:
+        if not self._sticky_pending or self._sticky is None:
+            return True
+        if self._send_locked(self._sticky):
+            self._sticky_pending = False
+            return True
+        return False
+
+    def _send_locked(self, data: bytes) -> bool:
+        sock = self._socket
+        if sock is None or self.closed:
+            return False
+        try:
+            sock.send(self._token, zmq.NOBLOCK | zmq.SNDMORE)
+        except zmq.Again:
+            return False
+        # Once the first frame is queued, ZeroMQ guarantees the rest of the multipart goes too.
+        sock.send(data, zmq.NOBLOCK)
+        self.sent += 1
+        return True
+
+    def _drop_locked(self) -> None:
+        self.dropped += 1
+        self._pending_drops += 1
+        if self._sticky is not None:
+            # EAGAIN may mean the connection went away; re-announce when it comes back (a
+            # duplicate Hello after mere back-pressure is harmless: the collector dedupes).
+            self._sticky_pending = True
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
+        """Close the socket, giving queued messages at most ``linger_ms`` to leave."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                if self._socket is not None:
+                    self._socket.disable_monitor()
+                if self._monitor is not None:
+                    self._monitor.close(linger=0)
+                if self._socket is not None:
+                    self._socket.close(linger=linger_ms)
+                if self._own_context:
+                    self._context.term()
+            except Exception:
+                self.errors += 1

@@ -1,0 +1,156 @@
+"""Tier 1: collector ingest, authentication, counters, recording, and viewers (snapshot + live),
+driven by the agent's real Publisher over real ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from zeroscope.agent import schema
+from zeroscope.agent.publish import Publisher
+from zeroscope.agent.schema import Hello, Message, StepReport
+from zeroscope.collector import Collector, wait_for
+from zeroscope.sources import LiveSource
+from zeroscope.trace import TraceReader
+
+
+def hello(rank: int = 0) -> Hello:
+    return Hello(schema_version=schema.SCHEMA_VERSION, job_id="job", rank=rank, world_size=2)
+
+
+def report(step: int, rank: int = 0) -> StepReport:
+    return StepReport(rank=rank, step=step, wall_ns=0, duration_s=0.01)
+
+
+def send_until(pub: Publisher, message: Message, timeout: float = 10.0) -> None:
+    """Sends before the TCP handshake is done are dropped (IMMEDIATE): wait until the sticky
+    Hello got through, as the agent's sampler thread does, then send."""
+    assert wait_for(lambda: (pub.poll_connection(), not pub.hello_pending)[1], timeout)
+    assert pub.send(message)
+
+
+def collect(source: LiveSource, n: int, timeout: float = 10.0) -> list[Message]:
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out += source.poll(0.1)
+    return out
+
+
+def test_non_loopback_bind_needs_a_token() -> None:
+    with pytest.raises(ValueError, match="without a token"):
+        Collector(bind_host="0.0.0.0")
+    Collector(bind_host="0.0.0.0", token=b"secret")  # accepted (not started)
+    Collector(bind_host="::1")
+
+
+def test_ingest_records_and_serves_in_order(tmp_path: Path) -> None:
+    seen: list[Message] = []
+    col = Collector(record=tmp_path / "t.zst")
+    col.add_listener(seen.append)
+    with col:
+        assert col.ingest_address.startswith("tcp://127.0.0.1:")
+        pub = Publisher(col.ingest_address)
+        pub.set_sticky(hello(0))
+        send_until(pub, report(1))
+        for step in range(2, 11):
+            assert pub.send(report(step))
+        early = LiveSource(col.viewer_address)  # joins mid-run: snapshot, then live
+        first = collect(early, 11)
+        for step in range(11, 21):
+            assert pub.send(report(step))
+        rest = collect(early, 10)
+        late = LiveSource(col.viewer_address)  # joins after: the snapshot has it all
+        everything = collect(late, 21)
+        pub.close()
+        early.close()
+        late.close()
+        assert wait_for(lambda: col.accepted == 21)
+    expected = [hello(0)] + [report(s) for s in range(1, 21)]
+    assert first + rest == expected
+    assert everything == expected
+    assert seen == expected
+    assert col.received == col.accepted == 21 and col.rejected == {}
+    with TraceReader(tmp_path / "t.zst") as r:
+        assert r.hellos() == [hello(0)]
+        assert list(r.messages()) == expected[1:]
+        assert r.job_id == "job"
+
+
+def test_bad_frames_and_tokens_are_counted_not_fatal() -> None:
+    with Collector(token=b"right") as col:
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.connect(col.ingest_address)
+        good = schema.encode(report(1))
+        push.send_multipart([b"right", good])
+        push.send_multipart([b"wrong", good])
+        push.send_multipart([b"", good])
+        push.send_multipart([b"right", b"\xc1garbage"])
+        push.send_multipart([b"right", good, b"extra"])
+        push.send_multipart(
+            [b"right", schema.encode(Hello(schema_version=99, job_id="", rank=0, world_size=1))]
+        )
+        push.send_multipart([b"right", good])
+        assert wait_for(lambda: col.received == 7)
+        push.close(0)
+        ctx.term()
+    assert col.accepted == 2
+    assert col.unauthenticated == 2
+    assert col.rejected == {
+        "unauthenticated": 2,
+        "malformed": 1,
+        "framing": 1,
+        "schema_version": 1,
+    }
+    assert col.received == col.accepted + sum(col.rejected.values())
+
+
+def test_publisher_survives_a_collector_restart_on_the_same_port() -> None:
+    col = Collector().start()
+    port = int(col.ingest_address.rsplit(":", 1)[1])
+    pub = Publisher(col.ingest_address)
+    pub.set_sticky(hello(0))
+    send_until(pub, report(1))
+    col.stop()
+    # Collector gone: sends fail fast (never block) and are counted.
+    t0 = time.perf_counter()
+    for s in range(2, 50):
+        pub.send(report(s))  # queued to a dead connection or dropped: either way, at once
+    assert time.perf_counter() - t0 < 0.5
+    assert wait_for(lambda: not pub.send(report(50)), 5)  # the disconnect has been noticed
+    col2 = Collector(port=port)
+    got: list[Message] = []
+    col2.add_listener(got.append)
+    with col2:
+        assert wait_for(lambda: (pub.poll_connection(), pub.send(report(51)))[1], 10)
+        assert wait_for(lambda: len(got) >= 2)
+    pub.close()
+    # The new collector first hears who the rank is, then the report carrying the drop count.
+    assert got[0] == hello(0)
+    assert isinstance(got[1], StepReport) and got[1].step == 51
+    assert got[1].dropped == pub.dropped >= 1
+    assert col2.dropped_by_agents == pub.dropped
+
+
+def test_live_source_follows_a_restarted_collector() -> None:
+    col = Collector().start()
+    port = int(col.ingest_address.rsplit(":", 1)[1])
+    vport = int(col.viewer_address.rsplit(":", 1)[1])
+    pub = Publisher(col.ingest_address)
+    pub.set_sticky(hello(0))
+    send_until(pub, report(1))
+    src = LiveSource(col.viewer_address)
+    assert collect(src, 2) == [hello(0), report(1)]
+    col.stop()
+    with Collector(port=port, viewer_port=vport):
+        assert wait_for(lambda: (pub.poll_connection(), pub.send(report(2)))[1], 10)
+        got = collect(src, 2)
+    pub.close()
+    src.close()
+    assert src.restarts == 1
+    assert got[0] == hello(0)
+    assert isinstance(got[1], StepReport) and got[1].step == 2 and len(got) == 2

@@ -1,0 +1,328 @@
+"""The collector: receives every rank's messages, validates, records, and serves viewers.
+
+One background thread owns three ZeroMQ sockets:
+
+- ingest, a PULL bound to ``bind_host:port`` (127.0.0.1 by default; a non-loopback bind needs a
+  per-job token): frames ``[token, msgpack]`` from the agents' publishers;
+- a PUB and a ROUTER bound on 127.0.0.1 for viewers (snapshot + live updates, see
+  :mod:`zeroscope.collector_protocol`). Viewers on another machine come through ``ssh -L``.
+
+Each accepted message is numbered, kept in memory for late joiners, appended to the SQLite trace
+(when recording), published, and handed to in-process listeners, in arrival order. Every received
+message is counted: ``received == accepted + sum(rejected.values())``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from zeroscope.agent import schema
+from zeroscope.agent.schema import Message
+
+from . import collector_protocol as proto
+from .trace import TraceWriter
+
+Listener = Callable[[Message], None]
+
+INGEST_HWM = 200_000
+"""Messages the ingest socket buffers before agents see EAGAIN (and drop, counted)."""
+
+HISTORY_BYTES = 256 * 1024 * 1024
+"""Payload bytes kept in memory for viewers' snapshots; older ones are trimmed (Hellos are kept
+forever). The trace file keeps everything."""
+
+_BATCH = 2000
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Collector:
+    """A job's collector. ``start()`` binds and runs it on a daemon thread; ``stop()`` ends it."""
+
+    def __init__(
+        self,
+        bind_host: str = "127.0.0.1",
+        port: int = 0,
+        record: Path | str | None = None,
+        token: bytes | None = None,
+        *,
+        viewer_port: int = 0,
+        history_bytes: int = HISTORY_BYTES,
+    ) -> None:
+        if not is_loopback(bind_host) and not token:
+            raise ValueError(
+                f"refusing to bind the collector on non-loopback address {bind_host!r} without a "
+                "token: anyone who can reach it could inject data. Pass a token (agents read it "
+                "from ZEROSCOPE_TOKEN) or bind 127.0.0.1 and tunnel with ssh -L."
+            )
+        if not 0 <= port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {port}")
+        self.bind_host = bind_host
+        self.port = port
+        self.viewer_port = viewer_port
+        self.record = Path(record) if record is not None else None
+        self.token = token or b""
+        self.instance = os.urandom(8)
+        self.history_bytes = history_bytes
+
+        self.received = 0
+        self.accepted = 0
+        self.rejected: dict[str, int] = {}
+        self.dropped_by_agents = 0
+        self.duplicate_hellos = 0
+        self.listener_errors = 0
+        self.last_error = ""
+
+        self.seq = 0
+        self._history: list[bytes] = []
+        self._history_base = 0  # seq of _history[0] is _history_base + 1
+        self._history_size = 0
+        self._hellos: dict[tuple[str, int], tuple[int, bytes, schema.Hello]] = {}
+        self._listeners: list[Listener] = []
+        self._context: zmq.Context | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self.ingest_address = ""
+        self.viewer_address = ""
+        self.pub_address = ""
+        self.trace: TraceWriter | None = None
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def unauthenticated(self) -> int:
+        return self.rejected.get("unauthenticated", 0)
+
+    def add_listener(self, callback: Listener) -> None:
+        """``callback(message)`` for every accepted message, in order, on the collector thread
+        (keep it quick; hand heavy work to another thread). Its exceptions are counted."""
+        self._listeners.append(callback)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "received": self.received,
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "unauthenticated": self.unauthenticated,
+            "dropped_by_agents": self.dropped_by_agents,
+            "duplicate_hellos": self.duplicate_hellos,
+            "listener_errors": self.listener_errors,
+            "seq": self.seq,
+        }
+
+    def start(self) -> Collector:
+        """Bind the sockets (errors raise here) and start serving on a background thread."""
+        if self.record is not None:
+            self.trace = TraceWriter(self.record)
+        self._thread = threading.Thread(target=self._run, name="zeroscope-collector", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving; the trace is committed and closed."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Collector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _bind(self, ctx: zmq.Context) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, INGEST_HWM)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES + 1024)
+        if ":" in self.bind_host:
+            pull.setsockopt(zmq.IPV6, 1)
+        host = f"[{self.bind_host}]" if ":" in self.bind_host else self.bind_host
+        pull.bind(f"tcp://{host}:{self.port or '*'}")
+        self.ingest_address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind(f"tcp://127.0.0.1:{self.viewer_port or '*'}")
+        self.viewer_address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.bind("tcp://127.0.0.1:*")
+        self.pub_address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        return pull, router, pub
+
+    def _run(self) -> None:
+        ctx = self._context = zmq.Context()
+        try:
+            pull, router, pub = self._bind(ctx)
+        except BaseException as exc:
+            self._start_error = exc
+            self._ready.set()
+            ctx.destroy(linger=0)
+            return
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(50))
+                if pull in events:
+                    self._drain(pull, pub)
+                if router in events:
+                    self._serve_viewers(router)
+                if self.trace is not None:
+                    self.trace.maybe_commit()
+            self._drain(pull, pub)
+        finally:
+            if self.trace is not None:
+                self.trace.close()
+            for s in (pull, router, pub):
+                s.close(linger=0)
+            ctx.term()
+
+    def _drain(self, pull: zmq.Socket, pub: zmq.Socket) -> None:
+        for _ in range(_BATCH):
+            try:
+                frames = pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.ingest(frames, pub)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.last_error = detail
+
+    def ingest(self, frames: list[bytes], pub: zmq.Socket | None = None) -> Message | None:
+        """Count, authenticate, validate, number, record, publish and hand out one message."""
+        self.received += 1
+        if len(frames) != 2:
+            self._reject("framing", f"{len(frames)} frames, expected [token, message]")
+            return None
+        token, payload = frames
+        if self.token and not hmac.compare_digest(token, self.token):
+            self._reject("unauthenticated", "wrong or missing token")
+            return None
+        try:
+            message = schema.decode(payload)
+        except schema.SchemaError as exc:
+            self._reject(exc.reason, str(exc))
+            return None
+        self.accepted += 1
+        if isinstance(message, schema.Hello):
+            key = (message.job_id, message.rank)
+            seen = self._hellos.get(key)
+            if seen is not None and seen[2] == message:
+                self.duplicate_hellos += 1  # re-announced after a reconnect
+                return None
+        elif isinstance(message, (schema.StepReport, schema.Heartbeat)):
+            self.dropped_by_agents += message.dropped
+        self.seq += 1
+        seq = self.seq
+        if isinstance(message, schema.Hello):
+            self._hellos[(message.job_id, message.rank)] = (seq, payload, message)
+            if self.trace is not None and not self.trace.job_id:
+                self.trace.set_job_id(message.job_id)
+        self._remember(payload)
+        if self.trace is not None:
+            self.trace.append(message, payload)
+        if pub is not None:
+            pub.send_multipart([proto.update_header(self.instance, seq), payload])
+        for listener in self._listeners:
+            try:
+                listener(message)
+            except Exception as exc:
+                self.listener_errors += 1
+                self.last_error = f"listener {listener!r} raised {exc!r}"
+        return message
+
+    def _remember(self, payload: bytes) -> None:
+        self._history.append(payload)
+        self._history_size += len(payload)
+        if self._history_size > self.history_bytes and len(self._history) > 1:
+            cut = len(self._history) // 2
+            self._history_size -= sum(len(p) for p in self._history[:cut])
+            del self._history[:cut]
+            self._history_base += cut
+
+    # -- viewers ---------------------------------------------------------------------------
+
+    def _serve_viewers(self, router: zmq.Socket) -> None:
+        for _ in range(100):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ident, body = frames[0], frames[1:]
+            try:
+                if len(body) < 2 or body[0] != proto.SINCE:
+                    raise ValueError("expected [since, seq, token]")
+                since = proto.unpack_seq(body[1])
+                token = body[2] if len(body) > 2 else b""
+                if self.token and not hmac.compare_digest(token, self.token):
+                    raise ValueError("wrong or missing token")
+            except ValueError as exc:
+                router.send_multipart([ident, proto.ERROR, str(exc).encode()])
+                continue
+            self._send_since(router, ident, since)
+
+    def _send_since(self, router: zmq.Socket, ident: bytes, since: int) -> None:
+        base = self._history_base
+        echo = proto.pack_seq(since)
+        if since < base:
+            # Trimmed history: the viewer still needs every rank's Hello first.
+            for seq, payload, _ in sorted(self._hellos.values(), key=lambda h: h[0]):
+                if seq > since and seq <= base:
+                    router.send_multipart(
+                        [ident, proto.BATCH, self.instance, echo, proto.pack_seq(seq), payload]
+                    )
+            since = base
+        start = since - base
+        for i in range(start, len(self._history), _BATCH):
+            chunk = self._history[i : i + _BATCH]
+            router.send_multipart(
+                [ident, proto.BATCH, self.instance, echo, proto.pack_seq(base + i + 1), *chunk]
+            )
+        router.send_multipart(
+            [
+                ident,
+                proto.END,
+                self.instance,
+                echo,
+                proto.pack_seq(self.seq),
+                self.pub_address.encode(),
+            ]
+        )
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` (for tests and the run verb)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,47 @@
+"""Frames between the collector and its viewers (the zguide "Clone" pattern).
+
+Every accepted message gets a sequence number (1, 2, ...) that is unique within one collector
+*instance* (a random 8-byte id, new at each start, so a viewer notices a restarted collector).
+
+- Updates, on the PUB socket: ``[instance + seq (16 bytes), payload]``.
+- Catch-up, on the ROUTER socket: a viewer's DEALER sends ``[b"since", seq (8 bytes), token]``;
+  the collector answers with ``[b"batch", instance, since, first_seq, payload, payload, ...]``
+  messages (consecutive sequence numbers from ``first_seq``), then ``[b"end", instance, since,
+  last_seq, pub_endpoint]``. ``since 0`` is the snapshot of everything so far; ``since`` is
+  echoed so a viewer can ignore answers to requests it has superseded.
+
+A viewer connects its SUB to ``pub_endpoint`` (learned from the first ``end``), applies updates
+with ``seq == last + 1`` and asks ``since last`` again whenever it sees a gap, so no message is
+lost between the snapshot and the subscription taking effect (ZeroMQ's slow-joiner problem).
+"""
+
+from __future__ import annotations
+
+import struct
+
+SINCE = b"since"
+BATCH = b"batch"
+END = b"end"
+ERROR = b"error"
+
+_U64 = struct.Struct(">Q")
+
+
+def pack_seq(seq: int) -> bytes:
+    return _U64.pack(seq)
+
+
+def unpack_seq(data: bytes) -> int:
+    if len(data) != 8:
+        raise ValueError(f"sequence frame of {len(data)} bytes, expected 8")
+    return int(_U64.unpack(data)[0])
+
+
+def update_header(instance: bytes, seq: int) -> bytes:
+    return instance + _U64.pack(seq)
+
+
+def split_update_header(header: bytes) -> tuple[bytes, int]:
+    if len(header) != 16:
+        raise ValueError(f"update header of {len(header)} bytes, expected 16")
+    return header[:8], int(_U64.unpack(header[8:])[0])

@@ -1,0 +1,282 @@
+"""The trace store: every accepted message of a job in one SQLite file (stdlib ``sqlite3``).
+
+Why SQLite: crash-safe (WAL: a writer killed mid-run leaves every committed transaction
+readable), seekable for replay through an index on (step, rank, kind) without loading the file,
+and queryable by users with any SQLite tool. Each row keeps the message's msgpack bytes (the
+wire encoding, no pickle) plus the indexed columns::
+
+    messages(seq INTEGER PRIMARY KEY, step, rank, kind, wall_ns, payload BLOB)
+    meta(key TEXT PRIMARY KEY, value TEXT)   -- format, schema_version, job_id, created
+
+The writer batches rows and commits every ``commit_interval`` seconds or ``commit_rows`` rows,
+so one fsync-free commit covers thousands of messages.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from zeroscope.agent import schema
+from zeroscope.agent.schema import Message
+
+TRACE_FORMAT = "zeroscope-trace-1"
+
+_CREATE = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages(
+    seq INTEGER PRIMARY KEY,
+    step INTEGER,
+    rank INTEGER,
+    kind TEXT NOT NULL,
+    wall_ns INTEGER,
+    payload BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_step_rank_kind ON messages(step, rank, kind);
+"""
+
+
+class TraceError(Exception):
+    """A file that cannot be read or written as a trace; ``str()`` is one line naming it."""
+
+
+def row_of(message: Message) -> tuple[int | None, int, str, int]:
+    """The indexed columns of one message: (step, rank, kind, wall_ns). A Hello has no step."""
+    if isinstance(message, schema.Hello):
+        return None, message.rank, "hello", message.started_ns
+    return message.step, message.rank, str(type(message).__struct_config__.tag), message.wall_ns
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        raise TraceError(f"{path}: cannot open as a trace ({exc})") from None
+    return conn
+
+
+def _check_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        conn.execute("SELECT seq FROM messages LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if "no such table" in str(exc):
+            raise TraceError(f"{path}: not a zeroscope trace (no meta/messages table)") from None
+        raise TraceError(f"{path}: corrupt or not a trace ({exc})") from None
+    if meta.get("format") != TRACE_FORMAT:
+        raise TraceError(f"{path}: not a zeroscope trace (format {meta.get('format')!r})")
+    version = meta.get("schema_version")
+    if version != str(schema.SCHEMA_VERSION):
+        raise TraceError(
+            f"{path}: trace has wire schema_version {version}, "
+            f"this zeroscope reads {schema.SCHEMA_VERSION}"
+        )
+    return meta
+
+
+class TraceWriter:
+    """Append messages to a trace file (created if absent; an existing trace is continued).
+
+    Not thread-safe: one writer thread (the collector's) owns it.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        job_id: str = "",
+        commit_interval: float = 0.2,
+        commit_rows: int = 20_000,
+    ) -> None:
+        self.path = Path(path)
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        self._conn = _connect(self.path)
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        if existed:
+            meta = _check_meta(self._conn, self.path)
+            self.job_id = meta.get("job_id", "")
+        else:
+            try:
+                self._conn.executescript(_CREATE)
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                    [
+                        ("format", TRACE_FORMAT),
+                        ("schema_version", str(schema.SCHEMA_VERSION)),
+                        ("job_id", job_id),
+                        ("created", str(time.time_ns())),
+                    ],
+                )
+            except sqlite3.Error as exc:
+                raise TraceError(f"{self.path}: cannot create trace ({exc})") from None
+            self.job_id = job_id
+        self._pending: list[tuple[int | None, int, str, int, bytes]] = []
+        self._last_commit = time.monotonic()
+        self.commit_interval = commit_interval
+        self.commit_rows = commit_rows
+        self.rows = 0
+
+    def set_job_id(self, job_id: str) -> None:
+        """Record the job id (learned from the first Hello)."""
+        if job_id and job_id != self.job_id:
+            self.job_id = job_id
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('job_id', ?)", (job_id,)
+            )
+
+    def append(self, message: Message, payload: bytes) -> None:
+        """Queue one message (its wire bytes); commits when a batch is due."""
+        self._pending.append((*row_of(message), payload))
+        if (
+            len(self._pending) >= self.commit_rows
+            or time.monotonic() - self._last_commit >= self.commit_interval
+        ):
+            self.commit()
+
+    def append_many(self, rows: Iterable[tuple[Message, bytes]]) -> None:
+        for message, payload in rows:
+            self._pending.append((*row_of(message), payload))
+        self.maybe_commit()
+
+    def maybe_commit(self) -> None:
+        """Commit if the batch is due (call periodically even when idle)."""
+        if self._pending and (
+            len(self._pending) >= self.commit_rows
+            or time.monotonic() - self._last_commit >= self.commit_interval
+        ):
+            self.commit()
+
+    def commit(self) -> None:
+        """Write every queued row in one transaction."""
+        self._last_commit = time.monotonic()
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        conn = self._conn
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(
+                "INSERT INTO messages(step, rank, kind, wall_ns, payload) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        try:
+            self.commit()
+        finally:
+            self._conn.close()
+
+
+class TraceReader:
+    """Read a trace: indexed, seekable queries; never loads the whole file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise TraceError(f"{self.path}: no such trace file")
+        with open(self.path, "rb") as f:
+            head = f.read(16)
+        if head != b"SQLite format 3\x00":
+            raise TraceError(f"{self.path}: not a zeroscope trace (not an SQLite file)")
+        self._conn = _connect(self.path)
+        self.meta = _check_meta(self._conn, self.path)
+        self._conn.execute("PRAGMA query_only=1")
+
+    @property
+    def job_id(self) -> str:
+        return self.meta.get("job_id", "")
+
+    def steps(self) -> tuple[int, int] | None:
+        """(first, last) step recorded, or None when no step-bearing message exists."""
+        row = self._conn.execute(
+            "SELECT MIN(step), MAX(step) FROM messages WHERE step IS NOT NULL"
+        ).fetchone()
+        return None if row[0] is None else (int(row[0]), int(row[1]))
+
+    def count(self, kind: str | None = None) -> int:
+        if kind is None:
+            return int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+        return int(
+            self._conn.execute("SELECT COUNT(*) FROM messages WHERE kind = ?", (kind,)).fetchone()[
+                0
+            ]
+        )
+
+    def hellos(self) -> list[schema.Hello]:
+        """Each rank's Hello (the first one per rank), in rank order."""
+        out: dict[int, schema.Hello] = {}
+        for (payload,) in self._conn.execute(
+            "SELECT payload FROM messages WHERE step IS NULL AND kind = 'hello' ORDER BY seq"
+        ):
+            msg = self._decode(payload)
+            if isinstance(msg, schema.Hello) and msg.rank not in out:
+                out[msg.rank] = msg
+        return [out[r] for r in sorted(out)]
+
+    def raw(
+        self,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        ranks: Iterable[int] | None = None,
+        kinds: Iterable[str] | None = None,
+        *,
+        batch: int = 4096,
+    ) -> Iterator[tuple[int, bytes]]:
+        """(seq, payload) of step-bearing messages in step order (then seq), filtered."""
+        where = ["step IS NOT NULL"]
+        args: list[object] = []
+        if from_step is not None:
+            where.append("step >= ?")
+            args.append(from_step)
+        if to_step is not None:
+            where.append("step <= ?")
+            args.append(to_step)
+        if ranks is not None:
+            rs = list(ranks)
+            where.append(f"rank IN ({','.join('?' * len(rs))})")
+            args += rs
+        if kinds is not None:
+            ks = list(kinds)
+            where.append(f"kind IN ({','.join('?' * len(ks))})")
+            args += ks
+        sql = f"SELECT seq, payload FROM messages WHERE {' AND '.join(where)} ORDER BY step, seq"
+        try:
+            cursor = self._conn.execute(sql, args)
+            while rows := cursor.fetchmany(batch):
+                yield from rows
+        except sqlite3.DatabaseError as exc:
+            raise TraceError(f"{self.path}: corrupt trace ({exc})") from None
+
+    def messages(
+        self,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        ranks: Iterable[int] | None = None,
+        kinds: Iterable[str] | None = None,
+    ) -> Iterator[Message]:
+        """Decoded step-bearing messages (StepReport, Event, Heartbeat, Bye) in step order."""
+        for _seq, payload in self.raw(from_step, to_step, ranks, kinds):
+            yield self._decode(payload)
+
+    def _decode(self, payload: bytes) -> Message:
+        try:
+            return schema.decode(payload)
+        except schema.SchemaError as exc:
+            raise TraceError(f"{self.path}: corrupt row ({exc})") from None
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
