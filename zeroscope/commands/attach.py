@@ -113,7 +113,8 @@ def main(args: argparse.Namespace) -> int:
     except SshError as exc:
         raise CliError(str(exc)) from None
     _status(
-        f"job {job.job_id} on {target.host}: tunnel {tunnel.local_address} (ssh pid {tunnel.pid})"
+        f"job {job.job_id} on {target.host}: tunnel "
+        f"{tunnel.local_address(job.viewer_port)} (ssh pid {tunnel.pid})"
     )
     from zeroscope.ssh_watch import watch_job
 
