@@ -126,6 +126,15 @@ def _start_collector(args: argparse.Namespace, token: str | None, trace: Path | 
     return collector
 
 
+def stats_line(collector: Any) -> str:
+    """What came in and what was turned away (unauthenticated, oversized, malformed ...)."""
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(collector.rejected.items())) or "none"
+    return (
+        f"received {collector.received}, accepted {collector.accepted}, "
+        f"rejected: {rejected}; dropped by agents {collector.dropped_by_agents}"
+    )
+
+
 def _create_private(trace: Path) -> None:
     """Create the (empty) trace file 0600 before SQLite opens it: SQLite gives its journal
     files the database file's mode, so the whole trace stays private."""
@@ -147,7 +156,12 @@ def main(args: argparse.Namespace) -> int:
     trace = None if args.no_record else (args.record or Path("runs") / f"{job_id}.zstrace")
     if trace is not None:
         _create_private(trace)
-    collector = _start_collector(args, token, trace)
+    try:
+        collector = _start_collector(args, token, trace)
+    except CliError:
+        if trace is not None and trace.stat().st_size == 0:
+            trace.unlink()
+        raise
     _, port = discovery.split_address(collector.ingest_address)
     ingest = (
         collector.ingest_address
@@ -171,7 +185,8 @@ def main(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
-        if child is not None and child.poll() is None:
+        # Ctrl-C already reached the job (same process group); a scheduler's SIGTERM may not.
+        if signum == signal.SIGTERM and child is not None and child.poll() is None:
             child.send_signal(signum)
 
     child: subprocess.Popen[bytes] | None = None
@@ -204,3 +219,4 @@ def main(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
         collector.stop()
         discovery.unregister(handle)
+        print(f"zeroscope serve: {stats_line(collector)}", file=sys.stderr, flush=True)
