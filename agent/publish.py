@@ -15,8 +15,10 @@ No exception ever leaves this module: a failure is counted in ``errors`` and the
 from __future__ import annotations
 
 import threading
+import time
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from .schema import Heartbeat, Hello, Message, StepReport, encode
 
@@ -58,6 +60,8 @@ class Publisher:
         self.errors = 0
         """Unexpected exceptions caught (also counted in ``dropped``)."""
         self.closed = False
+        self.connected = False
+        """Whether the last connection event seen was a successful handshake."""
         try:
             sock = self._context.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, hwm)
@@ -65,7 +69,9 @@ class Publisher:
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = sock.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            )
             sock.connect(address)
             self._socket = sock
         except Exception:
@@ -106,20 +112,33 @@ class Publisher:
             self._pending_drops += 1
             return False
 
-    def poll_connection(self) -> None:
+    def poll_connection(self, timeout: float = 0.0) -> None:
         """Called from the sampler thread: notice disconnections (so the Hello is re-sent on
         reconnection) and retry a pending Hello. Never raises."""
         try:
             mon = self._monitor
-            while mon is not None and mon.poll(0):
-                mon.recv_multipart(zmq.NOBLOCK)
+            while mon is not None and mon.poll(int(timeout * 1000)):
+                timeout = 0.0
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
                 with self._lock:
+                    self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
                     if self._sticky is not None:
                         self._sticky_pending = True
             with self._lock:
                 self._flush_sticky_locked()
         except Exception:
             self.errors += 1
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` s for the connection (start-up only, never in the loop),
+        so the first reports of a fast job are not dropped while TCP is still handshaking."""
+        deadline = time.monotonic() + timeout
+        while not self.connected and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll_connection(min(left, 0.05))
+        return self.connected
 
     @property
     def hello_pending(self) -> bool:

@@ -214,3 +214,27 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
             )
         scale = new_scale
     return out
+
+
+class MemoryTrace:
+    """The read side of a trace (steps / hellos / messages by step range) over a message list,
+    for replay tests that need no SQLite file."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self._hellos = [m for m in messages if isinstance(m, Hello)]
+        self._stepped = sorted(
+            (m for m in messages if not isinstance(m, Hello)), key=lambda m: m.step
+        )
+
+    def steps(self) -> tuple[int, int] | None:
+        if not self._stepped:
+            return None
+        return self._stepped[0].step, self._stepped[-1].step
+
+    def hellos(self) -> list[Hello]:
+        return sorted(self._hellos, key=lambda h: h.rank)
+
+    def messages(self, from_step: int | None = None, to_step: int | None = None) -> list[Message]:
+        lo = -(10**18) if from_step is None else from_step
+        hi = 10**18 if to_step is None else to_step
+        return [m for m in self._stepped if lo <= m.step <= hi]  # type: ignore[union-attr]

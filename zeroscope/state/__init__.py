@@ -1,5 +1,6 @@
 """ClusterState: the pure-Python model of a job that every view reads (no Textual here)."""
 
+from . import units
 from .alerts import Alert, AlertRules
 from .cluster import ClusterState, StepAggregate
 from .rank import OpTotals, RankState, StepSummary
@@ -12,4 +13,5 @@ __all__ = [
     "RankState",
     "StepAggregate",
     "StepSummary",
+    "units",
 ]

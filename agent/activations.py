@@ -1,0 +1,93 @@
+"""Activation memory (A): bytes autograd saves for backward, counted exactly by hooks.
+
+``torch.autograd.graph.saved_tensors_hooks`` sees every tensor an op saves for its backward,
+on CPU and GPU alike. The pack hook wraps the tensor in a small :class:`_Saved` handle that lives
+exactly as long as autograd keeps the saved tensor: when backward consumes it (or the graph is
+dropped) the handle dies and its bytes are released. Live bytes rise through forward and fall
+through backward; the step's A is their peak.
+
+What counts: the *storage* behind each saved tensor, once, however many tensors (views, the
+same tensor saved by two ops) share it, because that is the memory actually held. Parameters
+(``nn.Parameter`` or views of one) are skipped: they are P, reported by the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+
+class _Saved:
+    """Pack-hook handle: holds the tensor for autograd, releases its storage's bytes on death."""
+
+    __slots__ = ("counter", "key", "tensor")
+
+    def __init__(self, counter: ActivationCounter, tensor: torch.Tensor, key: Any) -> None:
+        self.counter = counter
+        self.tensor = tensor
+        self.key = key
+
+    def __del__(self) -> None:
+        if self.key is not None:
+            self.counter._release(self.key)
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter)
+
+
+class ActivationCounter:
+    """Live and peak bytes of distinct storages saved for backward."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[Any, list[int]] = {}  # storage key -> [handles alive, nbytes]
+        self.live = 0
+        self.peak = 0
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """A fresh context manager that counts what is saved while it is entered."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        try:
+            if _is_parameter(tensor):
+                return _Saved(self, tensor, None)
+            storage = tensor.untyped_storage()
+            key = (tensor.device, storage.data_ptr())
+            nbytes = storage.nbytes()
+        except Exception:  # e.g. tensor subclasses without storage: not counted, never fatal
+            return _Saved(self, tensor, None)
+        with self._lock:
+            entry = self._refs.get(key)
+            if entry is None:
+                self._refs[key] = [1, nbytes]
+                self.live += nbytes
+                if self.live > self.peak:
+                    self.peak = self.live
+            else:
+                entry[0] += 1
+        return _Saved(self, tensor, key)
+
+    @staticmethod
+    def _unpack(saved: _Saved) -> torch.Tensor:
+        return saved.tensor
+
+    def _release(self, key: Any) -> None:
+        with self._lock:
+            entry = self._refs.get(key)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._refs[key]
+                self.live -= entry[1]
+
+    def take_peak(self) -> int:
+        """The peak since the previous call; the next window starts from what is live now."""
+        with self._lock:
+            peak, self.peak = self.peak, self.live
+        return peak

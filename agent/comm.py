@@ -1,0 +1,191 @@
+"""Collective timing without synchronizing anything.
+
+Each collective is tracked from issue (when the engine hands us its async Work) to completion:
+
+- gloo / CPU: ``work.get_future().then(cb)``; the callback runs on the backend's thread when the
+  op completes and stamps ``perf_counter_ns`` (or the end of ``wait()`` if that comes first).
+- NCCL / CUDA: CUDA events recorded on the current stream at issue, at the start of ``wait()``
+  and after it; ``elapsed_time`` is read lazily once ``event.query()`` says they completed, so
+  the host never waits for the device. On CUDA, ``wait()`` only makes the compute stream wait,
+  so the *exposed* time is device-side: compute-stream time from the wait point until the
+  collective's result was usable (``wait_start -> end``), ~0 when the op was already done.
+
+Exposed time on CPU is host time spent inside ``wait()``. Unlike DeepSpeed's comms logger we
+never synchronize the device to time an op (that would destroy the overlap we measure), and the
+group size is the op's own group, not the world.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .schema import Collective, CollectiveOp
+
+
+class CollectiveRecord:
+    """One collective in flight or done; turned into a schema.Collective once complete."""
+
+    __slots__ = (
+        "cuda_events",
+        "end_ns",
+        "exposed_ns",
+        "group_size",
+        "label",
+        "nbytes",
+        "op",
+        "prefetched",
+        "start_ns",
+        "waited",
+    )
+
+    def __init__(
+        self, op: CollectiveOp, nbytes: int, group_size: int, prefetched: bool, label: str
+    ) -> None:
+        self.op = op
+        self.nbytes = nbytes
+        self.group_size = group_size
+        self.prefetched = prefetched
+        self.label = label
+        self.start_ns = time.perf_counter_ns()
+        self.end_ns: int | None = None
+        self.exposed_ns = 0
+        self.waited = False
+        self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
+
+    def _on_complete(self, _fut: Any) -> None:
+        now = time.perf_counter_ns()
+        if self.end_ns is None or now < self.end_ns:
+            self.end_ns = now
+
+    def resolve(self, step_start_ns: int) -> Collective | None:
+        """The wire record once complete, else None (still in flight: report it later)."""
+        if self.cuda_events is not None:
+            issue, wait_start, end = self.cuda_events
+            if end is None or not end.query():
+                return None
+            duration = issue.elapsed_time(end) / 1e3
+            exposed = wait_start.elapsed_time(end) / 1e3
+        else:
+            if self.end_ns is None:
+                return None
+            duration = (self.end_ns - self.start_ns) / 1e9
+            exposed = self.exposed_ns / 1e9
+        return Collective(
+            op=self.op,
+            nbytes=self.nbytes,
+            group_size=self.group_size,
+            start_s=(self.start_ns - step_start_ns) / 1e9,
+            duration_s=max(duration, 0.0),
+            # Inside wait() the op finished; a few µs of wait() overhead after completion are
+            # not comm time, so exposed is capped at the op's duration.
+            exposed_s=min(max(exposed, 0.0), max(duration, 0.0)),
+            prefetched=self.prefetched,
+            label=self.label,
+        )
+
+
+class TrackedWork:
+    """What ``Telemetry.collective`` returns: use its ``wait()`` instead of the Work's."""
+
+    __slots__ = ("record", "work")
+
+    def __init__(self, work: Any, record: CollectiveRecord) -> None:
+        self.work = work
+        self.record = record
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        rec = self.record
+        events = rec.cuda_events
+        if events is not None:
+            events[1] = _cuda_event()
+        t0 = time.perf_counter_ns()
+        try:
+            return self.work.wait(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter_ns()
+            if events is not None:
+                events[2] = _cuda_event()
+            else:
+                rec.exposed_ns += t1 - t0
+                if rec.end_ns is None or t1 < rec.end_ns:
+                    rec.end_ns = t1
+            rec.waited = True
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def get_future(self) -> Any:
+        return self.work.get_future()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+def _cuda_event() -> Any:
+    import torch
+
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+class CollectiveTracker:
+    """Collectives issued on this rank; complete ones are taken at each step end."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self._lock = threading.Lock()
+        self._pending: list[CollectiveRecord] = []
+        self.errors = 0
+
+    def track(
+        self,
+        work: Any,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool = False,
+        label: str = "",
+    ) -> Any:
+        try:
+            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label)
+            if self.cuda:
+                rec.cuda_events = [_cuda_event(), None, None]
+            else:
+                try:
+                    work.get_future().then(rec._on_complete)
+                except Exception:
+                    pass  # no future on this backend: completion = end of wait()
+            with self._lock:
+                self._pending.append(rec)
+            return TrackedWork(work, rec)
+        except Exception:
+            self.errors += 1
+            return work
+
+    def take_complete(self, step_start_ns: int) -> list[Collective]:
+        """Records complete now, in issue order; the rest stay for a later report."""
+        out: list[Collective] = []
+        keep: list[CollectiveRecord] = []
+        with self._lock:
+            pending, self._pending = self._pending, keep
+        for rec in pending:
+            try:
+                done = rec.resolve(step_start_ns)
+            except Exception:
+                self.errors += 1
+                continue
+            if done is None:
+                keep.append(rec)
+            else:
+                out.append(done)
+        if keep:
+            with self._lock:
+                self._pending[:0] = keep
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,411 @@
+"""The live agent: the Telemetry a rank gets when ``ZEROSCOPE_COLLECTOR`` is set.
+
+Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, loss scale,
+overflow/skip), what it measures itself (phase times, activation bytes through saved-tensor
+hooks, collective timing, allocator figures on CUDA) and sends one StepReport at ``step_end``.
+Events go out at once; the sampler thread sends heartbeats with host/GPU figures.
+
+Never block, never synchronize the device to measure, never raise into the training loop:
+every entry point catches its own failures and counts them in ``errors``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import torch
+
+from .activations import ActivationCounter
+from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
+from .comm import CollectiveTracker
+from .publish import TOKEN_ENV, Publisher
+from .sampler import Sampler
+from .schema import (
+    SCHEMA_VERSION,
+    Bye,
+    CollectiveOp,
+    ConfigSummary,
+    Event,
+    EventKind,
+    Heartbeat,
+    Hello,
+    HostSample,
+    MemoryBytes,
+    ParamCounts,
+    Phases,
+    StepReport,
+    Transfer,
+    TransferDirection,
+)
+
+JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
+ENGINE_ENV = "ZEROSCOPE_ENGINE"
+
+CONNECT_TIMEOUT_S = 2.0
+"""At start-up only: how long a rank waits for its collector connection before going on (the
+collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds)."""
+
+_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+class _Scalar:
+    """A loss / grad-norm value: a float now, or a device tensor copied to pinned host memory
+    without blocking, readable once its CUDA event has completed."""
+
+    __slots__ = ("event", "host", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value: float | None = None
+        self.host: torch.Tensor | None = None
+        self.event: Any = None
+        if value is None:
+            return
+        if isinstance(value, torch.Tensor):
+            t = value.detach().reshape(-1)[0]
+            if t.device.type == "cuda":
+                self.host = torch.empty((), dtype=t.dtype, pin_memory=True)
+                self.host.copy_(t, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+            else:
+                self.value = float(t.item())
+        else:
+            self.value = float(value)
+
+    def ready(self, block: bool = False) -> bool:
+        if self.event is None:
+            return True
+        if block:
+            self.event.synchronize()  # only at close, when the loop is over
+        if self.event.query():
+            assert self.host is not None
+            self.value = float(self.host.item())
+            self.event = self.host = None
+            return True
+        return False
+
+
+class LiveTelemetry(Telemetry):
+    """Measures and publishes one rank's steps (see module docstring)."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+        node_rank: int = 0,
+        job_id: str = "",
+        engine: str = "zeroscope",
+        sample_interval: float = 0.5,
+    ) -> None:
+        self.publisher = publisher
+        self.rank, self.world_size = rank, world_size
+        self.local_rank, self.node_rank = local_rank, node_rank
+        self.job_id = job_id
+        self.engine = engine
+        self.errors = 0
+        self.step = 1
+        """The step in progress (the first StepReport is step 1)."""
+        self.cuda = False
+        self.closed = False
+        self._hello_sent = False
+        self._step_start_ns: int | None = None
+        self._last_step_end_ns: int | None = None
+        self._phase_ns: dict[str, int] = {}
+        self._data_explicit = False
+        self._forward_seen = False
+        self._activations = ActivationCounter()
+        self._collectives = CollectiveTracker(cuda=False)
+        self._transfers: list[Transfer] = []
+        self._waiting: deque[tuple[StepReport, _Scalar, _Scalar]] = deque()
+        self._host: HostSample | None = None
+        self.sampler = Sampler(
+            self._on_sample, interval=sample_interval, poll=publisher.poll_connection
+        ).start()
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
+        try:
+            self.cuda = device.startswith("cuda")
+            self._collectives.cuda = self.cuda
+            if self.cuda:
+                index = torch.device(device).index
+                index = torch.cuda.current_device() if index is None else index
+                uuid = None
+                with contextlib.suppress(Exception):
+                    uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+                self.sampler.set_device(index, uuid)
+            self._send_hello(config, params, device)
+        except Exception:
+            self.errors += 1
+
+    def _send_hello(
+        self, config: ConfigSummary | None, params: ParamCounts | None, device: str
+    ) -> None:
+        self._hello_sent = True
+        self.publisher.set_sticky(
+            Hello(
+                schema_version=SCHEMA_VERSION,
+                job_id=self.job_id,
+                rank=self.rank,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                node_rank=self.node_rank,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                device=device,
+                started_ns=time.time_ns(),
+                config=config,
+                params=params,
+                engine=self.engine,
+            )
+        )
+
+    @contextlib.contextmanager
+    def phase(self, name: PhaseName) -> Iterator[None]:
+        t0 = time.perf_counter_ns()
+        hooks = None
+        try:
+            if self._step_start_ns is None:
+                self._step_start_ns = t0
+            if name == "data":
+                self._data_explicit = True
+            elif name == "forward":
+                first = not self._forward_seen and not self._data_explicit
+                if first and self._last_step_end_ns is not None:
+                    self._phase_ns["data"] = t0 - self._last_step_end_ns
+                self._forward_seen = True
+                hooks = self._activations.hooks()
+                hooks.__enter__()
+        except Exception:
+            self.errors += 1
+            hooks = None
+        try:
+            yield
+        finally:
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+            self._phase_ns[name] = self._phase_ns.get(name, 0) + time.perf_counter_ns() - t0
+
+    def collective(
+        self,
+        work: Waitable,
+        *,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool = False,
+        label: str = "",
+    ) -> Waitable:
+        if self._step_start_ns is None:
+            self._step_start_ns = time.perf_counter_ns()
+        return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+
+    def transfer(
+        self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
+    ) -> None:
+        try:
+            if self._step_start_ns is None:
+                self._step_start_ns = start_ns
+            self._transfers.append(
+                Transfer(
+                    direction=direction,
+                    nbytes=int(nbytes),
+                    start_s=(start_ns - self._step_start_ns) / 1e9,
+                    duration_s=max(end_ns - start_ns, 0) / 1e9,
+                    label=label,
+                )
+            )
+        except Exception:
+            self.errors += 1
+
+    def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
+        try:
+            self.publisher.send(
+                Event(
+                    rank=self.rank,
+                    step=self.step,
+                    wall_ns=time.time_ns(),
+                    event=kind,
+                    message=message,
+                    value=value,
+                )
+            )
+        except Exception:
+            self.errors += 1
+
+    def step_end(
+        self,
+        *,
+        memory: MemoryBytes,
+        loss: Any = None,
+        lr: float | None = None,
+        grad_norm: Any = None,
+        loss_scale: float | None = None,
+        overflow: bool = False,
+        skipped: bool = False,
+        samples: int = 0,
+    ) -> None:
+        try:
+            self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
+        except Exception:
+            self.errors += 1
+
+    def _step_end(
+        self,
+        memory: MemoryBytes,
+        loss: Any,
+        lr: float | None,
+        grad_norm: Any,
+        loss_scale: float | None,
+        overflow: bool,
+        skipped: bool,
+        samples: int,
+    ) -> None:
+        now = time.perf_counter_ns()
+        if not self._hello_sent:
+            self._send_hello(None, None, "cpu")
+        start = self._step_start_ns if self._step_start_ns is not None else now
+        ns = self._phase_ns
+        phases = Phases(**{k: ns[k] / 1e9 for k in _PHASES if k in ns})
+        peak = self._activations.take_peak()
+        mem = msgspec.structs.replace(
+            memory, activations=peak if self._forward_seen else memory.activations
+        )
+        if self.cuda:
+            mem.device_allocated = torch.cuda.memory_allocated()
+            mem.device_reserved = torch.cuda.memory_reserved()
+            mem.device_peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        report = StepReport(
+            rank=self.rank,
+            step=self.step,
+            wall_ns=time.time_ns(),
+            duration_s=(now - start) / 1e9,
+            phases=phases,
+            memory=mem,
+            collectives=self._collectives.take_complete(start),
+            transfers=self._transfers,
+            lr=None if lr is None else float(lr),
+            loss_scale=None if loss_scale is None else float(loss_scale),
+            overflow=bool(overflow),
+            skipped=bool(skipped),
+            samples=int(samples),
+            host=self._host,
+        )
+        self._waiting.append((report, _Scalar(loss), _Scalar(grad_norm)))
+        self._flush_reports(block=False)
+        self.step += 1
+        self._step_start_ns = self._last_step_end_ns = now
+        self._phase_ns = {}
+        self._transfers = []
+        self._data_explicit = self._forward_seen = False
+
+    def _flush_reports(self, block: bool) -> None:
+        """Send, in order, every report whose device-side values have arrived."""
+        while self._waiting:
+            report, loss, norm = self._waiting[0]
+            if not (loss.ready(block) and norm.ready(block)):
+                return
+            self._waiting.popleft()
+            report.loss, report.grad_norm = loss.value, norm.value
+            if report.loss is not None and not math.isfinite(report.loss):
+                self.publisher.send(
+                    Event(
+                        rank=self.rank,
+                        step=report.step,
+                        wall_ns=report.wall_ns,
+                        event="nan_loss",
+                        message=f"loss is {report.loss} at step {report.step}",
+                    )
+                )
+            self.publisher.send(report)
+
+    def _on_sample(self, sample: HostSample) -> None:
+        self._host = sample
+        self.publisher.send(
+            Heartbeat(rank=self.rank, step=self.step, wall_ns=time.time_ns(), host=sample)
+        )
+
+    def close(self, exit_code: int = 0, message: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sampler.stop()
+            with contextlib.suppress(Exception):
+                self._flush_reports(block=True)
+            self.publisher.poll_connection()
+            self.publisher.send(
+                Bye(
+                    rank=self.rank,
+                    step=self.step - 1,
+                    wall_ns=time.time_ns(),
+                    exit_code=exit_code,
+                    message=message,
+                )
+            )
+        except Exception:
+            self.errors += 1
+        finally:
+            self.publisher.close()
+
+    # -- process exit ----------------------------------------------------------------------
+
+    def install_exit_hooks(self) -> None:
+        """Bye at interpreter exit; an uncaught exception sends an ``error`` Event and a Bye
+        with exit code 1, then the previous excepthook prints the user's traceback as usual."""
+        previous = sys.excepthook
+
+        def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+            try:
+                if not self.closed:
+                    text = f"{tp.__name__}: {value}".splitlines()[0][:500]
+                    self.event("error", text)
+                    self.close(1, text)
+            except Exception:
+                pass
+            previous(tp, value, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(self.close)
+
+
+def start_agent() -> Telemetry:
+    """Build this rank's live agent from the environment torchrun and ``zeroscope run`` set;
+    a NullTelemetry if anything goes wrong (telemetry must never stop a job)."""
+    try:
+        env = os.environ
+        rank = int(env.get("RANK", "0"))
+        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode())
+        publisher.wait_connected(CONNECT_TIMEOUT_S)
+        agent = LiveTelemetry(
+            publisher,
+            rank=rank,
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            node_rank=int(env.get("GROUP_RANK", "0")),
+            job_id=env.get(JOB_ID_ENV)
+            or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
+            engine=env.get(ENGINE_ENV, "zeroscope"),
+        )
+        agent.install_exit_hooks()
+        return agent
+    except Exception as exc:
+        print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
+        return NullTelemetry()

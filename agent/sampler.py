@@ -1,0 +1,139 @@
+"""Host and GPU figures, sampled off the training thread, plus the heartbeat.
+
+A daemon thread wakes every ``interval`` seconds, reads psutil (process CPU %, RSS, available
+memory) and NVML (utilization, memory, power, PCIe TX/RX throughput) and sends a Heartbeat with
+them; the latest sample also rides on each StepReport. Without a GPU or NVML library
+``pynvml.nvmlInit()`` raises and every GPU figure stays ``None`` (NA), never 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .schema import HostSample
+
+
+class _Nvml:
+    """NVML handle of this rank's GPU, or nothing."""
+
+    def __init__(self, device_index: int | None, uuid: str | None) -> None:
+        self.handle: Any = None
+        self.nvml: Any = None
+        if device_index is None:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            if uuid:
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            else:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:
+            self.handle = None
+
+    def fill(self, s: HostSample) -> None:
+        h, nv = self.handle, self.nvml
+        if h is None:
+            return
+        for attr, read in (
+            ("gpu_util_percent", lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu)),
+            ("gpu_mem_used_bytes", lambda: int(nv.nvmlDeviceGetMemoryInfo(h).used)),
+            ("gpu_mem_total_bytes", lambda: int(nv.nvmlDeviceGetMemoryInfo(h).total)),
+            ("gpu_power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            # NVML reports PCIe throughput in KB/s over a 20 ms window.
+            (
+                "pcie_tx_bytes_s",
+                lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
+            ),
+            (
+                "pcie_rx_bytes_s",
+                lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+            ),
+        ):
+            try:
+                setattr(s, attr, read())
+            except Exception:
+                pass  # not supported on this GPU: stays None
+
+
+class Sampler:
+    """Background sampler thread: ``tick(sample)`` is called with each fresh HostSample every
+    ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s."""
+
+    def __init__(
+        self,
+        tick: Callable[[HostSample], None],
+        *,
+        interval: float = 0.5,
+        device_index: int | None = None,
+        device_uuid: str | None = None,
+        poll: Callable[[], None] | None = None,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self.interval = interval
+        self.poll_interval = poll_interval
+        self._poll = poll
+        self.latest: HostSample | None = None
+        self._tick = tick
+        self._stop = threading.Event()
+        self._device_index = device_index
+        self._device_uuid = device_uuid
+        self._device_changed = False
+        self._thread = threading.Thread(target=self._run, name="zeroscope-sampler", daemon=True)
+        self.errors = 0
+
+    def set_device(self, index: int, uuid: str | None = None) -> None:
+        """This rank's GPU (known once the engine says hello); NVML is (re)opened for it."""
+        self._device_index, self._device_uuid = index, uuid
+        self._device_changed = True
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        try:
+            import psutil
+
+            proc: Any = psutil.Process()
+            proc.cpu_percent(None)  # the first call primes the counter
+        except Exception:
+            psutil, proc = None, None
+        nvml = _Nvml(self._device_index, self._device_uuid)
+        next_sample = time.monotonic() + self.interval
+        while not self._stop.wait(min(self.poll_interval, self.interval)):
+            if self._poll is not None:
+                try:
+                    self._poll()
+                except Exception:
+                    self.errors += 1
+            if time.monotonic() < next_sample:
+                continue
+            next_sample += self.interval
+            if self._device_changed:
+                self._device_changed = False
+                nvml = _Nvml(self._device_index, self._device_uuid)
+            s = HostSample()
+            try:
+                if proc is not None and psutil is not None:
+                    s.cpu_percent = float(proc.cpu_percent(None))
+                    s.rss_bytes = int(proc.memory_info().rss)
+                    s.mem_available_bytes = int(psutil.virtual_memory().available)
+                nvml.fill(s)
+            except Exception:
+                self.errors += 1
+            self.latest = s
+            try:
+                self._tick(s)
+            except Exception:
+                self.errors += 1

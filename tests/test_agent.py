@@ -1,0 +1,204 @@
+"""Tier 1: the live agent in one process, against formulas and independent clocks, publishing
+to a real collector."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from zeroscope.agent import api
+from zeroscope.agent.live import LiveTelemetry
+from zeroscope.agent.publish import Publisher
+from zeroscope.agent.schema import Bye, Event, Hello, MemoryBytes, Message, StepReport
+from zeroscope.collector import Collector, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[LiveTelemetry, list[Message]]]:
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    with col:
+        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="t", sample_interval=0.2)
+        from zeroscope.agent.schema import ConfigSummary, ParamCounts
+
+        tel.hello(
+            config=ConfigSummary(stage=0, precision="fp32", dp_world_size=1),
+            params=ParamCounts(total=1, trainable=1),
+        )
+        assert wait_for(lambda: any(isinstance(m, Hello) for m in got))
+        yield tel, got
+        tel.close()
+        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+
+
+def reports(got: list[Message]) -> list[StepReport]:
+    return [m for m in got if isinstance(m, StepReport)]
+
+
+def test_activation_bytes_match_the_formula(rig: tuple[LiveTelemetry, list[Message]]) -> None:
+    tel, got = rig
+    B, d, h = 8, 16, 32
+    model = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, 1))
+    x, target = torch.randn(B, d), torch.randn(B, 1)
+    for _ in range(2):
+        with tel.phase("forward"):
+            loss = nn.functional.mse_loss(model(x), target)
+        with tel.phase("backward"):
+            loss.backward()
+        assert tel._activations.live == 0  # backward released every saved tensor
+        tel.step_end(memory=MemoryBytes(params=123), loss=loss)
+    assert wait_for(lambda: len(reports(got)) == 2)
+    # Saved for backward, fp32: the input x (first Linear's weight grad), the ReLU output
+    # (saved by ReLU and by the second Linear: one storage, counted once), the MSE input and
+    # target. The second Linear's weight is a parameter (P), not an activation.
+    expected = 4 * (B * d + B * h + B + B)
+    for r in reports(got):
+        assert r.memory.activations == expected
+        assert r.memory.params == 123
+        assert r.loss is not None
+
+
+def test_views_of_one_storage_count_once_and_peak_is_within_the_step(
+    rig: tuple[LiveTelemetry, list[Message]],
+) -> None:
+    tel, got = rig
+    w = nn.Parameter(torch.randn(4, 6))
+    x = torch.randn(10, 4)
+    with tel.phase("forward"):
+        hmid = x @ w  # saves x (160 B); w is a parameter
+        z = (hmid[:, :3] * hmid[:, 3:]).sum()  # saves two views of hmid's storage (240 B)
+    with tel.phase("backward"):
+        z.backward()
+    tel.step_end(memory=MemoryBytes())
+    # A step without forward: A is whatever the engine says (None = not measured).
+    tel.step_end(memory=MemoryBytes())
+    assert wait_for(lambda: len(reports(got)) == 2)
+    first, second = reports(got)
+    assert first.memory.activations == 10 * 4 * 4 + 10 * 6 * 4
+    assert second.memory.activations is None
+
+
+def test_phases_against_an_independent_clock(rig: tuple[LiveTelemetry, list[Message]]) -> None:
+    tel, got = rig
+    t0 = time.perf_counter()
+    tel.step_end(memory=MemoryBytes())
+    time.sleep(0.05)  # the "data loader"
+    with tel.phase("forward"):
+        t1 = time.perf_counter()
+        time.sleep(0.02)
+    with tel.phase("backward"):
+        time.sleep(0.03)
+    t2 = time.perf_counter()
+    tel.step_end(memory=MemoryBytes(), loss=torch.tensor(2.5), grad_norm=torch.tensor([0.5]))
+    t3 = time.perf_counter()
+    assert wait_for(lambda: len(reports(got)) == 2)
+    r = reports(got)[1]
+    assert r.phases.data is not None and t1 - t0 >= r.phases.data >= 0.05
+    assert r.phases.forward is not None and 0.02 <= r.phases.forward <= t2 - t1
+    assert r.phases.backward is not None and r.phases.backward >= 0.03
+    assert r.phases.optimizer is None  # not observed: NA, not 0
+    assert 0.1 <= r.duration_s <= t3 - t0
+    assert (r.loss, r.grad_norm) == (2.5, 0.5)
+    assert r.step == 2
+
+
+def test_events_go_out_at_once_and_nan_loss_is_flagged(
+    rig: tuple[LiveTelemetry, list[Message]],
+) -> None:
+    tel, got = rig
+    tel.event("overflow", "grad overflow, step skipped", value=32768.0)
+    assert wait_for(lambda: any(isinstance(m, Event) for m in got))  # before any step_end
+    ev = next(m for m in got if isinstance(m, Event))
+    assert (ev.event, ev.value, ev.step) == ("overflow", 32768.0, 1)
+    tel.step_end(memory=MemoryBytes(), loss=float("nan"), overflow=True, skipped=True)
+    assert wait_for(lambda: len(reports(got)) == 1)
+    kinds = [m.event for m in got if isinstance(m, Event)]
+    assert kinds == ["overflow", "nan_loss"]
+    assert reports(got)[0].overflow and reports(got)[0].skipped
+
+
+def test_transfers_and_heartbeats(rig: tuple[LiveTelemetry, list[Message]]) -> None:
+    tel, got = rig
+    t0 = time.perf_counter_ns()
+    tel.transfer("d2h", 4096, t0, t0 + 2_000_000, label="grads")
+    tel.step_end(memory=MemoryBytes())
+    assert wait_for(lambda: len(reports(got)) == 1)
+    (tr,) = reports(got)[0].transfers
+    assert (tr.direction, tr.nbytes, tr.duration_s, tr.label) == ("d2h", 4096, 0.002, "grads")
+    from zeroscope.agent.schema import Heartbeat
+
+    assert wait_for(lambda: any(isinstance(m, Heartbeat) for m in got), 5)
+    hb = next(m for m in got if isinstance(m, Heartbeat))
+    assert hb.host is not None and hb.host.rss_bytes and hb.host.rss_bytes > 0
+    if not torch.cuda.is_available():
+        assert hb.host.gpu_util_percent is None and hb.host.gpu_power_w is None
+
+
+def test_the_agent_never_raises_into_the_loop(rig: tuple[LiveTelemetry, list[Message]]) -> None:
+    tel, _ = rig
+    tel.step_end(memory=None)  # type: ignore[arg-type]
+    tel.transfer("d2h", "x", None, None)  # type: ignore[arg-type]
+    assert tel.errors == 2
+    # The loop's own exceptions pass through phase().
+    with pytest.raises(KeyError), tel.phase("forward"):
+        raise KeyError("user error")
+
+
+def test_without_a_collector_telemetry_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(api.COLLECTOR_ENV, raising=False)
+    api.set_telemetry(None)
+    try:
+        tel = api.telemetry()
+        assert isinstance(tel, api.NullTelemetry) and not tel.enabled
+        work = object()
+        assert tel.collective(work, op="all_reduce", nbytes=1, group_size=2) is work  # type: ignore[arg-type]
+    finally:
+        api.set_telemetry(None)
+
+
+SCRIPT = """
+import sys
+from zeroscope.agent import api
+from zeroscope.agent.schema import MemoryBytes
+tel = api.telemetry()
+assert tel.enabled
+tel.step_end(memory=MemoryBytes(params=7))
+if sys.argv[1] == "raise":
+    raise ValueError("the user's bug")
+"""
+
+
+@pytest.mark.parametrize("mode", ["raise", "exit"])
+def test_exit_sends_bye_and_an_uncaught_error_keeps_its_traceback(mode: str) -> None:
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    with col:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), api.COLLECTOR_ENV: col.ingest_address}
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True
+        )
+        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    bye = next(m for m in got if isinstance(m, Bye))
+    if mode == "raise":
+        assert proc.returncode == 1
+        assert "Traceback" in proc.stderr and "ValueError: the user's bug" in proc.stderr
+        (err,) = [m for m in got if isinstance(m, Event)]
+        assert (err.event, err.message) == ("error", "ValueError: the user's bug")
+        assert (bye.exit_code, bye.message) == (1, "ValueError: the user's bug")
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert bye.exit_code == 0
+    assert bye.step == 1
+    assert [m.memory.params for m in got if isinstance(m, StepReport)] == [7]
