@@ -163,6 +163,13 @@ def write_private(path: Path, data: bytes) -> None:
         raise
 
 
+def create_private(path: Path) -> None:
+    """Create an empty file 0600 (FileExistsError if it exists). Used for traces before SQLite
+    opens them: SQLite gives its journal files the database file's mode, so all stay private."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def register(record: JobRecord) -> JobHandle:
     """Publish ``record`` for ``zeroscope jobs``; returns the handle for :func:`unregister`."""
     folder = private_dir(job_dirs()[0])

@@ -18,10 +18,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .discovery import new_job_id, new_token, write_private
 
@@ -58,7 +61,9 @@ class CollectorPlan:
 
     def rank_env(self, ingest_address: str | None = None) -> dict[str, str]:
         """The environment this node's ranks need (``ZEROSCOPE_COLLECTOR``/``_TOKEN``/``_JOB_ID``)."""
-        address = self.connect_address or ingest_address
+        address = self.connect_address or (
+            local_ingest_address(ingest_address) if ingest_address else None
+        )
         if address is None:
             raise ValueError("the hosting node needs its collector's ingest address")
         return {COLLECTOR_ENV: address, TOKEN_ENV: self.token, JOB_ID_ENV: self.job_id}
@@ -154,3 +159,75 @@ def advertised_address(bind_host: str, port: int, advertise: str | None = None) 
     if ":" in host:
         host = f"[{host}]"
     return f"tcp://{host}:{port}"
+
+
+def _int_flag(value: object, default: int, name: str) -> int:
+    """torchrun flags arrive as strings; ``--nnodes MIN:MAX`` counts as MAX nodes."""
+    if value is None or value == "":
+        return default
+    text = str(value).rpartition(":")[2]
+    if not text.isdigit():
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return int(text)
+
+
+def plan_from_run_args(args: object) -> CollectorPlan:
+    """:func:`plan_collector` from ``zeroscope run``'s parsed torchrun flags (``--nnodes``,
+    ``--node-rank``, ``--master-addr``, ``--master-port``, ``--port``, ``--token-file``)."""
+    port = getattr(args, "port", 0) or None
+    token_file = getattr(args, "token_file", None)
+    return plan_collector(
+        nnodes=_int_flag(getattr(args, "nnodes", None), 1, "--nnodes"),
+        node_rank=_int_flag(getattr(args, "node_rank", None), 0, "--node-rank"),
+        master_addr=getattr(args, "master_addr", None) or "127.0.0.1",
+        master_port=_int_flag(getattr(args, "master_port", None), 29500, "--master-port"),
+        collector_port=port,
+        token_file=Path(token_file) if token_file else None,
+    )
+
+
+def local_ingest_address(ingest_address: str) -> str:
+    """The address this node's own ranks use for a collector bound to all interfaces."""
+    for wildcard in ("tcp://0.0.0.0:", "tcp://[::]:", "tcp://*:"):
+        if ingest_address.startswith(wildcard):
+            return "tcp://127.0.0.1:" + ingest_address[len(wildcard) :]
+    return ingest_address
+
+
+def nnodes_of(args: object) -> int:
+    return _int_flag(getattr(args, "nnodes", None), 1, "--nnodes")
+
+
+class WorkerJob(Protocol):
+    """What :func:`run_worker_node` needs of zeroscope.launch.Job."""
+
+    @property
+    def returncode(self) -> int | None: ...
+    def signal(self, sig: int) -> None: ...
+    def exit_code(self) -> int: ...
+
+
+def run_worker_node(job: WorkerJob, plan: CollectorPlan) -> int:
+    """A node other than 0: no collector and no view here, just the job (its own process
+    group, as on node 0), Ctrl-C/SIGTERM passed on; torchrun's exit code is ours."""
+    print(
+        f"zeroscope: ranks on this node report to {plan.connect_address} "
+        f"(job {plan.job_id}; the view is on node 0)",
+        file=sys.stderr,
+        flush=True,
+    )
+    interrupts = 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        job.signal(signal.SIGINT if interrupts == 1 else signal.SIGKILL)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while job.returncode is None:
+            time.sleep(0.2)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return job.exit_code()

@@ -161,10 +161,36 @@ def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState
     return 0
 
 
-def watch_tui(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> int:
-    """The Textual view; the keeper runs on a thread beside it."""
-    from zeroscope.tui.app import ZeroscopeApp  # type: ignore[import-not-found,unused-ignore]
+class _Stamped:
+    """The source as the TUI's worker polls it, telling the keeper when messages arrive (so it
+    asks the remote host about the job only when things go quiet)."""
 
+    def __init__(self, source: LiveSource, keeper: TunnelKeeper) -> None:
+        self.source, self.keeper = source, keeper
+
+    def poll(self, timeout: float = 0.1) -> list[Message]:
+        messages = self.source.poll(timeout)
+        if messages:
+            self.keeper.last_message_s = time.monotonic()
+        return messages
+
+
+def watch_tui(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> int:
+    """The Textual view; the keeper runs on a thread beside it and reports through the app's
+    notifications (the terminal belongs to Textual)."""
+    from zeroscope.tui.app import ZeroscopeApp
+    from zeroscope.tui.feed import LiveFeed
+
+    app = ZeroscopeApp(state, LiveFeed(_Stamped(source, keeper)), trace=keeper.job.trace)
+    printed = keeper.status
+
+    def notify(line: str) -> None:
+        try:
+            app.call_from_thread(app.notify, line, title="attach")
+        except RuntimeError:  # the app is not running (yet, or any more)
+            printed(line)
+
+    keeper.status = notify
     stop = threading.Event()
 
     def keep() -> None:
@@ -173,15 +199,16 @@ def watch_tui(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> 
                 if not keeper.check():
                     return
             except SshError as exc:
-                keeper.status(str(exc))
+                notify(str(exc))
                 return
 
     thread = threading.Thread(target=keep, name="zeroscope-tunnel", daemon=True)
     thread.start()
     try:
-        ZeroscopeApp(state, source, job=None, trace=keeper.job.trace).run()
+        app.run()
     finally:
         stop.set()
+        keeper.status = printed
     return 0
 
 

@@ -136,11 +136,8 @@ def stats_line(collector: Any) -> str:
 
 
 def _create_private(trace: Path) -> None:
-    """Create the (empty) trace file 0600 before SQLite opens it: SQLite gives its journal
-    files the database file's mode, so the whole trace stays private."""
     try:
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(trace, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        discovery.create_private(trace)
     except FileExistsError:
         raise CliError(f"trace {trace} already exists; pick another --record path") from None
     except OSError as exc:
