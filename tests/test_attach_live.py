@@ -88,6 +88,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_attach_follows_live_job_and_survives_tunnel_drop(sshd: Sshd, tmp_path: Path) -> None:
     home = tmp_path / "zhome"

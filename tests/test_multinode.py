@@ -89,6 +89,7 @@ def _run_node(
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
     env = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import stat
@@ -129,3 +130,20 @@ def test_existing_trace_is_not_overwritten(
     assert cli_main(["serve", "--record", str(trace)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert trace.read_bytes() == b"precious"
+
+
+def test_nothing_on_the_receiving_side_can_unpickle() -> None:
+    """The collector, viewers, trace store and agent decode msgpack/JSON into typed Structs only:
+    no pickle, marshal or shelve, and none of pyzmq's pickling helpers (recv_pyobj)."""
+    root = Path(__file__).resolve().parents[1]
+    banned = re.compile(
+        r"\bimport (c?pickle|marshal|shelve|dill)\b|\b(recv|send)_pyobj\b|pickle\.loads?\("
+    )
+    offenders = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for folder in ("zeroscope", "agent")
+        for path in sorted((root / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if banned.search(line)
+    ]
+    assert offenders == []
