@@ -127,11 +127,13 @@ def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
     reader.join(5)
     steps = [(int(m[1]), int(m[2])) for x in lines if (m := STEP_LINE.match(x))]
     assert steps and all(ranks == 2 for _, ranks in steps), "\n".join(lines)
-    assert [s for s, _ in steps] == list(range(steps[-1][0] + 1))
+    first, last = steps[0][0], steps[-1][0]
+    assert [s for s, _ in steps] == list(range(first, last + 1)) and first <= 1
     assert "ranks on this node report to tcp://127.0.0.1:" in out1
     assert not (tmp_path / "unused.zstrace").exists()  # node 1 hosts no collector
     with TraceReader(trace) as r:
         hellos = r.hellos()
+        assert r.steps() == (first, last)  # the view missed no recorded step
     assert sorted((h.rank, h.node_rank) for h in hellos) == [(0, 0), (1, 1)]
     assert {h.job_id for h in hellos} == {f"127.0.0.1-{master}"}
     assert trace.stat().st_mode & 0o777 == 0o600  # the trace is private from its creation

@@ -1,6 +1,7 @@
-"""A tiny torch.distributed job for the remote tests: one all-reduce per step, a StepReport per
-rank per step straight through the agent's Publisher, until a stop file appears (all ranks agree
-on the stop step through an all-reduce, so every rank reports the same steps).
+"""A tiny torch.distributed job for the remote tests, reporting through the public agent API
+(``zeroscope.agent.api.telemetry``, the engine's seam): one tracked all-reduce and one
+StepReport per rank per step, until a stop file appears (the ranks agree on the last step
+through an all-reduce, so every rank reports the same steps).
 
 Usage (under torchrun, with ZEROSCOPE_COLLECTOR / ZEROSCOPE_TOKEN / ZEROSCOPE_JOB_ID set):
     paced_job.py STOP_FILE [STEP_SECONDS]
@@ -9,72 +10,37 @@ Usage (under torchrun, with ZEROSCOPE_COLLECTOR / ZEROSCOPE_TOKEN / ZEROSCOPE_JO
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from zeroscope.agent.publish import Publisher
-from zeroscope.agent.schema import (
-    SCHEMA_VERSION,
-    Bye,
-    Collective,
-    ConfigSummary,
-    Hello,
-    MemoryBytes,
-    ParamCounts,
-    StepReport,
-)
+from zeroscope.agent.api import telemetry
+from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
 
 def main() -> None:
     stop_file, pace = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    pub = Publisher(
-        os.environ["ZEROSCOPE_COLLECTOR"], os.environ.get("ZEROSCOPE_TOKEN", "").encode()
+    world = dist.get_world_size()
+    tel = telemetry()
+    assert tel.enabled, "ZEROSCOPE_COLLECTOR is not set"
+    tel.hello(
+        config=ConfigSummary(stage=0, precision="fp32", dp_world_size=world),
+        params=ParamCounts(total=4, trainable=4),
     )
-    pub.set_sticky(
-        Hello(
-            schema_version=SCHEMA_VERSION,
-            job_id=os.environ.get("ZEROSCOPE_JOB_ID", ""),
-            rank=rank,
-            world_size=world,
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            node_rank=int(os.environ.get("GROUP_RANK", "0")),
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            started_ns=time.time_ns(),
-            config=ConfigSummary(stage=0, precision="fp32", dp_world_size=world),
-            params=ParamCounts(total=4, trainable=4),
-        )
-    )
-    deadline = time.monotonic() + 30
-    while pub.hello_pending and time.monotonic() < deadline:
-        time.sleep(0.02)
-        pub.poll_connection()
     grad = torch.ones(4)
     step = 0
     while True:
-        t0 = time.perf_counter()
-        work = dist.all_reduce(grad, async_op=True)
-        work.wait()
-        grad.fill_(1.0)
-        dt = time.perf_counter() - t0
-        pub.send(
-            StepReport(
-                rank=rank,
-                step=step,
-                wall_ns=time.time_ns(),
-                duration_s=dt,
-                memory=MemoryBytes(params=16, grads=16, optim=32),
-                collectives=[Collective("all_reduce", 16, world, 0.0, dt, dt)],
-                loss=1.0 / (step + 1),
-                samples=1,
-            )
+        with tel.phase("forward"):
+            grad.fill_(1.0)
+        with tel.phase("backward"):
+            work = dist.all_reduce(grad, async_op=True)
+            tel.collective(work, op="all_reduce", nbytes=16, group_size=world).wait()
+        tel.step_end(
+            memory=MemoryBytes(params=16, grads=16, optim=32), loss=1.0 / (step + 1), samples=1
         )
         flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0])
         dist.all_reduce(flag)
@@ -82,8 +48,7 @@ def main() -> None:
             break
         step += 1
         time.sleep(pace)
-    pub.send(Bye(rank=rank, step=step, wall_ns=time.time_ns(), exit_code=0))
-    pub.close()
+    tel.close(0)
     dist.destroy_process_group()
 
 
