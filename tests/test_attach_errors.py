@@ -135,3 +135,13 @@ def test_target_forms() -> None:
     assert (t.user, t.host, t.port, t.destination) == ("alice", "gpu-01", 2222, "alice@gpu-01")
     assert SshTarget.parse("gpu-01") == SshTarget(host="gpu-01")
     assert SshTarget.parse("bob@[::1]:22") == SshTarget(host="::1", user="bob", port=22)
+
+
+def test_remote_command_quoting() -> None:
+    from zeroscope.ssh import remote_command
+
+    assert (
+        remote_command(["~/venv/bin/zeroscope", "jobs", "--json"])
+        == "~/venv/bin/zeroscope jobs --json"
+    )
+    assert remote_command(["/opt/my env/zeroscope", "a;b"]) == "'/opt/my env/zeroscope' 'a;b'"

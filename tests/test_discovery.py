@@ -150,3 +150,20 @@ def test_split_address() -> None:
     assert discovery.split_address("tcp://[::1]:7") == ("::1", 7)
     with pytest.raises(ValueError, match="not a tcp://HOST:PORT"):
         discovery.split_address("ipc:///tmp/x")
+
+
+def test_unwritable_folder_falls_back_then_warns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ZEROSCOPE_HOME", raising=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(blocker))  # stale: cannot hold a folder
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    handle = discovery.register(_record())
+    assert Path(handle.path).parent == tmp_path / "h" / ".cache" / "zeroscope" / "jobs"
+    monkeypatch.setenv("HOME", str(blocker))
+    handle = discovery.register(_record("j2"))
+    assert handle.path == ""
+    assert "warning: job not listed" in capsys.readouterr().err
+    discovery.unregister(handle)  # a no-op, not an error

@@ -24,6 +24,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Literal
@@ -171,16 +172,30 @@ def create_private(path: Path) -> None:
 
 
 def register(record: JobRecord) -> JobHandle:
-    """Publish ``record`` for ``zeroscope jobs``; returns the handle for :func:`unregister`."""
-    folder = private_dir(job_dirs()[0])
-    path = folder / f"{record.job_id}.json"
-    write_private(path, msgspec.json.encode(record))
-    return JobHandle(record=record, path=str(path))
+    """Publish ``record`` for ``zeroscope jobs``; returns the handle for :func:`unregister`.
+
+    Tries each candidate folder in turn (a stale ``XDG_RUNTIME_DIR`` may point nowhere). When
+    none is writable the job still runs, unlisted: a warning, and a handle that unregisters
+    nothing (being findable is a convenience; it must never stop a training job)."""
+    problem = ""
+    for folder in job_dirs():
+        try:
+            path = private_dir(folder) / f"{record.job_id}.json"
+            write_private(path, msgspec.json.encode(record))
+            return JobHandle(record=record, path=str(path))
+        except OSError as exc:
+            problem = f"{folder}: {exc.strerror or exc}"
+    print(
+        f"zeroscope: warning: job not listed for zeroscope jobs/attach ({problem})", file=sys.stderr
+    )
+    return JobHandle(record=record, path="")
 
 
 def unregister(handle: JobHandle) -> None:
     """The collector is stopping. A job with a trace on disk stays listed as finished (so a
     late ``attach`` can offer its replay); any other record is removed."""
+    if not handle.path:
+        return
     path = Path(handle.path)
     trace = handle.record.trace
     if trace and Path(trace).exists():

@@ -152,7 +152,7 @@ class SshClient:
 
     def run(self, remote_argv: list[str], *, timeout: float = 60.0) -> str:
         """Run a command there; its stdout, or :class:`SshError`."""
-        argv = [*self.args(), "--", shlex.join(remote_argv)]
+        argv = [*self.args(), "--", remote_command(remote_argv)]
         try:
             done = subprocess.run(
                 argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
@@ -184,6 +184,15 @@ class SshClient:
     def tunnel(self, *remote_ports: int) -> Tunnel:
         """An (unopened) tunnel forwarding a free local port to each remote loopback port."""
         return Tunnel(client=self, forwards={free_port(): p for p in remote_ports})
+
+
+def remote_command(argv: list[str]) -> str:
+    """The command line for the remote shell: quoted, except that a leading ``~/`` on the
+    program stays unquoted so the remote shell expands it to the remote home."""
+    program, rest = argv[0], argv[1:]
+    tilde = program.startswith("~/")
+    head = "~/" + shlex.quote(program[2:]) if tilde else shlex.quote(program)
+    return " ".join([head, *(shlex.quote(a) for a in rest)])
 
 
 def free_port() -> int:

@@ -191,6 +191,9 @@ def watch_tui(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> 
             printed(line)
 
     keeper.status = notify
+    # A passphrase prompt on reconnect would land in the middle of the TUI: fail instead (the
+    # first connection, made before the TUI started, could prompt; ssh-agent keeps working).
+    keeper.client.batch = True
     stop = threading.Event()
 
     def keep() -> None:
