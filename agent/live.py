@@ -339,7 +339,8 @@ class LiveTelemetry(Telemetry):
     def _on_sample(self, sample: HostSample) -> None:
         self._host = sample
         self.publisher.send(
-            Heartbeat(rank=self.rank, step=self.step, wall_ns=time.time_ns(), host=sample)
+            # A heartbeat belongs to the last completed step (0 before the first), like Bye.
+            Heartbeat(rank=self.rank, step=self.step - 1, wall_ns=time.time_ns(), host=sample)
         )
 
     def close(self, exit_code: int = 0, message: str = "") -> None:

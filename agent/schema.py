@@ -228,6 +228,8 @@ class Bye(_Base, tag="bye"):
 Message = Hello | StepReport | Event | Heartbeat | Bye
 
 _encoder = msgspec.msgpack.Encoder()
+_INT64 = 1 << 63
+_MAX_RANK = 1 << 24
 _decoder = msgspec.msgpack.Decoder(Message)
 
 
@@ -258,6 +260,14 @@ def decode(data: bytes | memoryview) -> Message:
         raise SchemaError(f"malformed message: {(str(exc) or 'empty').splitlines()[0]}") from None
     except Exception as exc:  # never let odd bytes crash a receiver (e.g. RecursionError)
         raise SchemaError(f"malformed message: {type(exc).__name__}") from None
+    # Indexed trace columns are SQLite int64s; a rank or step outside sane ranges is garbage.
+    step = getattr(message, "step", 0)
+    instant = message.started_ns if isinstance(message, Hello) else message.wall_ns
+    if not (0 <= message.rank < _MAX_RANK and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
+        raise SchemaError(
+            f"malformed message: rank {message.rank}, step {step} or instant out of range",
+            "malformed",
+        )
     if isinstance(message, Hello) and message.schema_version != SCHEMA_VERSION:
         raise SchemaError(
             f"unsupported schema_version {message.schema_version} from rank {message.rank} "

@@ -80,6 +80,7 @@ def test_none_stays_none_not_zero() -> None:
             "schema_version",
         ),
     ],
+    ids=["empty", "reserved-byte", "unknown-kind", "bad-field", "array", "oversize", "version"],
 )
 def test_bad_input_is_one_line_schema_error(data: bytes, reason: str) -> None:
     with pytest.raises(schema.SchemaError) as info:

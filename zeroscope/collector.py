@@ -86,6 +86,7 @@ class Collector:
         self.dropped_by_agents = 0
         self.duplicate_hellos = 0
         self.listener_errors = 0
+        self.internal_errors = 0
         self.last_error = ""
 
         self.seq = 0
@@ -124,6 +125,7 @@ class Collector:
             "dropped_by_agents": self.dropped_by_agents,
             "duplicate_hellos": self.duplicate_hellos,
             "listener_errors": self.listener_errors,
+            "internal_errors": self.internal_errors,
             "seq": self.seq,
         }
 
@@ -195,7 +197,11 @@ class Collector:
                 if router in events:
                     self._serve_viewers(router)
                 if self.trace is not None:
-                    self.trace.maybe_commit()
+                    try:
+                        self.trace.maybe_commit()
+                    except Exception as exc:
+                        self.internal_errors += 1
+                        self.last_error = f"trace commit failed: {exc!r}"
             self._drain(pull, pub)
         finally:
             if self.trace is not None:
@@ -210,7 +216,11 @@ class Collector:
                 frames = pull.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self.ingest(frames, pub)
+            try:
+                self.ingest(frames, pub)
+            except Exception as exc:  # e.g. the trace's disk is full: count, keep serving
+                self.internal_errors += 1
+                self.last_error = f"ingest failed: {exc!r}"
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -248,7 +258,11 @@ class Collector:
                 self.trace.set_job_id(message.job_id)
         self._remember(payload)
         if self.trace is not None:
-            self.trace.append(message, payload)
+            try:
+                self.trace.append(message, payload)
+            except Exception as exc:  # disk full, file removed...: keep serving live viewers
+                self.internal_errors += 1
+                self.last_error = f"trace write failed: {exc!r}"
         if pub is not None:
             pub.send_multipart([proto.update_header(self.instance, seq), payload])
         for listener in self._listeners:

@@ -1,0 +1,203 @@
+"""``zeroscope export TRACE --format chrome -o out.json``: the trace as Chrome trace-event JSON,
+which Perfetto (ui.perfetto.dev) and chrome://tracing load.
+
+One process track per rank (pid = rank). Thread 0 holds a slice per step with its phases nested
+inside; collectives and offload transfers get their own threads, one lane per overlap (slices
+on one thread must nest), with bytes, group size, exposed time and busbw as arguments. Memory
+(P, G, O, A, allocator) is a counter track per rank; events are instant markers.
+
+Placement: a step ends at its report's wall clock and starts ``duration_s`` earlier; collective
+and transfer instants are measured relative to the step start. Phase durations are measured but
+their positions are not recorded, so phase slices are laid back to back in the order data,
+forward, backward, optimizer. Each rank's timeline uses that rank's own clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "convert a trace (e.g. to Chrome/Perfetto JSON)"
+
+_PHASES = ("data", "forward", "backward", "optimizer")
+_TID_STEPS, _TID_COMM, _TID_XFER = 0, 100, 200
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", type=Path, help="trace file written by zeroscope run/serve")
+    parser.add_argument("--format", choices=["chrome"], default="chrome", help="output format")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="output file (default: stdout)"
+    )
+
+
+class _Lanes:
+    """Greedy lane assignment so slices on one thread never partially overlap."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def place(self, start: float, end: float) -> int:
+        for i, e in enumerate(self.ends):
+            if e <= start:
+                self.ends[i] = end
+                return i
+        self.ends.append(end)
+        return len(self.ends) - 1
+
+
+def chrome_events(path: Path) -> list[dict[str, Any]]:
+    """Trace-event dicts for every rank's steps, collectives, transfers, memory and events."""
+    from zeroscope.agent.metrics import busbw
+    from zeroscope.agent.schema import Event, StepReport
+    from zeroscope.trace import TraceReader
+
+    out: list[dict[str, Any]] = []
+    with TraceReader(path) as reader:
+        hellos = {h.rank: h for h in reader.hellos()}
+        origin: int | None = None
+        lanes: dict[tuple[int, int], _Lanes] = {}
+        named: set[tuple[int, int]] = set()
+
+        def thread(pid: int, tid: int, name: str) -> None:
+            if (pid, tid) not in named:
+                named.add((pid, tid))
+                out.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"name": name},
+                    }
+                )
+
+        for rank, h in hellos.items():
+            label = f"rank {rank} ({h.hostname}, {h.device})" if h.hostname else f"rank {rank}"
+            out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": label}})
+            out.append(
+                {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
+            )
+        for msg in reader.messages(kinds=["step", "event"]):
+            if origin is None:
+                origin = msg.wall_ns - int(getattr(msg, "duration_s", 0.0) * 1e9)
+            pid = msg.rank
+            end_us = (msg.wall_ns - origin) / 1e3
+            if isinstance(msg, Event):
+                out.append(
+                    {
+                        "ph": "i",
+                        "s": "p",
+                        "name": msg.event,
+                        "pid": pid,
+                        "tid": _TID_STEPS,
+                        "ts": end_us,
+                        "args": {"step": msg.step, "message": msg.message, "value": msg.value},
+                    }
+                )
+                continue
+            if not isinstance(msg, StepReport):
+                continue
+            start_us = end_us - msg.duration_s * 1e6
+            thread(pid, _TID_STEPS, "steps")
+            out.append(
+                {
+                    "ph": "X",
+                    "name": f"step {msg.step}",
+                    "pid": pid,
+                    "tid": _TID_STEPS,
+                    "ts": start_us,
+                    "dur": msg.duration_s * 1e6,
+                    "args": {"loss": msg.loss, "overflow": msg.overflow, "lr": msg.lr},
+                }
+            )
+            t = start_us
+            for name in _PHASES:
+                d = getattr(msg.phases, name)
+                if d is None:
+                    continue
+                dur = min(d * 1e6, max(end_us - t, 0.0))
+                out.append(
+                    {"ph": "X", "name": name, "pid": pid, "tid": _TID_STEPS, "ts": t, "dur": dur}
+                )
+                t += dur
+            for c in msg.collectives:
+                s = start_us + c.start_s * 1e6
+                lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + c.duration_s * 1e6)
+                thread(pid, _TID_COMM + lane, f"collectives {lane}")
+                bw = busbw(c.op, c.nbytes, c.duration_s, c.group_size)
+                out.append(
+                    {
+                        "ph": "X",
+                        "name": c.op + (f" {c.label}" if c.label else ""),
+                        "pid": pid,
+                        "tid": _TID_COMM + lane,
+                        "ts": s,
+                        "dur": c.duration_s * 1e6,
+                        "args": {
+                            "bytes": c.nbytes,
+                            "group_size": c.group_size,
+                            "exposed_ms": c.exposed_s * 1e3,
+                            "busbw_GBps": None if bw is None else bw / 1e9,
+                            "step": msg.step,
+                        },
+                    }
+                )
+            for x in msg.transfers:
+                s = start_us + x.start_s * 1e6
+                lane = lanes.setdefault((pid, _TID_XFER), _Lanes()).place(s, s + x.duration_s * 1e6)
+                thread(pid, _TID_XFER + lane, f"offload {lane}")
+                out.append(
+                    {
+                        "ph": "X",
+                        "name": x.direction + (f" {x.label}" if x.label else ""),
+                        "pid": pid,
+                        "tid": _TID_XFER + lane,
+                        "ts": s,
+                        "dur": x.duration_s * 1e6,
+                        "args": {"bytes": x.nbytes},
+                    }
+                )
+            m = msg.memory
+            counters = {
+                "P": m.params,
+                "G": m.grads,
+                "O": m.optim,
+                "A": m.activations,
+                "allocated": m.device_allocated,
+                "reserved": m.device_reserved,
+            }
+            out.append(
+                {
+                    "ph": "C",
+                    "name": "memory bytes",
+                    "pid": pid,
+                    "ts": end_us,
+                    "args": {k: v for k, v in counters.items() if v is not None},
+                }
+            )
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from zeroscope.cli import CliError
+    from zeroscope.trace import TraceError
+
+    try:
+        events = chrome_events(args.trace)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if args.output is None:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        try:
+            args.output.write_text(json.dumps(doc))
+        except OSError as exc:
+            raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
+        print(f"wrote {len(events)} events to {args.output}", file=sys.stderr)
+    return 0
