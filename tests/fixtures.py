@@ -238,3 +238,16 @@ class MemoryTrace:
         lo = -(10**18) if from_step is None else from_step
         hi = 10**18 if to_step is None else to_step
         return [m for m in self._stepped if lo <= m.step <= hi]  # type: ignore[union-attr]
+
+
+def write_trace(path: object, messages: list[Message]) -> None:
+    """Record ``messages`` as a real SQLite trace, the way the collector does."""
+    from zeroscope.agent import schema
+    from zeroscope.trace import TraceWriter
+
+    writer = TraceWriter(
+        str(path), job_id=next((m.job_id for m in messages if isinstance(m, Hello)), "")
+    )
+    for m in messages:
+        writer.append(m, schema.encode(m))
+    writer.close()

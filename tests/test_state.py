@@ -7,6 +7,7 @@ import statistics
 import pytest
 
 from tests.fixtures import BASE_NS, RunShape, synthetic_run
+from zeroscope.agent.metrics import busbw
 from zeroscope.agent.schema import (
     Bye,
     Collective,
@@ -15,7 +16,6 @@ from zeroscope.agent.schema import (
     MemoryBytes,
     StepReport,
 )
-from zeroscope.formulas import bus_bandwidth
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.lines import step_line, summary_lines
 
@@ -108,9 +108,7 @@ def test_exposed_comm_memory_headroom_and_minimum_loss_scale() -> None:
     assert "loss_scale_min" in alerts
     summary = state.ranks[0].summary
     assert summary is not None
-    assert summary.ops["all_gather"].busbw == pytest.approx(
-        bus_bandwidth("all_gather", 10**8, 0.5, 2)
-    )
+    assert summary.ops["all_gather"].busbw == pytest.approx(busbw("all_gather", 10**8, 0.5, 2))
     assert summary.ops["all_gather"].busbw == pytest.approx(10**8 / 0.5 / 2)
 
 

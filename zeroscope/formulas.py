@@ -138,18 +138,3 @@ def volume_equivalent(op: str, nbytes: int) -> int:
     """A collective's share of the 2Ψ/3Ψ budget: an all-reduce of S bytes is a reduce-scatter
     plus an all-gather of S bytes each, so it counts twice; every other op counts once."""
     return 2 * nbytes if op == "all_reduce" else nbytes
-
-
-def bus_bandwidth(op: str, nbytes: int, seconds: float, group_size: int) -> float | None:
-    """nccl-tests bus bandwidth in bytes/s (PERFORMANCE.md there): algbw = S / t, times
-    (N-1)/N for all-gather / reduce-scatter, 2(N-1)/N for all-reduce, 1 otherwise.
-    None when the time is unknown or zero (NA, never a made-up figure)."""
-    if seconds <= 0 or group_size < 1:
-        return None
-    algbw = nbytes / seconds
-    n = group_size
-    if op in ("all_gather", "reduce_scatter"):
-        return algbw * (n - 1) / n
-    if op == "all_reduce":
-        return algbw * 2 * (n - 1) / n
-    return algbw

@@ -40,7 +40,7 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
         last = done[-1]
         steps_s, samples_s = state.throughput()
         lines.append(
-            f"step time mean {units.seconds(sum(times) / len(times))}, "
+            f"time per step: mean {units.seconds(sum(times) / len(times))}, "
             f"max {units.seconds(max(times))}; {skipped} skipped; "
             f"final loss {units.number(last.loss, '.4f')}, loss scale {units.scale(last.loss_scale)}; "
             f"{units.number(steps_s, '.2f')} steps/s, {units.number(samples_s, '.1f')} samples/s"

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from zeroscope.agent.metrics import busbw
 from zeroscope.agent.schema import Bye, Hello, StepReport
-from zeroscope.formulas import bus_bandwidth, volume_equivalent
+from zeroscope.formulas import volume_equivalent
 
 HISTORY_STEPS = 512
 """Steps of per-rank history kept for the over-time charts."""
@@ -78,7 +79,7 @@ def summarize(report: StepReport) -> StepSummary:
         totals.nbytes += c.nbytes
         totals.seconds += c.duration_s
         totals.exposed_s += c.exposed_s
-        bw = bus_bandwidth(c.op, c.nbytes, c.duration_s, c.group_size)
+        bw = busbw(c.op, c.nbytes, c.duration_s, max(1, c.group_size))
         if bw is not None:
             totals.busbw_weighted += bw * c.duration_s
         volume += volume_equivalent(c.op, c.nbytes)

@@ -50,20 +50,22 @@ class ClusterScreen(StateScreen):
         self.query_one(RankTable).focus()
         self.refresh_view()
 
-    def on_resize(self) -> None:
+    def on_rank_table_resized(self) -> None:
         self._choose_view()
 
     def _choose_view(self) -> None:
         table = self.query_one(RankTable)
-        fits = len(self.state.ranks) <= max(1, table.size.height - 1) if table.size.height else True
-        heat = self._view == "heatmap" or (
-            self._view is None and not fits and table.size.height > 0
-        )
+        heatmap = self.query_one(RankHeatmap)
+        # The table and the heatmap share one 1fr slot; whichever is shown knows its height.
+        height = (heatmap if self.has_class("heatmap") else table).size.height
+        if height == 0 and self._view is None:
+            return  # mid-layout: decide once the slot has its size
+        fits = len(self.state.ranks) <= height - 1
+        heat = self._view == "heatmap" or (self._view is None and not fits)
         if heat != self.has_class("heatmap"):
             self.set_class(heat, "heatmap")
-            target = self.query_one(RankHeatmap) if heat else table
-            if self.focused in (table, self.query_one(RankHeatmap)):
-                target.focus()
+            if self.focused in (table, heatmap):
+                (heatmap if heat else table).focus()
 
     def refresh_view(self) -> None:
         state = self.state

@@ -64,6 +64,9 @@ class RankHeatmap(Widget, can_focus=True):
         self._shown: list[RankRow] = []
         self._per_line = 1
 
+    def on_resize(self) -> None:
+        self.post_message(RankTable.Resized())
+
     def set_rows(self, rows: list[RankRow]) -> None:
         self._rows = sorted(rows, key=lambda r: r.rank)
         self._shown = [r for r in self._rows if matches(r, self.filter_text)]

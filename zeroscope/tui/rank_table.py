@@ -44,6 +44,12 @@ class RankTable(Widget, can_focus=True):
             super().__init__()
             self.rank = rank
 
+    class Resized(Message):
+        """The table's (or heatmap's) slot changed size: the screen re-decides which fits."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._rows: list[RankRow] = []
