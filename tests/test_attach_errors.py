@@ -123,6 +123,10 @@ def test_unknown_job_and_several_running(
     assert code == 2 and "2 jobs run on 127.0.0.1" in _one_line(err) and "--job" in err
     code, err = _attach([sshd.target, *opts, "--job", "zzz"], capsys)
     assert code == 2 and "no job zzz on 127.0.0.1" in _one_line(err)
+    assert cli_main(["attach", sshd.target, *opts, "--list"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("JOB") and sorted(r.split()[:2][0] for r in rows[1:]) == ["a", "b"]
+    assert all(r.split()[1] == "running" for r in rows[1:])
 
 
 def test_bad_target(capsys: pytest.CaptureFixture[str]) -> None:

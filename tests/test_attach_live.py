@@ -104,7 +104,15 @@ def test_attach_follows_live_job_and_survives_tunnel_drop(sshd: Sshd, tmp_path: 
     serve_out = Lines(serve.stdout)
     attach: subprocess.Popen[str] | None = None
     try:
-        serve_out.wait_for(lambda s: s.startswith("zeroscope serve: job"), 20, "serve to start")
+        started = serve_out.wait_for(lambda s: s.startswith("zeroscope serve: job"), 20, "serve")
+        job_id = started.split()[3].rstrip(",")
+        listed = subprocess.run(
+            [sys.executable, "-m", "zeroscope", "attach", sshd.target,
+             *sshd.client_options(home=home), "--list"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.splitlines()[1].split()[:3] == [job_id, "running", "serve"]
         attach = subprocess.Popen(
             [sys.executable, "-m", "zeroscope", "attach", sshd.target,
              *sshd.client_options(home=home), "--headless"],

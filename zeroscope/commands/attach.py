@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the zeroscope command on the remote host (default: zeroscope on its PATH)",
     )
     parser.add_argument(
+        "--list", action="store_true", help="list the jobs there (running and finished) and exit"
+    )
+    parser.add_argument(
         "--headless", action="store_true", help="print one line per step instead of the TUI"
     )
     parser.add_argument(
@@ -106,7 +109,13 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     client = SshClient(target=target, identity=args.identity, options=list(args.options))
     try:
-        job = choose_job(client.remote_jobs(args.remote_zeroscope), args.job, client)
+        jobs = client.remote_jobs(args.remote_zeroscope)
+        if args.list:
+            from zeroscope.commands.jobs import table
+
+            print("\n".join(table(jobs)) if jobs else f"no zeroscope jobs on {target.host}")
+            return 0
+        job = choose_job(jobs, args.job, client)
         ports = [job.viewer_port] + ([job.pub_port] if job.pub_port else [])
         tunnel = client.tunnel(*ports)
         tunnel.open()

@@ -44,10 +44,17 @@ def main(args: argparse.Namespace) -> int:
     if not records:
         print("no zeroscope jobs on this machine")
         return 0
-    print(f"{'JOB':<24} {'STATE':<9} {'KIND':<6} {'PID':>7} {'AGE':>5} {'VIEWER':>6}  TRACE")
+    for line in table(records):
+        print(line)
+    return 0
+
+
+def table(records: list[discovery.JobRecord]) -> list[str]:
+    """The human listing (no tokens): one line per job under a header."""
+    lines = [f"{'JOB':<24} {'STATE':<9} {'KIND':<6} {'PID':>7} {'AGE':>5} {'VIEWER':>6}  TRACE"]
     for r in records:
-        print(
+        lines.append(
             f"{r.job_id:<24} {r.state:<9} {r.kind:<6} {r.pid:>7} {_age(r.started_ns):>5} "
             f"{r.viewer_port:>6}  {r.trace or '-'}"
         )
-    return 0
+    return lines
