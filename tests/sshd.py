@@ -60,6 +60,7 @@ class Sshd:
     wrong_key: Path
     """A key the server does not know (for the 'authentication refused' case)."""
     user: str
+    allow_forwarding: bool = True
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
 
@@ -118,7 +119,7 @@ class Sshd:
                     "KbdInteractiveAuthentication no",
                     "PermitUserEnvironment yes",
                     "AcceptEnv ZEROSCOPE_HOME",
-                    "AllowTcpForwarding yes",
+                    f"AllowTcpForwarding {'yes' if self.allow_forwarding else 'no'}",
                     "LogLevel ERROR",
                     "",
                 ]
@@ -147,13 +148,20 @@ class Sshd:
                 self.proc.wait()
 
 
-def start_sshd(tmp: Path) -> Sshd:
+def start_sshd(tmp: Path, *, allow_forwarding: bool = True) -> Sshd:
     """Generate keys and config under ``tmp`` and start sshd on a free port of 127.0.0.1."""
     tmp.mkdir(parents=True, exist_ok=True)
     key = tmp / "client_ed25519"
     wrong = tmp / "stranger_ed25519"
     _keygen(key)
     _keygen(wrong)
-    server = Sshd(dir=tmp, port=_free_port(), key=key, wrong_key=wrong, user=getpass.getuser())
+    server = Sshd(
+        dir=tmp,
+        port=_free_port(),
+        key=key,
+        wrong_key=wrong,
+        user=getpass.getuser(),
+        allow_forwarding=allow_forwarding,
+    )
     server.start()
     return server

@@ -6,6 +6,7 @@ test points the remote side at its own discovery folder with ``-o SetEnv=ZEROSCO
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -149,3 +150,36 @@ def test_remote_command_quoting() -> None:
         == "~/venv/bin/zeroscope jobs --json"
     )
     assert remote_command(["/opt/my env/zeroscope", "a;b"]) == "'/opt/my env/zeroscope' 'a;b'"
+
+
+@pytest.mark.timeout(60)
+def test_server_refusing_port_forwarding_is_named(tmp_path: Path) -> None:
+    """Many clusters set AllowTcpForwarding no: the tunnel opens but carries nothing."""
+    server = start_sshd(tmp_path / "sshd", allow_forwarding=False)
+    home = tmp_path / "zh"
+    env = {**os.environ, "ZEROSCOPE_HOME": str(home)}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "zeroscope", "serve", "--no-record"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    attach = None
+    try:
+        assert serve.stdout is not None and serve.stdout.readline().startswith("export ")
+        attach = subprocess.Popen(
+            [sys.executable, "-m", "zeroscope", "attach", server.target,
+             *server.client_options(home=home), "--headless"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert attach.stderr is not None
+        lines = []
+        for line in attach.stderr:
+            lines.append(line)
+            if "no answer from the collector" in line:
+                break
+        assert "does the SSH server on 127.0.0.1 allow TCP forwarding" in lines[-1], lines
+    finally:
+        for proc in (attach, serve):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
+        server.stop()

@@ -28,6 +28,10 @@ QUIET_CHECK_S = 5.0
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
+NO_ANSWER_S = 5.0
+"""A collector answers a snapshot request at once; silence this long through an open tunnel
+usually means the SSH server refuses port forwarding (``AllowTcpForwarding no``)."""
+
 
 class TunneledLiveSource(LiveSource):
     """A LiveSource whose collector sits behind ``ssh -L``.
@@ -83,6 +87,10 @@ class TunnelKeeper:
         self.finished = False
         self.last_message_s = time.monotonic()
         self._last_check_s = time.monotonic()
+        self.source: LiveSource | None = None
+        """Set by watch_job: lets the keeper notice a collector that never answers."""
+        self._opened_s = time.monotonic()
+        self._warned_silence = False
 
     def remote_state(self) -> str:
         """``running`` / ``finished`` / ``gone`` for our job, asked over SSH."""
@@ -96,6 +104,7 @@ class TunnelKeeper:
             return False
         now = time.monotonic()
         if self.tunnel.alive():
+            self._warn_if_unanswered(now)
             quiet = now - max(self.last_message_s, self._last_check_s)
             if quiet > QUIET_CHECK_S:
                 self._last_check_s = now
@@ -108,6 +117,17 @@ class TunnelKeeper:
         code = self.tunnel.proc.returncode if self.tunnel.proc else None
         self.status(f"tunnel dropped (ssh exit {code}); reconnecting")
         return self._reconnect()
+
+    def _warn_if_unanswered(self, now: float) -> None:
+        if self._warned_silence or self.source is None or self.source.instance is not None:
+            return
+        if now - self._opened_s > NO_ANSWER_S:
+            self._warned_silence = True
+            self.status(
+                f"no answer from the collector through the tunnel after {NO_ANSWER_S:.0f} s; "
+                f"does the SSH server on {self.client.target.host} allow TCP forwarding "
+                "(AllowTcpForwarding)?"
+            )
 
     def _finish(self) -> bool:
         self.finished = True
@@ -235,6 +255,7 @@ def watch_job(
         max_reconnects=max_reconnects,
     )
     source = open_source(tunnel, job)
+    keeper.source = source
     state = ClusterState()
     try:
         if not headless:
