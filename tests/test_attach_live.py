@@ -157,6 +157,15 @@ def test_attach_follows_live_job_and_survives_tunnel_drop(sshd: Sshd, tmp_path: 
             _kill(attach)
         _kill(serve)
 
+    # Attaching again after the end points at the trace instead.
+    again = subprocess.run(
+        [sys.executable, "-m", "zeroscope", "attach", sshd.target, *sshd.client_options(home=home)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert again.returncode == 2
+    assert f"job {job_id} on 127.0.0.1 already finished" in again.stderr
+    assert f"{trace} ." in again.stderr and "zeroscope replay job.zstrace" in again.stderr
+
     steps = _steps(out.lines)
     numbers = [s for s, _ in steps]
     # Every step exactly once, in order, each with both ranks: nothing lost in the drop.
