@@ -130,9 +130,11 @@ class Phases(msgspec.Struct, omit_defaults=True):
     optimizer: float | None = None
 
 
-class Collective(msgspec.Struct, array_like=True):
+class Collective(msgspec.Struct, array_like=True, gc=False):
     """One collective as issued by the engine. ``nbytes`` follows nccl-tests: the full
-    (gathered) size S for all-gather and reduce-scatter, the buffer size for all-reduce."""
+    (gathered) size S for all-gather and reduce-scatter, the buffer size for all-reduce.
+    (``gc=False``: scalar fields only, so the collector decodes thousands of them per report
+    without garbage-collector tracking; the wire format is unchanged.)"""
 
     op: CollectiveOp
     nbytes: int
@@ -147,7 +149,7 @@ class Collective(msgspec.Struct, array_like=True):
     label: str = ""
 
 
-class Transfer(msgspec.Struct, array_like=True):
+class Transfer(msgspec.Struct, array_like=True, gc=False):
     """One offload transfer: device<->host copy or NVMe file read/write."""
 
     direction: TransferDirection
