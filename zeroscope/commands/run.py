@@ -93,13 +93,22 @@ def main(args: argparse.Namespace) -> int:
         )
     )
     state = ClusterState()
+    job: Job | None = None
+
+    def hang_up(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)  # terminal closed: unwind, and stop the job below
+
+    signal.signal(signal.SIGHUP, hang_up)
     try:
         if args.headless or not sys.stdout.isatty():
-            return run_headless(Job(argv, env), source, state, str(trace))
+            job = Job(argv, env)
+            return run_headless(job, source, state, str(trace))
         # The TUI owns the terminal: the job's own output goes to a log beside the trace.
         job = Job(argv, env, log=str(trace.with_suffix(".log")))
         return run_live(job, source, state, str(trace))
     finally:
+        if job is not None and job.returncode is None:
+            job.stop()  # zeroscope is going away on an error or hang-up: never orphan the job
         collector.stop()
         discovery.unregister(handle)
 

@@ -45,6 +45,7 @@ class ZeroscopeApp(App[str]):
     CSS = "Screen { background: $surface; }"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit_app", "quit"),
+        Binding("ctrl+c", "interrupt", "stop job", show=False, priority=True),
         Binding("question_mark", "help", "help"),
         Binding("1", "show('cluster')", "cluster", show=False),
         Binding("m", "show('memory')", "memory"),
@@ -182,6 +183,10 @@ class ZeroscopeApp(App[str]):
             self.push_screen(QuitScreen(), callback=self._quit_choice)
         else:
             self.exit("quit")
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: as under torchrun, stop the job (the trace is kept); in replay, quit."""
+        self.exit("stop" if self.job is not None and self.job.returncode is None else "quit")
 
     def _quit_choice(self, choice: str | None) -> None:
         if choice in ("stop", "detach"):

@@ -1,0 +1,200 @@
+"""``initialize``: DeepSpeed's entry point, so a DeepSpeed script ports by changing its import::
+
+    from zeroscope.engine.api import initialize   # was: from deepspeed import initialize
+    engine, optimizer, dataloader, lr_scheduler = initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+
+docs/engine.md lists the DeepSpeed calls that are supported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from zeroscope.agent.api import telemetry
+
+from .comm import Comm, init_distributed, pick_device
+from .config import ConfigError, DeepSpeedConfig, load_config
+from .engine import ZeroEngine
+from .lr_schedules import WarmupSchedule
+from .optim import ZeroOptimizer
+from .precision import DTYPES, make_loss_scaler
+from .report import Reporter, largest_layer
+from .zero.stages import make_strategy
+
+__all__ = ["ConfigError", "ZeroEngine", "initialize"]
+
+_GROUP_KEYS = {"params", "lr", "betas", "eps", "weight_decay"}
+
+
+def _param_groups(
+    module: torch.nn.Module, model_parameters: Any, client_optimizer: Any
+) -> list[dict[str, Any]]:
+    """Trainable parameter groups (each parameter once, even when tied)."""
+    if client_optimizer is not None:
+        raw: list[Any] = [dict(g) for g in client_optimizer.param_groups]
+    elif model_parameters is None:
+        raw = [{"params": list(module.parameters())}]
+    else:
+        items = (
+            list(model_parameters) if isinstance(model_parameters, Iterable) else [model_parameters]
+        )
+        if items and isinstance(items[0], Mapping):
+            raw = [dict(g) for g in items]
+        else:
+            raw = [{"params": items}]
+    seen: set[int] = set()
+    groups = []
+    for g in raw:
+        unknown = (
+            set(g)
+            - _GROUP_KEYS
+            - {
+                "initial_lr",
+                "amsgrad",
+                "foreach",
+                "maximize",
+                "capturable",
+                "differentiable",
+                "fused",
+                "decoupled_weight_decay",
+            }
+        )
+        if unknown:
+            raise ConfigError(
+                f"param group key {sorted(unknown)[0]!r} is not supported (supported: {sorted(_GROUP_KEYS)})"
+            )
+        params = [p for p in g["params"] if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params:
+            groups.append({**{k: v for k, v in g.items() if k in _GROUP_KEYS}, "params": params})
+    if not groups:
+        raise ConfigError("the model has no trainable parameters")
+    return groups
+
+
+def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) -> ZeroOptimizer:
+    if client is not None:
+        if cfg.optimizer is not None:
+            raise ConfigError(
+                "an optimizer is given both in ds_config and to initialize(); give one"
+            )
+        if not isinstance(client, torch.optim.Adam | torch.optim.AdamW):
+            raise ConfigError(
+                f"client optimizer {type(client).__name__} is not supported (Adam or AdamW, or "
+                f"an 'optimizer' block in ds_config)"
+            )
+        if any(g.get("amsgrad") or g.get("maximize") for g in client.param_groups):
+            raise ConfigError("amsgrad / maximize are not supported")
+        d = client.defaults
+        decoupled = isinstance(client, torch.optim.AdamW) or bool(d.get("decoupled_weight_decay"))
+        defaults = {k: d[k] for k in ("lr", "betas", "eps", "weight_decay")}
+        return ZeroOptimizer(
+            groups, defaults=defaults, name=type(client).__name__, decoupled=decoupled
+        )
+    if cfg.optimizer is None:
+        raise ConfigError("no optimizer: add an 'optimizer' block to ds_config or pass optimizer=")
+    p = cfg.optimizer.params
+    defaults = {"lr": p.lr, "betas": tuple(p.betas), "eps": p.eps, "weight_decay": p.weight_decay}
+    return ZeroOptimizer(
+        groups,
+        defaults=defaults,
+        name=cfg.optimizer.type,
+        decoupled=cfg.optimizer.decoupled_weight_decay,
+    )
+
+
+def initialize(
+    args: Any = None,
+    model: torch.nn.Module | None = None,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    training_data: Any = None,
+    lr_scheduler: Any = None,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Any = None,
+    config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    config_params: Mapping[str, Any] | None = None,
+    *,
+    auto_values: Mapping[str, Any] | None = None,
+) -> tuple[ZeroEngine, ZeroOptimizer, Any, Any]:
+    """Build the engine; returns ``(engine, optimizer, dataloader, lr_scheduler)`` as DeepSpeed.
+
+    ``config`` is a path, a JSON/hjson string or a dict (``config_params`` is DeepSpeed's older
+    name; ``args.deepspeed_config`` is read too). ``auto_values`` fills ``"auto"`` entries by
+    dotted key. ``training_data`` (a Dataset) yields a DataLoader of micro-batches with a
+    DistributedSampler. ``lr_scheduler`` may be a scheduler or a callable taking the optimizer.
+    """
+    if model is None:
+        raise ConfigError("initialize() needs model=")
+    if mpu is not None:
+        raise ConfigError("mpu (model parallelism) is not supported yet")
+    if config is None:
+        config = (
+            config_params if config_params is not None else getattr(args, "deepspeed_config", None)
+        )
+    if config is None:
+        raise ConfigError("initialize() needs config= (a ds_config path or dict)")
+    device = pick_device()
+    if dist_init_required is not False:
+        init_distributed(device)
+    tel = telemetry()
+    comm = Comm.data_parallel(tel)
+    cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
+
+    model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
+    groups = _param_groups(model, model_parameters, optimizer)
+    zero_opt = _optimizer(cfg, groups, optimizer)
+    strategy = make_strategy(
+        module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
+    )
+    scheduler: Any = lr_scheduler
+    if cfg.scheduler is not None:
+        if lr_scheduler is not None:
+            raise ConfigError(
+                "a scheduler is given both in ds_config and to initialize(); give one"
+            )
+        scheduler = WarmupSchedule(zero_opt, cfg.scheduler)
+    elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        scheduler = lr_scheduler(zero_opt)
+
+    reporter = Reporter(tel)
+    psi, padded = strategy.param_counts()
+    reporter.hello(
+        cfg=cfg,
+        dp_world_size=comm.world_size,
+        optimizer=zero_opt.name,
+        psi=psi,
+        padded=padded,
+        largest=largest_layer(model),
+        device=device,
+    )
+    engine = ZeroEngine(
+        module=model,
+        config=cfg,
+        strategy=strategy,
+        optimizer=zero_opt,
+        lr_scheduler=scheduler,
+        comm=comm,
+        reporter=reporter,
+        scaler=make_loss_scaler(cfg.precision, cfg.fp16),
+        device=device,
+    )
+    loader = None
+    if training_data is not None:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        sampler: Any = (
+            DistributedSampler(training_data, num_replicas=comm.world_size, rank=comm.rank)
+            if comm.world_size > 1
+            else None
+        )
+        loader = DataLoader(
+            training_data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn
+        )
+    return engine, zero_opt, loader, scheduler

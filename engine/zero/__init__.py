@@ -1,0 +1,1 @@
+"""ZeRO stages: partition math, the per-stage strategies and the strategy protocol."""

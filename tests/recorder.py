@@ -1,0 +1,62 @@
+"""A Telemetry that records what an engine reports, for assertions in tests (any engine, any
+helper). Install it with ``zeroscope.agent.api.set_telemetry(RecordingTelemetry())`` before
+building the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeroscope.agent.api import Telemetry, Waitable
+from zeroscope.agent.schema import MemoryBytes
+
+
+@dataclass
+class CollectiveRecord:
+    op: str
+    nbytes: int
+    group_size: int
+    label: str
+
+
+@dataclass
+class StepRecord:
+    memory: MemoryBytes
+    figures: dict[str, Any]
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+
+
+class RecordingTelemetry(Telemetry):
+    """Keeps hello, events, and per step: memory, figures and the collectives issued in it."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.hellos: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, float | None]] = []
+        self.steps: list[StepRecord] = []
+        self.pending: list[CollectiveRecord] = []
+        self.waits = 0
+
+    def hello(self, *, config: Any, params: Any, device: str = "cpu") -> None:
+        self.hellos.append({"config": config, "params": params, "device": device})
+
+    def collective(
+        self,
+        work: Waitable,
+        *,
+        op: Any,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool = False,
+        label: str = "",
+    ) -> Waitable:
+        self.pending.append(CollectiveRecord(op, nbytes, group_size, label))
+        return work
+
+    def event(self, kind: Any, message: str = "", value: float | None = None) -> None:
+        self.events.append((kind, message, value))
+
+    def step_end(self, *, memory: MemoryBytes, **figures: Any) -> None:
+        self.steps.append(StepRecord(memory, figures, self.pending))
+        self.pending = []
