@@ -137,3 +137,19 @@ def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
     assert sorted((h.rank, h.node_rank) for h in hellos) == [(0, 0), (1, 1)]
     assert {h.job_id for h in hellos} == {f"127.0.0.1-{master}"}
     assert trace.stat().st_mode & 0o777 == 0o600  # the trace is private from its creation
+
+
+def test_run_flags_without_static_rendezvous_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from argparse import Namespace
+
+    monkeypatch.setenv("ZEROSCOPE_TOKEN", "t")
+    from zeroscope.multinode import plan_from_run_args
+
+    base = dict(nnodes="2", master_port=None, port=0)
+    with pytest.raises(ValueError, match="needs --node-rank and --master-addr"):
+        plan_from_run_args(Namespace(node_rank=None, master_addr=None, **base))
+    plan = plan_from_run_args(Namespace(node_rank="1", master_addr="n0", **base))
+    assert plan.connect_address == "tcp://n0:29501"
+    assert plan_from_run_args(
+        Namespace(nnodes="1:1", node_rank=None, master_addr=None, port=0)
+    ).hosts_collector

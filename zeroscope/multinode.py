@@ -176,8 +176,18 @@ def plan_from_run_args(args: object) -> CollectorPlan:
     ``--node-rank``, ``--master-addr``, ``--master-port``, ``--port``, ``--token-file``)."""
     port = getattr(args, "port", 0) or None
     token_file = getattr(args, "token_file", None)
+    nnodes = _int_flag(getattr(args, "nnodes", None), 1, "--nnodes")
+    if nnodes > 1 and (
+        getattr(args, "node_rank", None) is None or not getattr(args, "master_addr", None)
+    ):
+        # With c10d rendezvous torchrun assigns node ranks itself: "node 0" is unknown here.
+        raise ValueError(
+            "a multi-node zeroscope run needs --node-rank and --master-addr (node 0 hosts the "
+            "collector); with --rdzv-backend c10d run zeroscope serve --bind 0.0.0.0 on one node "
+            "and give the others its ZEROSCOPE_COLLECTOR and ZEROSCOPE_TOKEN"
+        )
     return plan_collector(
-        nnodes=_int_flag(getattr(args, "nnodes", None), 1, "--nnodes"),
+        nnodes=nnodes,
         node_rank=_int_flag(getattr(args, "node_rank", None), 0, "--node-rank"),
         master_addr=getattr(args, "master_addr", None) or "127.0.0.1",
         master_port=_int_flag(getattr(args, "master_port", None), 29500, "--master-port"),
