@@ -8,9 +8,7 @@ one line per step is printed instead of the TUI, then a summary naming the trace
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import secrets
 import signal
 import sys
 import time
@@ -22,7 +20,6 @@ from zeroscope.launch import (
     QueueSource,
     add_torchrun_arguments,
     job_environment,
-    new_job_id,
     torchrun_argv,
 )
 from zeroscope.state import ClusterState
@@ -44,13 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
     from zeroscope.collector import Collector
@@ -58,7 +48,19 @@ def main(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise CliError(f"no such training script: {args.script}")
-    job_id = new_job_id()
+    # Multi-node and discovery (ssh helper, issue #8; zeroscope/multinode.py, docs/remote.md):
+    # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
+    from zeroscope import discovery, multinode
+
+    try:
+        plan = multinode.plan_from_run_args(args)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    argv = torchrun_argv(args, str(script), args.script_args)
+    if not plan.hosts_collector:
+        env = {**os.environ, **plan.rank_env()}
+        return multinode.run_worker_node(Job(argv, env), plan)
+    job_id = plan.job_id
     trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
@@ -66,17 +68,30 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"cannot create the trace folder {trace.parent}: {exc.strerror}") from None
     if trace.exists():
         raise CliError(f"trace {trace} already exists; pick another --record path")
-    token = None if _loopback(args.bind) else secrets.token_hex(16)
+    discovery.create_private(trace)  # 0600 before SQLite opens it (issue #8)
+    token = plan.token  # always: on a shared login node loopback is reachable by all users
+    bind = args.bind if args.bind != "127.0.0.1" else plan.bind_host
     try:
-        collector = Collector(
-            args.bind, args.port, record=trace, token=token.encode() if token else None
-        ).start()
+        collector = Collector(bind, plan.port, record=trace, token=token.encode()).start()
     except (ValueError, OSError) as exc:
-        raise CliError(f"cannot start the collector on {args.bind}:{args.port}: {exc}") from None
+        raise CliError(f"cannot start the collector on {bind}:{plan.port}: {exc}") from None
     source = QueueSource()
     collector.add_listener(source.put)
-    argv = torchrun_argv(args, str(script), args.script_args)
-    env = job_environment(os.environ, collector.ingest_address, job_id, token)
+    ingest = multinode.local_ingest_address(collector.ingest_address)
+    env = job_environment(os.environ, ingest, job_id, token)
+    handle = discovery.register(
+        discovery.JobRecord.here(
+            job_id=job_id,
+            ingest_address=collector.ingest_address,
+            viewer_address=collector.viewer_address,
+            pub_address=collector.pub_address,
+            token=token,
+            trace=trace,
+            kind="run",
+            command=argv,
+            nnodes=multinode.nnodes_of(args),
+        )
+    )
     state = ClusterState()
     job: Job | None = None
 
@@ -95,6 +110,7 @@ def main(args: argparse.Namespace) -> int:
         if job is not None and job.returncode is None:
             job.stop()  # zeroscope is going away on an error or hang-up: never orphan the job
         collector.stop()
+        discovery.unregister(handle)
 
 
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
