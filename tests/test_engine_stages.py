@@ -151,6 +151,14 @@ def train_cases(rank: int, world: int, cases: list[Case]) -> list[dict[str, Any]
                     for s in rec.steps
                 ],
                 "padded_total": rec.hellos[0]["params"].padded_total,
+                "grad_timing": [
+                    [
+                        (c.issued_in_backward, c.waited_in_backward)
+                        for c in s.collectives
+                        if c.label == "grads"
+                    ]
+                    for s in rec.steps
+                ],
                 "init": [(c.op, c.nbytes, c.label, c.group_size) for c in rec.init_collectives],
                 "events": [kind for kind, _, _ in rec.events],
                 "scale_changes": [v for kind, _, v in rec.events if kind == "scale_change"],
@@ -469,3 +477,21 @@ def test_bucketing_splits_reductions(fp32_runs: dict) -> None:
     assert len(grads) > 2 and grads == params
     assert sum(grads) == 4 * r["padded_total"] and r["padded_total"] >= param_count(TinyGPT())
     assert math.isclose(sum(grads) / 4, param_count(TinyGPT()), rel_tol=0.01)
+
+
+@pytest.mark.parametrize(
+    ("name", "issued", "waited"),
+    [
+        ("s0", False, False),  # DeepSpeed's default: reduce after backward, at the boundary
+        ("s1", False, False),
+        ("s2-gas2", True, True),  # stage 2 must free full gradients during backward
+        ("s1-overlap-buckets-clip", True, False),  # overlap_comm: launched by hooks, waited later
+        ("s2-overlap-buckets-scattered", True, False),
+    ],
+)
+def test_overlap_comm_launches_during_backward_and_waits_later(
+    name: str, issued: bool, waited: bool, fp32_runs: dict
+) -> None:
+    for r in fp32_runs[name]:
+        timing = {t for step in r["grad_timing"] for t in step}
+        assert timing == {(issued, waited)}, name
