@@ -16,6 +16,7 @@ refreshed by one all-gather after each optimizer step (DeepSpeed stage3.py ``_po
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -187,8 +188,10 @@ class Partition:
     def all_gather(self, params: Sequence[ShardedParam], *, prefetched: bool) -> Gather:
         """Issue one all-gather for ``params`` (DeepSpeed's all_gather_coalesced); returns at
         once. nbytes is the full gathered (padded) size, the nccl-tests convention."""
-        if len(params) == 1:
-            inp = self.shard_of(params[0])
+        adjacent = all(b.offset == a.offset + a.shard_numel for a, b in itertools.pairwise(params))
+        if adjacent:  # one view of the flat shard buffer, no copy (the common case)
+            end = params[-1].offset + params[-1].shard_numel
+            inp = self.shards[params[0].offset : end]
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
         out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)
