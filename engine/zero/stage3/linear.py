@@ -46,11 +46,12 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def patch_linears(root: nn.Module) -> list[nn.Linear]:
     """Give every plain ``nn.Linear`` in ``root`` (not subclasses with their own forward) the
     memory-efficient forward; returns them (for :func:`unpatch_linears`)."""
-    patched = []
+    patched: list[nn.Linear] = []
     for module in root.modules():
-        plain = isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-        if plain and "forward" not in module.__dict__:
-            module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
+        if not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward:
+            continue
+        if "forward" not in module.__dict__:
+            module.forward = types.MethodType(_forward, module)
             patched.append(module)
     return patched
 
