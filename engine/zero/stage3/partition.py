@@ -40,6 +40,8 @@ class CommLike(Protocol):
     rank: int
     world_size: int
 
+    def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable: ...
+
 
 class Done:
     """The handle of a collective that did not need to run (one rank)."""
@@ -158,16 +160,21 @@ class Partition:
         self._partition_initial_values()
 
     def _partition_initial_values(self) -> None:
-        """Broadcast rank 0's initial values (ranks may have built different random inits),
-        keep this rank's slice, and free the full tensors of non-persistent parameters."""
+        """Broadcast rank 0's initial values (ranks may have built different random inits; one
+        flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
+        parameter, and free the full tensors of the non-persistent ones."""
+        if not self.params:
+            return
+        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
+        if self.world_size > 1:
+            self.comm.broadcast(flat, src=0, label="stage3 init").wait()
+        start = 0
         for sp in self.params:
-            full = sp.param.detach().to(self.dtype).reshape(-1).clone()
-            if self.world_size > 1:
-                src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-                dist.broadcast(full, src=src, group=self.group)
+            full = flat[start : start + sp.numel]
+            start += sp.numel
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
             if sp.persistent:
-                sp.param.data = full.view(sp.shape)
+                sp.param.data = full.clone().view(sp.shape)
                 sp.status = ParamStatus.AVAILABLE
             else:
                 sp.param.data = torch.empty(0, dtype=self.dtype)
