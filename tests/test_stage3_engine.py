@@ -119,8 +119,10 @@ def test_engine_stage3_trains_like_adamw(precision: str, rel: float, tmp_path: A
     """fp32 tight; 16-bit within ``rel`` of the fp32 one-process run at every step. The bf16
     run also saves the consolidated 16-bit model, which must reproduce the engine's output."""
     folder = str(tmp_path) if precision == "bf16" else ""
-    runs = run_ranks(_engine_run, 2, precision, folder)
-    assert runs[0]["losses"] == pytest.approx(_reference(), rel=rel)
+    # 20 steps in fp32; 10 in 16 bits (tests/test_stage3.py runs those 20 steps at a lower level)
+    steps = STEPS if precision == "fp32" else STEPS // 2
+    runs = run_ranks(_engine_run, 2, precision, folder, steps)
+    assert runs[0]["losses"] == pytest.approx(_reference(steps=steps), rel=rel)
     e = 4 if precision == "fp32" else 2
     model = TinyGPT()
     padded = sum(math.ceil(p.numel() / 2) * 2 for p in model.parameters())

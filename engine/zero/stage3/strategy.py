@@ -66,6 +66,7 @@ class Stage3Strategy:
             named,
             dtype=dtype,
             persistence_threshold=zero.stage3_param_persistence_threshold,
+            model_persistence_threshold=zero.stage3_model_persistence_threshold,
             comm=comm,
         )
         self.coordinator = ParameterCoordinator(
