@@ -79,7 +79,9 @@ def _engine_run(
         op: sum(1 for s in tel.steps for c in s.collectives if c.op == op)
         for op in ("all_gather", "reduce_scatter")
     }
+    hello = tel.hellos[0]["params"]
     return {
+        "hello": (hello.total, hello.persistent, hello.padded_total, hello.largest_layer),
         "losses": losses,
         "memory": [s.memory for s in tel.steps],
         "ops": ops,
@@ -131,7 +133,10 @@ def test_engine_stage3_trains_like_adamw(precision: str, rel: float, tmp_path: A
         sum(math.ceil(p.numel() / 2) * 2 for p in m.parameters(recurse=False))
         for m in model.modules()
     )
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    total = sum(p.numel() for p in model.parameters())
     for run in runs:
+        assert run["hello"] == (total, persistent, padded, largest)
         memory = run["memory"][-1]
         assert memory.params + memory.grads + memory.optim == 16 * padded // 2 + e * persistent
         assert memory.persistent_params == e * persistent
