@@ -162,9 +162,12 @@ class ClusterState:
         agg._median = None
         agg.samples += report.samples
         agg.skipped = agg.skipped or report.skipped
-        expected = self.world_size or len(self.ranks)
-        if len(agg.summaries) >= expected:
+        if len(agg.summaries) >= (self.world_size or len(self.ranks)):
             return self._close_until(report.step)
+        if len(agg.summaries) >= len(self.ranks):
+            # Every rank this collector hears from (one node's share of a multi-node job has
+            # fewer than world_size) is past the older steps: close those.
+            return self._close_until(report.step - 1)
         return []
 
     def _close_until(self, step: int) -> list[StepAggregate]:
