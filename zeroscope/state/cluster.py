@@ -166,8 +166,9 @@ class ClusterState:
             return self._close_until(report.step)
         if len(agg.summaries) >= len(self.ranks):
             # Every rank this collector hears from (one node's share of a multi-node job has
-            # fewer than world_size) is past the older steps: close those.
-            return self._close_until(report.step - 1)
+            # fewer than world_size) is two steps past the older ones: close those. Two, not
+            # one, so a rank whose first messages are merely late in transit is waited for.
+            return self._close_until(report.step - 2)
         return []
 
     def _close_until(self, step: int) -> list[StepAggregate]:
