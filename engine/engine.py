@@ -182,6 +182,11 @@ class ZeroEngine:
         self.reporter.scale_change(scale, self.scaler.loss_scale)
         lr = self.get_lr()[0]
         if self.lr_scheduler is not None:
+            # torch's schedulers warn unless they saw their optimizer's step() run; the engine
+            # applied the update itself just now, so tell them it happened.
+            scheduled = getattr(self.lr_scheduler, "optimizer", None)
+            if scheduled is not None:
+                scheduled._opt_called = True
             self.lr_scheduler.step()
         self._grad_norm = norm
         self._finish_step(memory=memory, lr=lr, grad_norm=norm, scale=scale, overflow=False)
