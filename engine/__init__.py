@@ -1,1 +1,24 @@
-"""The bundled ZeRO 0/1/2/3 training engine, configured by DeepSpeed's ds_config.json."""
+"""The bundled ZeRO 0/1/2/3 training engine, configured by DeepSpeed's ds_config.json.
+
+A DeepSpeed script ports by changing its import::
+
+    import zeroscope.engine as deepspeed
+    engine, optimizer, loader, scheduler = deepspeed.initialize(model=..., config="ds_config.json")
+
+Attributes are resolved lazily (PEP 562) so that importing the package costs nothing: the UI
+side and ``zeroscope estimate`` must not pay for torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["initialize"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "initialize":
+        from .api import initialize
+
+        return initialize
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,7 @@ Unlike DeepSpeed 0.19 at stage 0 with bf16/fp16, no optimizer step is taken at s
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -111,6 +112,20 @@ class ZeroEngine:
 
     def parameters(self, recurse: bool = True) -> Any:
         return self.module.parameters(recurse)
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+        """DeepSpeed's ``save_16bit_model``: the full 16-bit weights in one safetensors file,
+        written by rank 0; every rank must call it. At stage 3 it needs
+        ``stage3_gather_16bit_weights_on_model_save`` (else it logs why and returns False)."""
+        save = getattr(self.strategy, "save_16bit_model", None)
+        if save is not None:
+            return bool(save(save_dir, save_filename))
+        if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
+            from .zero.stage3.save import write_safetensors
+
+            os.makedirs(save_dir, exist_ok=True)
+            write_safetensors(os.path.join(save_dir, save_filename), self.module.state_dict())
+        return True
 
     # -- the loop ------------------------------------------------------------------------------
 

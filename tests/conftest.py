@@ -18,3 +18,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_zeroscope_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Discovery records (zeroscope run/serve) go to a temporary folder, never the user's own
+    ~/.cache or $XDG_RUNTIME_DIR; subprocesses inherit it. Tests may set their own."""
+    monkeypatch.setenv("ZEROSCOPE_HOME", str(tmp_path_factory.getbasetemp() / "zeroscope-home"))

@@ -1,0 +1,127 @@
+"""Module hooks that gather parameters just in time, in forward and again in backward.
+
+Forward is plain module hooks: the pre-hook fetches the module's parameters, the post-hook
+releases them. Backward has no module-level "before" and "after" that always fire, so, as
+DeepSpeed does in ``parameter_offload.py`` (PreBackwardFunction / PostBackwardFunction), two
+identity autograd Functions are spliced into the graph during forward:
+
+- around the module's *outputs*: its backward runs when the gradients of the outputs arrive,
+  i.e. just before the module's own backward -> fetch the parameters again;
+- around the module's *inputs*: its backward runs when the gradients of the inputs are done,
+  i.e. just after the module's backward -> release them.
+
+A module whose inputs need no gradient (an embedding fed token ids) never gets the second call;
+its parameters are released at the end of backward with everything else. Autograd runs a
+parameter's AccumulateGrad before other ready nodes, so its gradient is taken (hooks in
+``grads``) before the release can run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.hooks import RemovableHandle
+
+from .coordinator import ParameterCoordinator
+from .linear import patch_linears, unpatch_linears
+
+
+class _RunBeforeBackward(torch.autograd.Function):
+    """Identity on the module's outputs; its backward calls ``callback`` first."""
+
+    @staticmethod
+    def forward(ctx: Any, callback: Callable[[], None], *tensors: torch.Tensor) -> Any:
+        ctx.callback = callback
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.callback()
+        return (None, *grads)
+
+
+class _RunAfterBackward(torch.autograd.Function):
+    """Identity on the module's inputs; its backward (the module's backward is done) calls
+    ``callback``."""
+
+    @staticmethod
+    def forward(ctx: Any, callback: Callable[[], None], *tensors: torch.Tensor) -> Any:
+        ctx.callback = callback
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.callback()
+        return (None, *grads)
+
+
+def _splice(fn: type[torch.autograd.Function], callback: Callable[[], None], value: Any) -> Any:
+    """Route every tensor in ``value`` that requires grad through one ``fn`` node."""
+    leaves, spec = tree_flatten(value)
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not where:
+        return value
+    outs = fn.apply(callback, *(leaves[i] for i in where))
+    for i, out in zip(where, outs):
+        leaves[i] = out
+    return tree_unflatten(leaves, spec)
+
+
+class Stage3Hooks:
+    """Installs the fetch/release hooks on every module that owns parameters."""
+
+    def __init__(self, root: nn.Module, coordinator: ParameterCoordinator) -> None:
+        self.coordinator = coordinator
+        self._ids = itertools.count()
+        self._forward_uses: dict[nn.Module, list[tuple[int, int]]] = {}
+        """Per module, a stack of (forward use id, backward use id) of the calls running now."""
+        self._depth = 0
+        self.handles: list[RemovableHandle] = [
+            root.register_forward_pre_hook(self._start_of_forward, prepend=True),
+            root.register_forward_hook(self._end_of_forward),
+        ]
+        for module in root.modules():
+            self.handles.append(module.register_forward_pre_hook(self._pre_forward))
+            self.handles.append(module.register_forward_hook(self._post_forward))
+        self.linears = patch_linears(root)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        unpatch_linears(self.linears)
+
+    def _start_of_forward(self, module: nn.Module, args: Any) -> None:
+        if self._depth == 0:
+            self.coordinator.reset_step()
+        self._depth += 1
+
+    def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._depth -= 1
+
+    def _pre_forward(self, module: nn.Module, args: Any) -> Any:
+        if not self.coordinator.params_of(module):
+            return None
+        use_id, backward_id = next(self._ids), next(self._ids)
+        self._forward_uses.setdefault(module, []).append((use_id, backward_id))
+        self.coordinator.fetch(module, use_id)
+        if not torch.is_grad_enabled():
+            return None
+        return _splice(
+            _RunAfterBackward, lambda: self.coordinator.release(module, backward_id), args
+        )
+
+    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if not self.coordinator.params_of(module):
+            return None
+        use_id, backward_id = self._forward_uses[module].pop()
+        self.coordinator.release(module, use_id)
+        if not torch.is_grad_enabled():
+            return None
+        return _splice(
+            _RunBeforeBackward, lambda: self.coordinator.fetch(module, backward_id), output
+        )

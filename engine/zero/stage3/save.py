@@ -1,0 +1,87 @@
+"""Consolidated 16-bit weights of a stage-3 model: ``save_16bit_model``.
+
+DeepSpeed's ``engine.save_16bit_model`` gathers every parameter's shards into full 16-bit
+tensors and rank 0 writes them, only when ``stage3_gather_16bit_weights_on_model_save`` is on;
+otherwise it logs why and returns False (each rank's checkpoint then holds only its 1/N).
+
+The file is safetensors (8-byte little-endian header length, a JSON header of name -> dtype,
+shape, byte offsets, then the raw bytes): no pickle on disk, readable by the ``safetensors``
+package and by :func:`load_16bit_model` here without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_NAME_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+NOT_GATHERED = (
+    "did not save the model {path} because stage3_gather_16bit_weights_on_model_save is false: "
+    "under ZeRO stage 3 every rank holds only 1/{world} of each parameter; set it to true in "
+    "zero_optimization to consolidate full 16-bit weights on save"
+)
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (name -> tensor, any of the dtypes above) as one safetensors file,
+    atomically (a temporary file renamed into place)."""
+    header: dict[str, object] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        t = tensor.detach().cpu().contiguous()
+        if t.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"cannot save tensor {name!r} of dtype {t.dtype} as safetensors")
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {
+            "dtype": _DTYPE_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for data in blobs:
+            f.write(data)
+    os.replace(tmp, path)
+
+
+def load_16bit_model(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Read a safetensors file written by :func:`write_safetensors` (or anyone else)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        body = f.read()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        dtype = _NAME_DTYPES[meta["dtype"]]
+        raw = torch.from_numpy(np.frombuffer(body[start:end], dtype=np.uint8).copy())
+        tensors[name] = raw.view(dtype).reshape(meta["shape"])
+    return tensors

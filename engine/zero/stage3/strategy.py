@@ -1,0 +1,234 @@
+"""ZeRO stage 3 as a strategy of the engine (the protocol in ``zero/strategy.py``).
+
+Every rank holds 1/N of P (16-bit parameter shards), G (16-bit gradient shards) and O (fp32
+master + Adam m, v of its shards): (2 + 2 + 12) Psi / N bytes in mixed precision, (4 + 4 + 8)
+Psi / N in fp32 (the shard is its own master), plus the full tensors of the persistent
+parameters. Full parameters exist only while their module runs (``coordinator``).
+
+Per step and per rank it moves, in elements (before the (N-1)/N of ring algorithms): an
+all-gather of every non-persistent parameter in forward and again in backward, minus what
+``stage3_max_reuse_distance`` keeps alive between the two; a reduce-scatter of every gradient;
+one all-gather of the persistent parameters after the optimizer step. That is the paper's
+3 Psi, minus Psi_persistent, minus the reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from zeroscope.agent.schema import MemoryBytes
+from zeroscope.engine.config import DeepSpeedConfig
+from zeroscope.engine.optim import AdamState
+from zeroscope.engine.precision import DTYPES, copy_master_to_params, master_copy
+from zeroscope.engine.zero.strategy import Shard
+
+from .coordinator import ParameterCoordinator
+from .grads import GradReducer
+from .hooks import Stage3Hooks
+from .partition import CommLike, Partition
+from .save import NOT_GATHERED, write_safetensors
+
+logger = logging.getLogger(__name__)
+
+
+class Stage3Strategy:
+    """Parameters, gradients and optimizer state sharded; parameters gathered just in time."""
+
+    stage = 3
+    sharded = True
+
+    def __init__(
+        self,
+        *,
+        module: nn.Module,
+        groups: Sequence[Sequence[nn.Parameter]],
+        comm: CommLike,
+        config: DeepSpeedConfig,
+    ) -> None:
+        self.module = module
+        self.zero = zero = config.zero_optimization
+        dtype = DTYPES[config.precision]
+        group_of = {p: index for index, group in enumerate(groups) for p in group}
+        # Frozen parameters (in no group) are sharded too but never stepped: a group of their
+        # own after the trainable ones, with no Shard.
+        frozen = len(groups)
+        named = list(module.named_parameters())
+        # Parameters sorted by group: each group's shards are one contiguous range, so each
+        # group's master is a view of one flat fp32 buffer.
+        named.sort(key=lambda item: group_of.get(item[1], frozen))
+        self.partition = Partition(
+            named,
+            dtype=dtype,
+            persistence_threshold=zero.stage3_param_persistence_threshold,
+            model_persistence_threshold=zero.stage3_model_persistence_threshold,
+            comm=comm,
+        )
+        self.coordinator = ParameterCoordinator(
+            self.partition,
+            prefetch_bucket_size=zero.stage3_prefetch_bucket_size,
+            max_live_parameters=zero.stage3_max_live_parameters,
+            max_reuse_distance=zero.stage3_max_reuse_distance,
+        )
+        self.hooks = Stage3Hooks(module, self.coordinator)
+        self.reducer = GradReducer(
+            self.partition, bucket_numel=zero.reduce_bucket_size, overlap_comm=zero.overlap
+        )
+        self.master = master_copy(self.partition.shards)
+        self._shards: list[Shard] = []
+        start = 0
+        for index in range(len(groups)):
+            end = start + sum(
+                sp.shard_numel for sp in self.partition.params if group_of.get(sp.param) == index
+            )
+            # DeepSpeed's sub_group_size: the optimizer steps at most this many elements at a
+            # time, which bounds the fp32 temporaries of the step.
+            for lo in range(start, end, zero.sub_group_size):
+                view = self.master[lo : min(lo + zero.sub_group_size, end)]
+                self._shards.append(
+                    Shard(master=view, state=AdamState.zeros_like(view), group=index)
+                )
+            start = end
+        self._boundary = False
+        self.gathered_peak_bytes = 0
+        """Peak bytes of gathered full parameters during the last finished step."""
+
+    # -- the strategy protocol ---------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[Shard]:
+        return self._shards
+
+    def begin_micro_step(self, *, boundary: bool) -> None:
+        self._boundary = boundary
+
+    def end_micro_step(self) -> None:
+        """After backward: release what backward left gathered and launch the last bucket."""
+        self.reducer.flush()
+        self.coordinator.release_all()
+        if self._boundary:
+            self.gathered_peak_bytes = (
+                self.coordinator.peak_live_numel * self.partition.element_size
+            )
+            self.coordinator.reset_peak()
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        self.reducer.wait()
+        grads = self.reducer.grads
+        out, start = [], 0
+        for shard in self._shards:
+            out.append(grads[start : start + shard.master.numel()])
+            start += shard.master.numel()
+        return out
+
+    def publish_params(self) -> None:
+        """Masters -> 16-bit shards, then refresh the persistent full tensors (all-gather)."""
+        self.coordinator.release_all()
+        copy_master_to_params(self.master, self.partition.shards)
+        self.partition.refresh_persistent()
+
+    def zero_grads(self) -> None:
+        self.reducer.zero()
+
+    def memory(self) -> MemoryBytes:
+        """P = shards + persistent full tensors; G = gradient shards; O = master (when not the
+        shard itself) + Adam moments; gathered = peak of the last step."""
+        master_bytes = (
+            0
+            if self.master.data_ptr() == self.partition.shards.data_ptr()
+            else self.master.numel() * self.master.element_size()
+        )
+        persistent = self.partition.persistent_bytes
+        return MemoryBytes(
+            params=self.partition.shard_bytes + persistent,
+            grads=self.reducer.grads.numel() * self.reducer.grads.element_size(),
+            optim=master_bytes + sum(shard.state.nbytes for shard in self._shards),
+            gathered_params=self.gathered_peak_bytes,
+            persistent_params=persistent,
+        )
+
+    @property
+    def persistent_numel(self) -> int:
+        """Elements of the parameters never sharded (reported in Hello's ParamCounts)."""
+        return sum(sp.numel for sp in self.partition.params if sp.persistent)
+
+    def param_counts(self) -> tuple[int, int]:
+        params = self.partition.params
+        return sum(sp.numel for sp in params), sum(sp.padded_numel for sp in params)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards: fp32 masters and Adam moments (the 16-bit shards follow from the
+        masters)."""
+        return {
+            "stage": 3,
+            "world_size": self.partition.world_size,
+            "shards": [
+                {
+                    "master": shard.master.clone(),
+                    "exp_avg": shard.state.exp_avg.clone(),
+                    "exp_avg_sq": shard.state.exp_avg_sq.clone(),
+                    "step": shard.state.step,
+                }
+                for shard in self._shards
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("stage") != 3 or state.get("world_size") != self.partition.world_size:
+            raise ValueError(
+                f"checkpoint is stage {state.get('stage')} at world size "
+                f"{state.get('world_size')}; this run is stage 3 at {self.partition.world_size}"
+            )
+        for shard, saved in zip(self._shards, state["shards"], strict=True):
+            shard.master.copy_(saved["master"])
+            shard.state.exp_avg.copy_(saved["exp_avg"])
+            shard.state.exp_avg_sq.copy_(saved["exp_avg_sq"])
+            shard.state.step = int(saved["step"])
+        self.publish_params()
+
+    # -- stage 3 only ------------------------------------------------------------------------
+
+    def register_external_parameter(self, module: nn.Module, param: nn.Parameter) -> None:
+        """``param`` is used inside ``module``'s forward though another module owns it."""
+        self.coordinator.register_external_parameter(module, param)
+
+    def consolidated_16bit_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Every parameter gathered whole, in the module's ``state_dict`` names (a tied weight
+        under each of its names); returned on rank 0, None elsewhere. Collective: every rank
+        must call it."""
+        self.coordinator.release_all()
+        full: dict[nn.Parameter, torch.Tensor] = {}
+        for sp in self.partition.params:
+            if sp.persistent:
+                full[sp.param] = sp.param.detach().clone()
+                continue
+            self.partition.all_gather([sp], prefetched=False).wait()
+            full[sp.param] = sp.param.detach().clone()
+            self.partition.release(sp)
+        if self.partition.rank != 0:
+            return None
+        by_id = {id(p): t for p, t in full.items()}
+        out: dict[str, torch.Tensor] = {}
+        for name, value in self.module.state_dict(keep_vars=True).items():
+            out[name] = by_id.get(id(value), value.detach())
+        return out
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+        """DeepSpeed's ``save_16bit_model``: consolidated 16-bit weights written by rank 0 when
+        ``stage3_gather_16bit_weights_on_model_save`` is true; otherwise nothing is saved, the
+        reason is logged and False returned. Every rank must call it."""
+        path = os.path.join(save_dir, save_filename)
+        if not self.zero.stage3_gather_16bit_weights_on_model_save:
+            if self.partition.rank == 0:
+                logger.warning(NOT_GATHERED.format(path=path, world=self.partition.world_size))
+            return False
+        state = self.consolidated_16bit_state_dict()
+        if state is not None:
+            os.makedirs(save_dir, exist_ok=True)
+            write_safetensors(path, state)
+        return True

@@ -1,0 +1,67 @@
+"""A training loop that reports through the public agent API without the bundled engine: the
+end-to-end tests of ``zeroscope run`` / ``replay`` use it so they prove the launcher, collector,
+trace and views on their own (the demo, on the real engine, is tested beside it).
+
+Each rank trains a tiny linear model with plain DDP-style gradient all-reduce and reports the
+exact bytes it holds (P/G/O as fp32 Adam: 4 + 4 + 8 bytes per parameter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+
+from zeroscope.agent.api import telemetry
+from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--fail-at", type=int, default=-1, help="exit 3 at this step")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    psi = sum(p.numel() for p in model.parameters())
+    tel = telemetry()
+    tel.hello(
+        config=ConfigSummary(stage=0, precision="fp32", dp_world_size=world),
+        params=ParamCounts(total=psi, trainable=psi),
+    )
+    data = torch.Generator().manual_seed(rank)
+    for step in range(args.steps):
+        if step == args.fail_at:
+            sys.exit(3)
+        with tel.phase("forward"):
+            x = torch.randn(16, 64, generator=data)
+            loss = (model(x) - x).pow(2).mean()
+        with tel.phase("backward"):
+            loss.backward()
+            for p in model.parameters():
+                assert p.grad is not None
+                work = dist.all_reduce(p.grad, async_op=True)
+                tel.collective(
+                    work, op="all_reduce", nbytes=p.grad.numel() * 4, group_size=world
+                ).wait()
+                p.grad /= world
+        with tel.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+        tel.step_end(
+            memory=MemoryBytes(params=4 * psi, grads=4 * psi, optim=8 * psi),
+            loss=loss.detach(),
+            lr=1e-2,
+            samples=16,
+        )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

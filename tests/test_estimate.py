@@ -1,0 +1,90 @@
+"""The ZeRO formulas against the paper's worked example and against first principles, and the
+``zeroscope estimate`` verb that prints them."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroscope import formulas
+from zeroscope.cli import main
+
+PSI = 7.5e9
+
+
+@pytest.mark.parametrize(("stage", "paper_gb"), [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_paper_figure_1_per_rank_model_states(stage: int, paper_gb: float) -> None:
+    m = formulas.model_state_bytes(PSI, 64, stage)
+    assert round(m.device_total / formulas.GB, 1) == paper_gb
+    assert m.host_total == 0
+
+
+def test_parts_add_up_to_sixteen_bytes_per_parameter_on_one_rank() -> None:
+    for stage in range(4):
+        m = formulas.model_state_bytes(1000, 1, stage)
+        assert (m.params, m.grads, m.optim) == (2000, 2000, 12000)
+
+
+def test_fp32_has_no_master_copy() -> None:
+    m = formulas.model_state_bytes(1000, 1, 0, precision="fp32")
+    assert (m.params, m.grads, m.optim) == (4000, 4000, 8000)
+
+
+def test_offload_matches_deepspeed_estimators() -> None:
+    # DeepSpeed: stage 2 + optimizer offload keeps 2Ψ on the device; stage 3 + optimizer
+    # offload keeps 2Ψ/N; stage 3 with both offloaded keeps nothing of the model states.
+    n = 8
+    s2 = formulas.model_state_bytes(PSI, n, 2, offload_optimizer="cpu")
+    assert s2.device_total == 2 * PSI
+    assert s2.host_optim == 12 * PSI / n and s2.host_grads == 2 * PSI / n
+    s3 = formulas.model_state_bytes(PSI, n, 3, offload_optimizer="cpu")
+    assert s3.device_total == 2 * PSI / n
+    both = formulas.model_state_bytes(PSI, n, 3, offload_optimizer="nvme", offload_param="cpu")
+    assert both.device_total == 0 and both.total == 16 * PSI / n
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"stage": 4}, "stage"),
+        ({"ranks": 0}, "world size"),
+        ({"stage": 2, "offload_param": "cpu"}, "offload_param"),
+        ({"stage": 0, "offload_optimizer": "cpu"}, "offload_optimizer"),
+        ({"precision": "fp8"}, "precision"),
+    ],
+)
+def test_bad_configs_name_the_problem(kwargs: dict, needle: str) -> None:
+    args = {"psi": 10, "ranks": 2, "stage": 1, **kwargs}
+    with pytest.raises(ValueError, match=needle):
+        formulas.model_state_bytes(**args)
+
+
+def test_communication_volume_is_two_or_three_psi() -> None:
+    assert [formulas.comm_elements_per_step(10, s) for s in range(4)] == [20, 20, 20, 30]
+    assert formulas.comm_bytes_per_step(10, 3, "bf16") == 60
+    # An all-reduce is a reduce-scatter plus an all-gather of the same size.
+    assert formulas.volume_equivalent("all_reduce", 8) == formulas.volume_equivalent(
+        "reduce_scatter", 8
+    ) + formulas.volume_equivalent("all_gather", 8)
+
+
+def test_estimate_prints_the_paper_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--params", "7.5B", "--ranks", "64"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    device = [row.split()[4] for row in rows]
+    assert device == ["120.0", "31.4", "16.6", "1.9"]
+
+
+def test_estimate_single_stage_with_offload(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--params", "1e9", "--ranks", "4", "--stage", "3", "--offload", "cpu"]
+    assert main(argv) == 0
+    (row,) = capsys.readouterr().out.splitlines()[2:]
+    stage, *_, device, host, comm = row.split()
+    assert (stage, device, host, comm) == ("3", "0.5", "3.5", "6.0")
+
+
+def test_estimate_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--params", "1e9", "--stage", "1", "--offload-param", "cpu"]) == 2
+    assert "needs ZeRO stage 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["estimate", "--params", "lots"])
+    assert "not a parameter count" in capsys.readouterr().err

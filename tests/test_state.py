@@ -1,0 +1,157 @@
+"""ClusterState: aggregation, stragglers, alerts and the headless lines, on schema messages."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.fixtures import BASE_NS, RunShape, synthetic_run
+from zeroscope.agent.metrics import busbw
+from zeroscope.agent.schema import (
+    Bye,
+    Collective,
+    Event,
+    HostSample,
+    MemoryBytes,
+    StepReport,
+)
+from zeroscope.state import AlertRules, ClusterState
+from zeroscope.state.lines import step_line, summary_lines
+
+
+def _state(shape: RunShape | None = None, until_step: int | None = None) -> ClusterState:
+    state = ClusterState()
+    for m in synthetic_run(shape):
+        if until_step is not None and getattr(m, "step", -1) > until_step:
+            break
+        state.ingest(m)
+    return state
+
+
+def _kinds(state: ClusterState, now: float | None = None) -> set[str]:
+    return {a.kind for a in state.alerts(now)}
+
+
+def test_fixture_run_aggregates_every_rank_and_step() -> None:
+    state = _state()
+    assert state.world_size == 4 and sorted(state.ranks) == [0, 1, 2, 3]
+    assert state.config is not None and state.config.stage == 3
+    done = state.complete_steps()
+    assert [a.step for a in done] == list(range(40))
+    last = done[-1]
+    assert last.step_time == max(s.duration_s for s in last.summaries.values())
+    assert last.median_time == statistics.median(s.duration_s for s in last.summaries.values())
+
+
+def test_steps_complete_once_all_ranks_reported() -> None:
+    messages = [m for m in synthetic_run() if not isinstance(m, Event)]
+    state = ClusterState()
+    completed = [a.step for m in messages[: 4 + 3] for a in state.ingest(m)]
+    assert completed == []  # 3 of 4 ranks reported step 0
+    assert [a.step for a in state.ingest(messages[7])] == [0]
+
+
+def test_a_step_missing_a_report_closes_when_a_later_one_completes() -> None:
+    messages = [m for m in synthetic_run() if not isinstance(m, Event)]
+    dropped = next(m for m in messages if isinstance(m, StepReport) and m.step == 1 and m.rank == 2)
+    state = ClusterState()
+    closed = [a.step for m in messages if m is not dropped for a in state.ingest(m)]
+    assert closed == list(range(40))
+    assert sorted(state.steps[1].summaries) == [0, 1, 3]
+
+
+def test_straggler_after_n_outlier_steps_only() -> None:
+    # Rank 3 slows down from step 20; the alert needs three outlier steps in a row.
+    assert "straggler" not in _kinds(_state(until_step=21))
+    state = _state(until_step=22)
+    alerts = {a.kind: a for a in state.alerts()}
+    assert alerts["straggler"].ranks == (3,)
+    assert state.slowness(3) == pytest.approx(1.35, abs=0.05)
+
+
+def test_overflow_storm_comes_and_goes() -> None:
+    assert "overflow_storm" in _kinds(_state(until_step=3))  # 4 skipped steps at start-up
+    assert "overflow_storm" not in _kinds(_state())  # one overflow in the last ten
+
+
+def test_silence_is_judged_against_the_callers_clock() -> None:
+    state = _state()
+    assert "silent" not in _kinds(state)
+    later = state.clock_s + 2.5
+    assert {a.kind: a.ranks for a in state.alerts(later)}["silent"] == (0, 1, 2, 3)
+    for r in range(4):
+        state.ingest(Bye(rank=r, step=40, wall_ns=BASE_NS), received_s=state.clock_s)
+    assert "silent" not in _kinds(state, later)
+
+
+def test_agent_drops_are_summed() -> None:
+    alert = {a.kind: a for a in _state().alerts()}["drops"]
+    assert alert.ranks == (1,) and "3 messages" in alert.message
+
+
+def _report(rank: int, step: int, **kw: object) -> StepReport:
+    fields = dict(rank=rank, step=step, wall_ns=BASE_NS + step * 10**9, duration_s=1.0)
+    fields.update(kw)
+    return StepReport(**fields)  # type: ignore[arg-type]
+
+
+def test_exposed_comm_memory_headroom_and_minimum_loss_scale() -> None:
+    state = ClusterState()
+    heavy = [Collective("all_gather", 10**8, 2, 0.1, 0.5, 0.4)]
+    tight = HostSample(gpu_mem_total_bytes=80 * 10**9, gpu_mem_used_bytes=75 * 10**9)
+    state.ingest(_report(0, 0, collectives=heavy, host=tight, loss_scale=1.0))
+    state.ingest(_report(1, 0, loss_scale=1.0))
+    alerts = {a.kind: a for a in state.alerts()}
+    assert alerts["exposed_comm"].ranks == (0,) and "40%" in alerts["exposed_comm"].message
+    assert alerts["memory"].ranks == (0,)
+    assert "loss_scale_min" in alerts
+    summary = state.ranks[0].summary
+    assert summary is not None
+    assert summary.ops["all_gather"].busbw == pytest.approx(busbw("all_gather", 10**8, 0.5, 2))
+    assert summary.ops["all_gather"].busbw == pytest.approx(10**8 / 0.5 / 2)
+
+
+def test_missing_figures_stay_none_and_print_na() -> None:
+    state = ClusterState()
+    (agg,) = state.ingest(_report(0, 0, memory=MemoryBytes(params=10)))
+    assert agg.loss is None and agg.loss_scale is None
+    assert state.ranks[0].summary is not None and state.ranks[0].summary.offload_bw is None
+    line = step_line(agg)
+    assert "loss      NA" in line and "A NA" in line and "scale     NA" in line
+    assert state.throughput() == (None, None)
+
+
+def test_throughput_from_the_ranks_own_instants() -> None:
+    state = _state()
+    steps_s, samples_s = state.throughput(window=10)
+    done = state.complete_steps()[-11:]
+    span = (done[-1].wall_ns - done[0].wall_ns) / 1e9
+    assert steps_s == pytest.approx(10 / span)
+    assert samples_s == pytest.approx(10 * 4 * 4 / span)
+
+
+def test_summary_lists_the_standing_alerts_and_the_trace() -> None:
+    lines = summary_lines(_state(), trace="runs/x.zstrace")
+    assert lines[0] == "job demo-0001: 40 steps on 4 ranks"
+    assert "5 skipped" in lines[1]
+    assert any(line.startswith("alert: straggler r3") for line in lines)
+    assert lines[-1] == "trace: runs/x.zstrace"
+
+
+def test_rules_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="storm_overflows"):
+        AlertRules(storm_overflows=5, storm_window=3)
+
+
+def test_a_collector_hearing_one_node_of_two_still_closes_steps() -> None:
+    # world_size 4, but only ranks 0 and 1 report here (the other node has its own collector).
+    messages = [
+        m for m in synthetic_run() if getattr(m, "rank", 0) < 2 and not isinstance(m, Event)
+    ]
+    state = ClusterState()
+    closed = [a.step for m in messages for a in state.ingest(m)]
+    assert state.world_size == 4
+    assert closed == list(range(38))  # a step closes two fully reported steps later
+    assert [a.step for a in state.flush()] == [38, 39]
+    assert all(sorted(a.summaries) == [0, 1] for a in state.complete_steps())

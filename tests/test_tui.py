@@ -1,0 +1,235 @@
+"""Pilot tests: every screen and key of the TUI, on the deterministic fixture run."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+from textual.command import CommandPalette
+
+from tests.fixtures import MemoryTrace, RunShape, synthetic_run
+from zeroscope.state import ClusterState
+from zeroscope.tui.app import ZeroscopeApp
+from zeroscope.tui.cluster_screen import ClusterScreen
+from zeroscope.tui.comm_screen import CommScreen
+from zeroscope.tui.dialogs import GotoStepScreen, HelpScreen, QuitScreen
+from zeroscope.tui.feed import ReplayFeed
+from zeroscope.tui.heatmap import RankHeatmap
+from zeroscope.tui.loss_scale_screen import LossScaleScreen
+from zeroscope.tui.memory_screen import MemoryScreen
+from zeroscope.tui.pane import Pane
+from zeroscope.tui.rank_screen import RankScreen
+from zeroscope.tui.rank_table import RankTable
+
+
+def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async Pilot test with asyncio.run (no pytest-asyncio plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def fixture_state(ranks: int = 4, steps: int = 40) -> ClusterState:
+    state = ClusterState()
+    state.ingest_all(synthetic_run(RunShape(ranks=ranks, steps=steps)))
+    return state
+
+
+def screen_text(app: ZeroscopeApp) -> str:
+    """What the terminal shows, as plain text."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+@sync
+async def test_cluster_screen_lists_every_rank_with_its_figures() -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        for r in range(4):
+            assert f"r{r} " in text
+        assert "ZeRO-3 fp16 offload cpu" in text and "step 39" in text
+        assert "straggler r3" in text and "agent dropped 3 messages on r1" in text
+        assert "1.36x" in text  # rank 3's slowness vs the median
+
+
+@sync
+async def test_cursor_sort_filter_and_drill_down() -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(RankTable)
+        await pilot.press("j", "j", "down", "k")
+        assert table.current_rank == 2
+        await pilot.press("s")  # memory, biggest first
+        assert table.sort_key == "memory" and table.descending
+        totals = [app.state.ranks[r].summary.device_total for r in table.shown_ranks]  # type: ignore[union-attr]
+        assert totals == sorted(totals, reverse=True)
+        await pilot.press("s")  # step time, slowest first: the straggler leads
+        assert table.shown_ranks[0] == 3
+        await pilot.press("slash", "3", "enter")
+        assert table.shown_ranks == [3]
+        await pilot.press("escape")
+        assert len(table.shown_ranks) == 4
+        table.cursor = table.shown_ranks.index(1)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RankScreen) and app.screen.rank == 1
+        text = screen_text(app)
+        assert "rank 1" in text and "memory by part over time" in text
+        await pilot.press("escape")
+        assert isinstance(app.screen, ClusterScreen)
+
+
+@sync
+async def test_rank_detail_panes_and_tab() -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(120, 60)) as pilot:
+        app.open_rank(3)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "all_gather" in text and "reduce_scatter" in text  # timeline lanes + op table
+        assert "d2h" in text and "h2d" in text  # offload transfers
+        summary = app.state.ranks[3].summary
+        assert summary is not None
+        count = summary.ops["all_gather"].count
+        assert any(
+            line.split()[1:3] == ["all_gather", str(count)]
+            for line in text.splitlines()
+            if "all_gather" in line and len(line.split()) > 3
+        )
+        first = app.focused
+        await pilot.press("tab")
+        assert isinstance(app.focused, Pane) and app.focused is not first
+
+
+@pytest.mark.parametrize(
+    ("key", "screen", "needle"),
+    [
+        ("m", MemoryScreen, "measured / predicted"),
+        ("c", CommScreen, "formula 3Ψ"),
+        ("l", LossScaleScreen, "5 of 40 steps skipped"),
+    ],
+)
+@sync
+async def test_screens_by_key(key: str, screen: type, needle: str) -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press(key)
+        assert isinstance(app.screen, screen)
+        assert needle in screen_text(app)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ClusterScreen)
+
+
+@sync
+async def test_memory_screen_predicted_matches_measured_for_the_fixture() -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("m")
+        rows = [
+            line
+            for line in screen_text(app).splitlines()
+            if line.strip("│ ")[:2] in ("r0", "r1", "r2", "r3")
+        ]
+        assert len(rows) == 4
+        assert all("6.0M/6.0M" in row and "+0%" in row for row in rows)
+
+
+@sync
+async def test_help_and_command_palette() -> None:
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press(*"loss scale")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, LossScaleScreen)
+
+
+@sync
+async def test_heatmap_when_ranks_do_not_fit() -> None:
+    app = ZeroscopeApp(fixture_state(ranks=256, steps=4))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.has_class("heatmap")
+        heat = screen.query_one(RankHeatmap)
+        assert app.focused is heat
+        await pilot.press("down")
+        assert heat.current_rank == heat._per_line  # one line of cells down
+        await pilot.press("enter")
+        assert isinstance(app.screen, RankScreen) and app.screen.rank == heat._per_line
+        await pilot.press("escape", "v")
+        assert not app.screen.has_class("heatmap")
+
+
+class _Running:
+    returncode: int | None = None
+
+
+@sync
+async def test_quit_asks_while_the_job_runs() -> None:
+    job = _Running()
+    app = ZeroscopeApp(fixture_state(), job=job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ClusterScreen)
+        await pilot.press("q", "d")
+    assert app.return_value == "detach"
+    job.returncode = 0
+    app = ZeroscopeApp(fixture_state(), job=job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+    assert app.return_value == "quit"
+
+
+@sync
+async def test_replay_keys_pause_step_speed_goto() -> None:
+    feed = ReplayFeed(MemoryTrace(synthetic_run()), start_step=10, paused=True)
+    app = ZeroscopeApp(ClusterState(), feed, refresh_s=0.05)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.4)
+        assert feed.position == 10 and app.state.latest().step == 10  # type: ignore[union-attr]
+        await pilot.press("right", "right")
+        await pilot.pause(0.4)
+        assert feed.position == 12 and app.state.latest().step == 12  # type: ignore[union-attr]
+        await pilot.press("left")
+        await pilot.pause(0.4)
+        assert feed.position == 11 and app.state.latest().step == 11  # type: ignore[union-attr]
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert feed.speed == 4.0
+        await pilot.press("left_square_bracket")
+        assert feed.speed == 2.0
+        await pilot.press("g")
+        assert isinstance(app.screen, GotoStepScreen)
+        await pilot.press("3", "5", "enter")
+        await pilot.pause(0.4)
+        assert feed.position == 35 and app.state.latest().step == 35  # type: ignore[union-attr]
+        assert "REPLAY ⏸ paused 2x  step 35/39" in screen_text(app)
+        await pilot.press("space")
+        assert not feed.paused
+        await pilot.pause(1.5)
+        assert feed.position == 39  # played to the end at 8 steps/s
+        assert app.state.latest().step == 39  # type: ignore[union-attr]
+
+
+@sync
+async def test_missing_figures_show_na_not_zero() -> None:
+    app = ZeroscopeApp(ClusterState())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        assert "waiting for ranks" in text and "step NA" in text and "NA steps/s" in text

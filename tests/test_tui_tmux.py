@@ -1,0 +1,117 @@
+"""The live view in a real terminal: ``zeroscope run`` inside tmux, read back with capture-pane
+the way a person would see it. Every rank must be on screen, and a memory breakdown."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
+
+
+def _engine_ready() -> bool:
+    try:
+        from zeroscope.engine import api
+
+        return callable(getattr(api, "initialize", None))
+    except Exception:
+        return False
+
+
+class Tmux:
+    def __init__(self, name: str) -> None:
+        self.sock = f"zs-test-{os.getpid()}-{name}"
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.sock, *args], capture_output=True, text=True, check=False
+        ).stdout
+
+    def start(self, command: str, cwd: Path) -> None:
+        env = f"PYTHONPATH={shlex.quote(str(ROOT))} OMP_NUM_THREADS=1"
+        self.tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "120",
+            "-y",
+            "40",
+            f"cd {shlex.quote(str(cwd))} && {env} {command}; echo EXIT=$?; sleep 60",
+        )
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def wait_for(self, ok: Callable[[str], bool], timeout: float, early_exit: bool = True) -> str:
+        """Poll the screen until ``ok``; give up at once if the job died (``early_exit``)."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            text = self.screen()
+            if ok(text):
+                return text
+            if early_exit and ("exited with an error" in text or "EXIT=" in text):
+                break
+            time.sleep(0.5)
+        raise AssertionError(f"screen never showed what was expected:\n{text}")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def kill(self) -> None:
+        self.tmux("kill-server")
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(
+            "examples/train_gpt.py --steps 2000 --deepspeed_config {root}/examples/ds_config_stage2.json",
+            id="demo",
+            marks=pytest.mark.skipif(
+                not _engine_ready(), reason="the bundled engine has no initialize() yet"
+            ),
+        ),
+        pytest.param("tests/scripts/agent_only_train.py --steps 100000", id="agent-only"),
+    ],
+)
+def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: str) -> None:
+    term = Tmux(script.split("/")[-1].split(".")[0])
+    command = (
+        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
+        f"--record t.zstrace {ROOT}/{script.format(root=ROOT)}"
+    )
+    try:
+        term.start(command, tmp_path)
+        cluster = term.wait_for(
+            lambda s: "r0 " in s and "r1 " in s and "steps/s" in s and "step NA" not in s, 150
+        )
+        assert "2 ranks" in cluster and "memory P/G/O/A" in cluster
+        term.keys("m")
+        memory = term.wait_for(lambda s: "measured / predicted" in s and "r1 " in s, 20)
+        for part in ("P device", "G device", "O device"):
+            assert part in memory
+        rows = [line for line in memory.splitlines() if line.strip("│ ").startswith(("r0 ", "r1 "))]
+        assert len(rows) == 2 and all("/" in row for row in rows)
+        term.keys("q")
+        term.wait_for(lambda s: "still running" in s, 20)
+        term.keys("s")  # stop the job; the trace is kept
+        done = term.wait_for(lambda s: "EXIT=" in s, 60, early_exit=False)
+        assert "trace: t.zstrace" in done
+        assert (tmp_path / "t.zstrace").stat().st_size > 0
+    finally:
+        term.kill()

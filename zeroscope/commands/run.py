@@ -1,0 +1,210 @@
+"""``zeroscope run [torchrun flags] train.py [args]``: collector + torchrun + the live view.
+
+The job's exit code is zeroscope's. Ctrl-C stops the job the way torchrun does (SIGINT to its
+process group, then SIGTERM) and keeps the trace. Without a terminal, or with ``--headless``,
+one line per step is printed instead of the TUI, then a summary naming the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from zeroscope.launch import (
+    Job,
+    QueueSource,
+    add_torchrun_arguments,
+    job_environment,
+    torchrun_argv,
+)
+from zeroscope.state import ClusterState
+from zeroscope.state.lines import step_line, summary_lines
+
+HELP = "launch a training script under torchrun with a collector and the live view"
+
+DRAIN_S = 2.0
+"""After the job exits, how long to wait for messages still in flight (Byes, last reports)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_torchrun_arguments(parser)
+    parser.add_argument("--headless", action="store_true", help="print one line per step")
+    parser.add_argument("--record", metavar="PATH", help="trace file (default runs/JOB.zstrace)")
+    parser.add_argument("--bind", default="127.0.0.1", help="collector address (default loopback)")
+    parser.add_argument("--port", type=int, default=0, help="collector port (default: any free)")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def main(args: argparse.Namespace) -> int:
+    from zeroscope.cli import CliError
+    from zeroscope.collector import Collector
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise CliError(f"no such training script: {args.script}")
+    # Multi-node and discovery (ssh helper, issue #8; zeroscope/multinode.py, docs/remote.md):
+    # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
+    from zeroscope import discovery, multinode
+
+    try:
+        plan = multinode.plan_from_run_args(args)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    argv = torchrun_argv(args, str(script), args.script_args)
+    if not plan.hosts_collector:
+        env = {**os.environ, **plan.rank_env()}
+        return multinode.run_worker_node(Job(argv, env), plan)
+    job_id = plan.job_id
+    trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
+    try:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create the trace folder {trace.parent}: {exc.strerror}") from None
+    if trace.exists():
+        raise CliError(f"trace {trace} already exists; pick another --record path")
+    discovery.create_private(trace)  # 0600 before SQLite opens it (issue #8)
+    token = plan.token  # always: on a shared login node loopback is reachable by all users
+    bind = args.bind if args.bind != "127.0.0.1" else plan.bind_host
+    try:
+        collector = Collector(bind, plan.port, record=trace, token=token.encode()).start()
+    except (ValueError, OSError) as exc:
+        raise CliError(f"cannot start the collector on {bind}:{plan.port}: {exc}") from None
+    source = QueueSource()
+    collector.add_listener(source.put)
+    ingest = multinode.local_ingest_address(collector.ingest_address)
+    env = job_environment(os.environ, ingest, job_id, token)
+    handle = discovery.register(
+        discovery.JobRecord.here(
+            job_id=job_id,
+            ingest_address=collector.ingest_address,
+            viewer_address=collector.viewer_address,
+            pub_address=collector.pub_address,
+            token=token,
+            trace=trace,
+            kind="run",
+            command=argv,
+            nnodes=multinode.nnodes_of(args),
+        )
+    )
+    state = ClusterState()
+    job: Job | None = None
+
+    def hang_up(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)  # terminal closed: unwind, and stop the job below
+
+    signal.signal(signal.SIGHUP, hang_up)
+    try:
+        if args.headless or not sys.stdout.isatty():
+            job = Job(argv, env)
+            return run_headless(job, source, state, str(trace))
+        # The TUI owns the terminal: the job's own output goes to a log beside the trace.
+        job = Job(argv, env, log=str(trace.with_suffix(".log")))
+        return run_live(job, source, state, str(trace))
+    finally:
+        if job is not None and job.returncode is None:
+            job.stop()  # zeroscope is going away on an error or hang-up: never orphan the job
+        collector.stop()
+        discovery.unregister(handle)
+
+
+def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
+    """One line per completed step while the job runs, then the summary. Ctrl-C (or SIGTERM)
+    stops the job; a second one kills it."""
+    interrupts = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            print("zeroscope: stopping the job (Ctrl-C again to kill it)", file=sys.stderr)
+            job.signal(signal.SIGINT)
+        else:
+            job.signal(signal.SIGKILL)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while job.returncode is None:
+            _print_steps(state, source.poll(0.2))
+        _drain(state, source)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for agg in state.flush():
+        print(step_line(agg), flush=True)
+    code = job.exit_code()
+    for line in summary_lines(state, trace):
+        print(line, flush=True)
+    print(f"job exit code {code}", flush=True)
+    return code
+
+
+def _print_steps(state: ClusterState, messages: list) -> None:
+    now = time.time()
+    for m in messages:
+        for agg in state.ingest(m, now):
+            print(step_line(agg), flush=True)
+
+
+def _drain(state: ClusterState, source: QueueSource) -> None:
+    """Take the messages still in flight: stop once every rank said Bye, or after a quiet
+    moment, or at DRAIN_S at the latest."""
+    deadline = time.monotonic() + DRAIN_S
+    while time.monotonic() < deadline:
+        messages = source.poll(0.3)
+        _print_steps(state, messages)
+        if not messages:
+            return
+        if state.ranks and all(r.bye for r in state.ranks.values()):
+            _print_steps(state, source.poll(0.05))
+            return
+
+
+def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
+    """The TUI; quitting asks whether to stop the job or leave it running headless."""
+    from zeroscope.tui.app import ZeroscopeApp
+    from zeroscope.tui.feed import LiveFeed
+
+    app = ZeroscopeApp(state, LiveFeed(source), job=job, trace=trace)
+    choice = app.run()
+    if job.returncode is None:
+        if choice == "detach":
+            print(f"zeroscope: the job keeps running; recording to {trace}", flush=True)
+            return run_headless(job, source, state, trace)
+        job.stop()
+    _drain(state, source)
+    state.flush()
+    code = job.exit_code()
+    for line in summary_lines(state, trace):
+        print(line)
+    if code != 0 and job.log:
+        _print_log_tail(job.log)
+    print(f"job exit code {code}")
+    return code
+
+
+def _print_log_tail(log: str, lines: int = 20) -> None:
+    """The job wrote to a log while the TUI owned the terminal; on failure show why: the
+    ranks' exception lines when there are any (torchrun's own summary hides them), else the
+    log's last lines."""
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return
+    # "[rank1]: some.module.ConfigError: what went wrong", once per distinct message.
+    found = (re.match(r"\[rank\d+\]: ([\w.]*(?:Error|Exception)\b.*)", ln) for ln in text)
+    errors = list(dict.fromkeys(m.group(1) for m in found if m))
+    shown = errors[:5] or text[-lines:]
+    print(
+        f"the job's output is in {log}; it ends with:"
+        if not errors
+        else f"the ranks failed with (full output in {log}):"
+    )
+    print("\n".join(shown))

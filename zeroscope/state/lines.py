@@ -1,0 +1,65 @@
+"""Plain-text views of ClusterState: the headless line per step and the final summary.
+
+``zeroscope run --headless`` prints these while the job runs; replaying its trace through the
+same ClusterState prints the same lines, which is how the end-to-end test checks the trace.
+"""
+
+from __future__ import annotations
+
+from . import units
+from .cluster import ClusterState, StepAggregate
+
+
+def step_line(agg: StepAggregate) -> str:
+    """step, step time, loss, loss scale, worst rank's P/G/O/A, exposed comm %, slowest rank."""
+    worst = agg.worst_memory_rank
+    w = agg.summaries[worst]
+    slowest = agg.slowest_rank
+    median = agg.median_time
+    slower = agg.summaries[slowest].duration_s / median - 1 if median > 0 else None
+    flags = " SKIPPED" if agg.skipped else ""
+    return (
+        f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
+        f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
+        f"mem r{worst} P {units.size(w.params)} G {units.size(w.grads)} "
+        f"O {units.size(w.optim)} A {units.size(w.activations)}  "
+        f"exposed {units.percent(agg.exposed_share):>4}  "
+        f"slowest r{slowest}"
+        + (f" (+{slower:.0%})" if slower is not None else "")
+        + f"  ranks {len(agg.summaries)}{flags}"
+    )
+
+
+def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
+    """The final summary: totals, the worst figures of the run, and the alerts still standing."""
+    done = state.complete_steps()
+    lines = [f"job {state.job_id or 'NA'}: {len(done)} steps on {len(state.ranks)} ranks"]
+    if done:
+        times = [a.step_time for a in done]
+        skipped = sum(1 for a in done if a.skipped)
+        last = done[-1]
+        steps_s, samples_s = state.throughput()
+        lines.append(
+            f"time per step: mean {units.seconds(sum(times) / len(times))}, "
+            f"max {units.seconds(max(times))}; {skipped} skipped; "
+            f"final loss {units.number(last.loss, '.4f')}, loss scale {units.scale(last.loss_scale)}; "
+            f"{units.number(steps_s, '.2f')} steps/s, {units.number(samples_s, '.1f')} samples/s"
+        )
+        peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total)
+        r = peak.worst_memory_rank
+        p = peak.summaries[r]
+        lines.append(
+            f"peak memory r{r} at step {peak.step}: P {units.size(p.params)} "
+            f"G {units.size(p.grads)} O {units.size(p.optim)} A {units.size(p.activations)} "
+            f"host {units.size(p.host_bytes)}"
+        )
+    for alert in state.alerts():
+        if alert.kind != "silent":  # after the job, silence is its end, not a warning
+            lines.append(f"alert: {alert.message}")
+    exits = {r: rs.bye.exit_code for r, rs in sorted(state.ranks.items()) if rs.bye}
+    if exits:
+        bad = {r: c for r, c in exits.items() if c}
+        lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
+    if trace:
+        lines.append(f"trace: {trace}")
+    return lines

@@ -1,0 +1,52 @@
+"""Human figures for the TUI and the headless lines. ``None`` always prints as NA, never 0."""
+
+from __future__ import annotations
+
+NA = "NA"
+
+
+def size(nbytes: float | None) -> str:
+    """1.2G style (decimal units, like the ZeRO paper and `zeroscope estimate`)."""
+    if nbytes is None:
+        return NA
+    value = float(nbytes)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1000 or unit == "T":
+            if unit == "B":
+                return f"{value:.0f}B"
+            return f"{value:.1f}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
+        value /= 1000
+    return NA  # pragma: no cover
+
+
+def rate(bytes_per_s: float | None) -> str:
+    """Bytes per second in the largest decimal unit that keeps it >= 1 (GB/s, MB/s ...)."""
+    if bytes_per_s is None:
+        return NA
+    for scale, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "KB/s")):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.2f}{unit}"
+    return f"{bytes_per_s:.0f}B/s"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return NA
+    if value < 1:
+        return f"{value * 1e3:.0f}ms"
+    return f"{value:.2f}s"
+
+
+def percent(fraction: float | None) -> str:
+    return NA if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def number(value: float | None, fmt: str = ".3f") -> str:
+    return NA if value is None else format(value, fmt)
+
+
+def scale(value: float | None) -> str:
+    """Loss scales are powers of two: 65536 prints whole, 0.5 keeps its fraction."""
+    if value is None:
+        return NA
+    return f"{value:.0f}" if value >= 1 else f"{value:g}"

@@ -1,0 +1,33 @@
+"""The alerts strip: one line per standing alert, critical first; "no alerts" when quiet."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from zeroscope.state import Alert
+
+
+def alerts_text(alerts: list[Alert], limit: int = 3) -> Text:
+    if not alerts:
+        return Text(" ✓ no alerts", style="green")
+    ordered = sorted(alerts, key=lambda a: a.severity != "critical")
+    text = Text()
+    for i, alert in enumerate(ordered[:limit]):
+        if i:
+            text.append("\n")
+        style = "bold red" if alert.severity == "critical" else "bold yellow"
+        text.append(" ▲ " if alert.severity == "critical" else " ! ", style=style)
+        text.append(alert.message)
+    if len(ordered) > limit:
+        text.append(f"  (+{len(ordered) - limit} more)", style="dim")
+    return text
+
+
+class AlertsStrip(Static):
+    DEFAULT_CSS = """
+    AlertsStrip { height: auto; max-height: 3; border-top: solid $primary-darken-2; }
+    """
+
+    def show(self, alerts: list[Alert]) -> None:
+        self.update(alerts_text(alerts))

@@ -1,0 +1,243 @@
+"""The zeroscope Textual app: one ClusterState, one feed, five screens.
+
+Threading (Textual's rules): the feed is polled in a thread worker (network or SQLite I/O never
+on the UI thread); each batch is folded into ClusterState on the UI thread via
+``call_from_thread`` (cheap, and the state then needs no lock); redraws are coalesced by a timer
+that redraws the top screen only when the state's version moved, so a burst of 1024 reports is
+one frame, not 1024.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from zeroscope.state import Alert, ClusterState
+
+from .base import StateScreen
+from .cluster_screen import ClusterScreen
+from .dialogs import GotoStepScreen, HelpScreen, QuitScreen
+from .feed import Batch, ReplayFeed
+from .screens import SCREENS, screen_for
+
+CHUNK = 256
+"""Messages folded into ClusterState per UI-thread call (~5 ms at 1024 ranks)."""
+
+
+class Feed(Protocol):
+    live: bool
+
+    def poll(self, timeout: float) -> Batch | None: ...
+
+
+class JobHandle(Protocol):
+    @property
+    def returncode(self) -> int | None: ...
+
+
+class ZeroscopeApp(App[str]):
+    """``run()`` returns "stop", "detach" or "quit" (what to do with a live job)."""
+
+    TITLE = "zeroscope"
+    CSS = "Screen { background: $surface; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit_app", "quit"),
+        Binding("ctrl+c", "interrupt", "stop job", show=False, priority=True),
+        Binding("question_mark", "help", "help"),
+        Binding("1", "show('cluster')", "cluster", show=False),
+        Binding("m", "show('memory')", "memory"),
+        Binding("c", "show('comm')", "comm"),
+        Binding("l", "show('loss_scale')", "loss scale"),
+        Binding("escape", "go_back", "back", show=False),
+        Binding("space", "pause", "pause", show=False),
+        # Replay's step keys win over a focused heatmap's cursor (check_action lets them through
+        # to text inputs and to live views).
+        Binding("left", "step(-1)", show=False, priority=True),
+        Binding("right", "step(1)", show=False, priority=True),
+        Binding("left_square_bracket", "speed(-1)", show=False),
+        Binding("right_square_bracket", "speed(1)", show=False),
+        Binding("g", "goto", "go to step", show=False),
+    ]
+
+    def __init__(
+        self,
+        state: ClusterState,
+        feed: Feed | None = None,
+        *,
+        job: JobHandle | None = None,
+        trace: str | None = None,
+        refresh_s: float = 0.25,
+        live_clock: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self.feed = feed
+        self.job = job
+        self.trace = trace
+        self.refresh_s = refresh_s
+        self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
+        """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
+        self._drawn = -1
+
+    @property
+    def replay(self) -> ReplayFeed | None:
+        return self.feed if isinstance(self.feed, ReplayFeed) else None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.push_screen(ClusterScreen())
+        if self.feed is not None:
+            self.run_worker(self._poll_feed, thread=True, exclusive=True, name="feed")
+            self.set_interval(self.refresh_s, self._tick)
+
+    def _poll_feed(self) -> None:
+        worker = get_current_worker()
+        assert self.feed is not None
+        while not worker.is_cancelled:
+            try:
+                batch = self.feed.poll(0.1)
+            except Exception as exc:  # a broken trace or socket is shown, never a crash
+                self.call_from_thread(self.notify, f"feed stopped: {exc}", severity="error")
+                return
+            if batch is None:
+                continue
+            # Fold big bursts in slices so keys and paints interleave with a 1024-rank step.
+            messages = batch.messages
+            for start in range(0, max(1, len(messages)), CHUNK):
+                if worker.is_cancelled:
+                    return
+                part = Batch(
+                    messages[start : start + CHUNK],
+                    reset=batch.reset and start == 0,
+                    final=batch.final and start + CHUNK >= len(messages),
+                )
+                self.call_from_thread(self.apply_batch, part)
+
+    def apply_batch(self, batch: Batch) -> None:
+        """Fold a batch in (UI thread)."""
+        if batch.reset:
+            old = self.state
+            self.state = ClusterState(history_steps=old.history_steps, rules=old.rules)
+        now = time.time() if self.live_clock else None
+        for message in batch.messages:
+            self.state.ingest(message, now)
+        if batch.final:
+            self.state.flush()
+            self.state.version += 1
+
+    def _tick(self) -> None:
+        # Live: redraw at least once a second so "silent for 2 s" appears without new data.
+        if self.state.version != self._drawn or self.live_clock:
+            self.redraw()
+
+    def redraw(self) -> None:
+        self._drawn = self.state.version
+        screen = self.screen
+        if isinstance(screen, StateScreen):
+            screen.refresh_view()
+
+    # -- what screens ask --------------------------------------------------------------------
+    def alerts(self) -> list[Alert]:
+        return self.state.alerts(time.time() if self.live_clock else None)
+
+    def status_text(self) -> str:
+        if self.replay is not None:
+            r = self.replay
+            mode = "⏸ paused" if r.paused else "▶ playing"
+            return f"REPLAY {mode} {r.speed:g}x  step {r.position}/{r.last}"
+        if self.job is not None and self.job.returncode is not None:
+            log = getattr(self.job, "log", None)
+            code = self.job.returncode
+            return f"job exited ({code})" + (f", output in {log}" if code and log else "")
+        return "LIVE" if self.live_clock else ""
+
+    def open_rank(self, rank: int) -> None:
+        from .rank_screen import RankScreen
+
+        self._pop_to_cluster()
+        self.push_screen(RankScreen(rank))
+
+    def _pop_to_cluster(self) -> None:
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, ClusterScreen):
+            self.pop_screen()
+
+    # -- actions -------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("step", "pause", "speed", "goto"):
+            from textual.widgets import Input
+
+            return self.replay is not None and not isinstance(self.focused, Input)
+        return True
+
+    def action_show(self, name: str) -> None:
+        if getattr(self.screen, "name", None) == name:
+            return
+        self._pop_to_cluster()
+        if name != "cluster":
+            self.push_screen(screen_for(name))
+
+    def action_go_back(self) -> None:
+        if (
+            len(self.screen_stack) > 2
+            and isinstance(self.screen, StateScreen)
+            and not isinstance(self.screen, ClusterScreen)
+        ):
+            self.pop_screen()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(replay=self.replay is not None))
+
+    def action_quit_app(self) -> None:
+        if self.job is not None and self.job.returncode is None:
+            self.push_screen(QuitScreen(), callback=self._quit_choice)
+        else:
+            self.exit("quit")
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: as under torchrun, stop the job (the trace is kept); in replay, quit."""
+        self.exit("stop" if self.job is not None and self.job.returncode is None else "quit")
+
+    def _quit_choice(self, choice: str | None) -> None:
+        if choice in ("stop", "detach"):
+            self.exit(choice)
+
+    def action_pause(self) -> None:
+        if self.replay is not None:
+            self.replay.toggle_pause()
+            self.redraw()
+
+    def action_step(self, delta: int) -> None:
+        if self.replay is not None:
+            self.replay.step_by(delta)
+
+    def action_speed(self, delta: int) -> None:
+        if self.replay is not None:
+            self.notify(f"replay speed {self.replay.faster(delta):g}x", timeout=1.5)
+            self.redraw()
+
+    def action_goto(self) -> None:
+        if self.replay is not None:
+            self.push_screen(GotoStepScreen(self.replay.first, self.replay.last), self._goto)
+
+    def _goto(self, step: int | None) -> None:
+        if step is not None and self.replay is not None:
+            self.replay.goto(step)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for name, (title, help_text) in SCREENS.items():
+            yield SystemCommand(title, help_text, lambda n=name: self.action_show(n))
+        for rank in sorted(self.state.ranks)[:64]:
+            yield SystemCommand(
+                f"Rank {rank}", f"drill into rank {rank}", lambda r=rank: self.open_rank(r)
+            )
+        if self.replay is not None:
+            yield SystemCommand("Replay: pause / play", "space", self.action_pause)
+            yield SystemCommand("Replay: go to step", "g", self.action_goto)

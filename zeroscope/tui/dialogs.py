@@ -1,0 +1,110 @@
+"""Modal dialogs: help, the quit question (stop the job or leave it running), go to step."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Static
+
+KEYS = """\
+[b]Keys[/b]
+  ↑ ↓  j k      move in the rank table (heatmap: ← → too)
+  enter         drill into the rank under the cursor
+  escape        back to the cluster view (or clear the filter)
+  tab           next pane
+  m  c  l       memory · communication · loss scale screens
+  s             sort the table (heatmap: metric)
+  v             table / heatmap
+  /             filter ranks: 3  0-7  r12  node1  slow
+  ctrl+p        command palette (every screen, every rank)
+  ?             this help        q  quit
+"""
+REPLAY_KEYS = """\
+[b]Replay[/b]
+  space         pause / play     ← →   step back / forward
+  [  ]          slower / faster  g     go to step
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: auto; max-width: 90%; height: auto; padding: 1 2;
+        border: round $primary; background: $panel; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "close")]
+
+    def __init__(self, replay: bool = False) -> None:
+        super().__init__()
+        self.replay = replay
+
+    def compose(self) -> ComposeResult:
+        yield Static(KEYS + (REPLAY_KEYS if self.replay else ""))
+
+
+class QuitScreen(ModalScreen[str]):
+    """Quitting while the job runs: stop it, or leave it running (headless lines follow)."""
+
+    DEFAULT_CSS = """
+    QuitScreen { align: center middle; }
+    QuitScreen > Vertical { width: 64; height: auto; padding: 1 2; border: thick $warning;
+        background: $panel; }
+    QuitScreen Horizontal { height: auto; margin-top: 1; }
+    QuitScreen Button { margin-right: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "choose('stop')", "stop the job"),
+        Binding("d", "choose('detach')", "leave it running"),
+        Binding("escape,c", "choose('cancel')", "cancel"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(
+                "The job is still running. Stop it, or leave it running headless "
+                "(zeroscope keeps recording and prints a line per step)?"
+            )
+            with Horizontal():
+                yield Button("Stop the job [s]", id="stop", variant="error")
+                yield Button("Leave running [d]", id="detach", variant="primary")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "cancel")
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice)
+
+
+class GotoStepScreen(ModalScreen[int | None]):
+    DEFAULT_CSS = """
+    GotoStepScreen { align: center middle; }
+    GotoStepScreen > Vertical { width: 40; height: auto; padding: 1 2; border: round $primary;
+        background: $panel; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss_none", "cancel")]
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f"Go to step ({self.first}-{self.last}):")
+            yield Input(type="integer", id="step")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self.dismiss(int(event.value))
+        except ValueError:
+            self.notify(f"not a step number: {event.value!r}", severity="error")
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,141 @@
+"""Feeds: what the view's worker thread polls. Live and replay look the same to the app.
+
+A :class:`Batch` is a list of messages to fold into ClusterState, with ``reset`` when the
+state must be rebuilt first (a replay seek). No Textual here: ``zeroscope replay --headless``
+uses the same feed. Seeking reads only the Hellos and a short window of steps before the
+target through the trace's (step, rank, kind) index, never the whole file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from zeroscope.agent.schema import Message
+
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
+BASE_STEPS_PER_S = 4.0
+"""Replay pace at speed 1x (steps per second)."""
+
+
+@dataclass(slots=True)
+class Batch:
+    messages: list[Message] = field(default_factory=list)
+    reset: bool = False
+    """Clear ClusterState before folding these in (a seek)."""
+    final: bool = False
+    """No more messages will come (end of the trace): close steps still open."""
+
+
+class Source(Protocol):
+    def poll(self, timeout: float = 0.1) -> list[Message]: ...
+
+
+class LiveFeed:
+    """A live Source (collector listener or viewer subscription) as a feed."""
+
+    live = True
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def poll(self, timeout: float) -> Batch | None:
+        messages = self.source.poll(timeout)
+        return Batch(messages) if messages else None
+
+
+class Trace(Protocol):
+    """What the feed needs of zeroscope.trace.TraceReader."""
+
+    def steps(self) -> tuple[int, int] | None: ...
+    def hellos(self) -> list: ...
+    def messages(self, from_step: int | None = None, to_step: int | None = None) -> object: ...
+
+
+class ReplayFeed:
+    """Plays a recorded trace step by step: pause, step, speed, go to step."""
+
+    live = False
+
+    def __init__(
+        self,
+        trace: Trace,
+        *,
+        start_step: int | None = None,
+        paused: bool = False,
+        speed: float = 1.0,
+    ) -> None:
+        self.trace = trace
+        span = trace.steps()
+        self.first, self.last = span if span else (0, -1)
+        self.hellos: list[Message] = list(trace.hellos())
+        world = max(1, len(self.hellos))
+        self.window = max(2, min(64, 4096 // world))
+        """Steps of history rebuilt on a seek: enough for the charts, bounded for 1024 ranks."""
+        self.paused = paused
+        self.speed = speed if speed in SPEEDS else 1.0
+        self.position = self.first - 1
+        self._lock = threading.Lock()
+        self._seek: int | None = self.first if start_step is None else self.clamp(start_step)
+        self._due = 0.0
+        self._ended = False
+
+    def clamp(self, step: int) -> int:
+        return max(self.first, min(self.last, step))
+
+    # -- commands (UI thread) ----------------------------------------------------------------
+    def toggle_pause(self) -> bool:
+        with self._lock:
+            self.paused = not self.paused
+            return self.paused
+
+    def step_by(self, delta: int) -> None:
+        with self._lock:
+            self.paused = True
+            base = self._seek if self._seek is not None else self.position
+            self._seek = self.clamp(base + delta)
+
+    def goto(self, step: int) -> int:
+        with self._lock:
+            self._seek = self.clamp(step)
+            return self._seek
+
+    def faster(self, steps: int = 1) -> float:
+        with self._lock:
+            i = SPEEDS.index(self.speed) + steps
+            self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, i))]
+            return self.speed
+
+    # -- the worker's side -------------------------------------------------------------------
+    def poll(self, timeout: float) -> Batch | None:
+        with self._lock:
+            target, self._seek = self._seek, None
+            paused, speed = self.paused, self.speed
+        if target is not None:
+            return self._seek_to(target)
+        if paused or self.position >= self.last:
+            if self.position >= self.last and not self._ended and self.last >= self.first:
+                self._ended = True
+                return Batch(final=True)
+            time.sleep(timeout)
+            return None
+        now = time.monotonic()
+        if now < self._due:
+            time.sleep(min(timeout, self._due - now))
+            return None
+        interval = 1.0 / (BASE_STEPS_PER_S * speed)
+        count = max(1, int(timeout / interval))  # fast speeds deliver several steps per poll
+        to = min(self.last, self.position + count)
+        batch = Batch(list(self.trace.messages(self.position + 1, to)))  # type: ignore[call-overload]
+        self.position = to
+        self._due = now + interval * count
+        return batch
+
+    def _seek_to(self, step: int) -> Batch:
+        start = max(self.first, step - self.window + 1)
+        messages = [*self.hellos, *self.trace.messages(start, step)]  # type: ignore[misc]
+        self.position = step
+        self._ended = step >= self.last
+        return Batch(messages, reset=True, final=self._ended)

@@ -1,0 +1,72 @@
+"""The job header: who runs what, where it is, how fast."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from zeroscope.state import ClusterState, units
+
+
+def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, str]]:
+    """(text, style) pieces: job, world size, stage, precision, offload, step, steps/s,
+    samples/s, status; NA until known."""
+    c = state.config
+    latest = state.latest()
+    steps_s, samples_s = state.throughput()
+    segments = [
+        (f"{state.job_id or 'NA'}", "bold"),
+        (f"{state.world_size or len(state.ranks)} ranks", ""),
+    ]
+    if c is not None:
+        offload = (
+            c.offload_optimizer
+            if c.offload_param == "none"
+            else (f"{c.offload_optimizer}+param {c.offload_param}")
+        )
+        segments.append((f"ZeRO-{c.stage} {c.precision} offload {offload}", ""))
+    else:
+        segments.append(("config NA", ""))
+    segments.append((f"step {latest.step if latest else 'NA'}", "bold"))
+    segments.append(
+        (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")
+    )
+    if status:
+        segments.append((status, "bold cyan"))
+    return segments
+
+
+def header_text(state: ClusterState, status: str = "", width: int = 200) -> Text:
+    """The segments joined by │, wrapped only between segments (two lines at 80 columns)."""
+    text = Text(" zeroscope ", style="bold reverse")
+    column = len(text)
+    for i, (piece, style) in enumerate(header_segments(state, status)):
+        sep = " " if i == 0 else " │ "
+        if column + len(sep) + len(piece) > width:
+            text.append("\n ")
+            column = 1
+            sep = ""
+        text.append(sep)
+        text.append(piece, style=style)
+        column += len(sep) + len(piece)
+    return text
+
+
+class ClusterHeader(Widget):
+    DEFAULT_CSS = """
+    ClusterHeader { height: auto; max-height: 2; background: $panel; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state: ClusterState | None = None
+        self._status = ""
+
+    def show(self, state: ClusterState, status: str = "") -> None:
+        self._state, self._status = state, status
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        if self._state is None:
+            return Text(" zeroscope ", style="bold reverse")
+        return header_text(self._state, self._status, self.content_size.width or 80)

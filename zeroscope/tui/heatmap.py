@@ -1,0 +1,143 @@
+"""The rank heatmap: one cell per rank, colored by a metric, for when ranks do not fit as rows
+(1024 ranks are 14 lines at 80 columns). Arrows move, enter drills in, ``s`` picks the metric."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from zeroscope.state import units
+
+from .rank_rows import RankRow, filtered
+from .rank_table import RankTable
+
+METRICS = ("slowness", "memory", "exposed", "step")
+LEVELS = ("green", "yellow", "dark_orange", "red")
+
+
+def _value(row: RankRow, metric: str) -> float | None:
+    return {
+        "slowness": row.slowness,
+        "memory": row.total,
+        "exposed": row.exposed,
+        "step": row.step_time,
+    }[metric]
+
+
+def level(metric: str, value: float | None, top: float) -> str:
+    """Color of one cell: slowness by fixed thresholds; other metrics relative to the max."""
+    if value is None:
+        return "grey30"
+    if metric == "slowness":
+        cuts = (1.05, 1.15, 1.3)
+        return LEVELS[sum(value > c for c in cuts)]
+    if metric == "exposed":
+        return LEVELS[sum(value > c for c in (0.1, 0.2, 0.3))]
+    share = value / top if top > 0 else 0.0
+    return LEVELS[sum(share > c for c in (0.7, 0.85, 0.95))]
+
+
+class RankHeatmap(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    RankHeatmap { height: 1fr; min-height: 3; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left,h", "move(-1)", show=False),
+        Binding("right,l", "move(1)", show=False),
+        Binding("up,k", "move_row(-1)", show=False),
+        Binding("down,j", "move_row(1)", show=False),
+        Binding("enter", "select", "drill in"),
+        Binding("s", "cycle_metric", "metric"),
+    ]
+
+    metric: reactive[str] = reactive("slowness")
+    cursor: reactive[int] = reactive(0)
+    filter_text: reactive[str] = reactive("")
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._rows: list[RankRow] = []
+        self._shown: list[RankRow] = []
+        self._per_line = 1
+
+    def on_resize(self) -> None:
+        self.post_message(RankTable.Resized())
+
+    def set_rows(self, rows: list[RankRow]) -> None:
+        self._rows = sorted(rows, key=lambda r: r.rank)
+        self._shown = filtered(self._rows, self.filter_text)
+        self.cursor = max(0, min(self.cursor, len(self._shown) - 1))
+        self.refresh()
+
+    def watch_filter_text(self) -> None:
+        self.set_rows(self._rows)
+
+    def watch_metric(self) -> None:
+        self.refresh()
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+
+    @property
+    def current_rank(self) -> int | None:
+        return self._shown[self.cursor].rank if 0 <= self.cursor < len(self._shown) else None
+
+    def action_move(self, delta: int) -> None:
+        if self._shown:
+            self.cursor = max(0, min(len(self._shown) - 1, self.cursor + delta))
+
+    def action_move_row(self, delta: int) -> None:
+        self.action_move(delta * self._per_line)
+
+    def action_select(self) -> None:
+        rank = self.current_rank
+        if rank is not None:
+            self.post_message(RankTable.Selected(rank))
+
+    def action_cycle_metric(self) -> None:
+        self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
+
+    def render(self) -> Text:
+        width, height = max(1, self.size.width), max(2, self.size.height)
+        n = len(self._shown)
+        cell = 2 if n * 2 <= width * (height - 2) else 1
+        self._per_line = max(1, width // cell)
+        metric, cursor = self.metric, self.cursor  # reactive reads cost: once per frame
+        values = [_value(r, metric) for r in self._shown]
+        top = max((v for v in values if v is not None), default=0.0)
+        text = Text(no_wrap=True, overflow="crop")
+        current = self._shown[self.cursor] if self._shown else None
+        value = _value(current, self.metric) if current else None
+        shown = (
+            f"{value:.2f}x"
+            if self.metric == "slowness" and value is not None
+            else units.percent(value)
+            if self.metric == "exposed"
+            else units.seconds(value)
+            if self.metric == "step"
+            else units.size(value)
+        )
+        text.append(f"{n} ranks by {self.metric} (s: metric, enter: drill in)", style="bold")
+        text.append(f"   r{current.rank if current else 'NA'}: {shown}\n")
+        # Runs of equal color become one span: at 1024 ranks that is tens of spans, not 1024
+        # (the cost of a frame is in styling spans, not in counting cells).
+        run_style, run = "", ""
+        for i in range(len(self._shown)):
+            newline = i > 0 and i % self._per_line == 0
+            style = level(metric, values[i], top)
+            if i == cursor:
+                style, glyph = f"{style} reverse", "▣" * cell
+            else:
+                glyph = "█" * cell
+            if newline or style != run_style:
+                text.append(run, style=run_style)
+                run_style, run = style, ""
+                if newline:
+                    text.append("\n")
+            run += glyph
+        text.append(run, style=run_style)
+        return text

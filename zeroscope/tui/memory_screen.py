@@ -1,0 +1,96 @@
+"""Memory: what the ZeRO formulas predict for this config against what each rank holds, part by
+part. The prediction is zeroscope.formulas, the same module ``zeroscope estimate`` prints."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Footer
+
+from zeroscope.formulas import ModelStateBytes, model_state_bytes
+from zeroscope.state import ClusterState, units
+
+from .base import StateScreen
+from .charts import PART_STYLES
+from .header import ClusterHeader
+from .pane import Pane
+
+
+def predicted(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
+    """The formula's bytes per rank for the job's config, and the line that says which."""
+    c, p = state.config, state.params
+    if c is None or p is None:
+        return None, "prediction NA: no config or parameter count reported yet"
+    try:
+        m = model_state_bytes(
+            p.total, c.dp_world_size, c.stage, c.precision, c.offload_optimizer, c.offload_param
+        )
+    except ValueError as exc:
+        return None, f"prediction NA: {exc}"
+    return m, (
+        f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters, N={c.dp_world_size}, "
+        f"offload optimizer {c.offload_optimizer}, param {c.offload_param}"
+    )
+
+
+def _cell(measured: float | None, expected: float | None) -> Text:
+    """'measured/predicted' with the deviation colored when over 10 %."""
+    text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
+    if measured is not None and expected:
+        dev = measured / expected - 1
+        text.append(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
+    elif measured is not None and expected == 0:
+        text.append(" new" if measured else "  ok", style="red" if measured else "green")
+    else:
+        text.append("  NA")
+    return text
+
+
+class MemoryScreen(StateScreen):
+    def __init__(self) -> None:
+        super().__init__(name="memory")
+
+    def compose(self) -> ComposeResult:
+        yield ClusterHeader()
+        with VerticalScroll():
+            yield Pane("model states per rank: measured / predicted", self._table, id="table")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(Pane).focus()
+        self.refresh_view()
+
+    def refresh_view(self) -> None:
+        self.query_one(ClusterHeader).show(self.state, self.zapp.status_text())
+        self.query_one(Pane).refresh(layout=True)
+
+    def _table(self, width: int) -> Text:
+        m, why = predicted(self.state)
+        text = Text(why + "\n", style="dim")
+        head = Text(f"{'rank':<5}")
+        for part in ("P", "G", "O"):
+            head.append(f"{part + ' device':^17}", style=PART_STYLES[part])
+        head.append(f"{'host (offload)':^17}")
+        if width >= 84:
+            head.append(f"{'A':>8}", style=PART_STYLES["A"])
+        head.stylize("bold")
+        text.append_text(head)
+        for r, rs in sorted(self.state.ranks.items()):
+            s = rs.summary
+            row = Text(f"\nr{r:<4}")
+            parts = [
+                (s.params if s else None, m.params if m else None),
+                (s.grads if s else None, m.grads if m else None),
+                (s.optim if s else None, m.optim if m else None),
+                (s.host_bytes if s else None, m.host_total if m else None),
+            ]
+            for measured, expected in parts:
+                row.append_text(_cell(measured, expected))
+            if width >= 84:
+                row.append(f"{units.size(s.activations if s else None):>8}")
+            text.append_text(row)
+        if not self.state.ranks:
+            text.append("\nwaiting for ranks…", style="dim")
+        text.append("\nA (activations) has no closed formula: it is measured only.", style="dim")
+        return text

@@ -1,0 +1,180 @@
+"""Rank detail: memory by part over time, the last step's phases and collectives as a timeline,
+collectives by op (count, bytes, time, bus bandwidth, exposed), offload bandwidth over time."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Static
+
+from zeroscope.state import RankState, units
+
+from .base import StateScreen
+from .charts import PART_STYLES, sparkline, timeline
+from .header import ClusterHeader
+from .pane import Pane
+
+LANES = (
+    ("all_gather", "cyan"),
+    ("reduce_scatter", "green"),
+    ("all_reduce", "yellow"),
+    ("broadcast", "white"),
+    ("reduce", "white"),
+    ("p2p", "white"),
+)
+PHASES = (
+    ("data", "D", "grey50"),
+    ("forward", "F", "blue"),
+    ("backward", "B", "magenta"),
+    ("optimizer", "O", "yellow"),
+)
+
+
+class RankScreen(StateScreen):
+    DEFAULT_CSS = """
+    RankScreen #title { height: auto; padding: 0 1; background: $boost; }
+    """
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(name=f"rank{rank}")
+        self.rank = rank
+
+    def compose(self) -> ComposeResult:
+        yield ClusterHeader()
+        yield Static(id="title")
+        with VerticalScroll():
+            yield Pane("memory by part over time", self._memory, id="memory")
+            yield Pane("last step: phases and collectives", self._timeline, id="timeline")
+            yield Pane("collectives by op (last step)", self._ops, id="ops")
+            yield Pane("offload bandwidth over time", self._offload, id="offload")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#memory", Pane).focus()
+        self.refresh_view()
+
+    @property
+    def rs(self) -> RankState | None:
+        return self.state.ranks.get(self.rank)
+
+    def refresh_view(self) -> None:
+        self.query_one(ClusterHeader).show(self.state, self.zapp.status_text())
+        self.query_one("#title", Static).update(self._title())
+        for pane in self.query(Pane):
+            pane.refresh(layout=True)
+
+    def _title(self) -> Text:
+        rs = self.rs
+        text = Text()
+        text.append(f"rank {self.rank}", style="bold")
+        if rs is None:
+            return text.append("  (no data yet)")
+        if rs.hello:
+            text.append(f" · {rs.hello.hostname or 'NA'} pid {rs.hello.pid} · {rs.hello.device}")
+        s = rs.summary
+        if s is not None:
+            slow = self.state.slowness(self.rank)
+            text.append(f" · step {s.step} took {units.seconds(s.duration_s)}")
+            text.append(f" ({'NA' if slow is None else f'{slow:.2f}x'} median)")
+            text.append(
+                f" · loss {units.number(s.loss, '.4f')} · scale {units.scale(s.loss_scale)}"
+            )
+        if rs.bye:
+            text.append(
+                f" · exited {rs.bye.exit_code}", style="bold red" if rs.bye.exit_code else ""
+            )
+        return text
+
+    # -- panes -------------------------------------------------------------------------------
+    def _memory(self, width: int) -> Text:
+        rs = self.rs
+        if rs is None or not rs.history:
+            return Text("NA")
+        hist = list(rs.history)
+        spark = max(8, width - 22)
+        series: list[tuple[str, list[int | None]]] = [
+            ("P", [h.params for h in hist]),
+            ("G", [h.grads for h in hist]),
+            ("O", [h.optim for h in hist]),
+            ("A", [h.activations for h in hist]),
+            ("host", [h.host_bytes for h in hist]),
+        ]
+        text = Text()
+        for i, (name, values) in enumerate(series):
+            if i:
+                text.append("\n")
+            style = PART_STYLES.get(name, "white")
+            text.append(f"{name:<5}", style=style)
+            text.append(f"{units.size(values[-1]):>8}  ")
+            text.append_text(sparkline(values, spark, lo=0, style=style))
+        return text
+
+    def _timeline(self, width: int) -> Text:
+        rs = self.rs
+        report = rs.latest if rs else None
+        if report is None:
+            return Text("NA")
+        lane = max(10, width - 16)
+        total = report.duration_s
+        text = Text(f"{'phases':<15} ")
+        t = 0.0
+        cells = 0
+        for name, letter, style in PHASES:
+            value = getattr(report.phases, name)
+            if value is None:
+                continue
+            t += value
+            end = min(lane, round(t / total * lane)) if total > 0 else 0
+            text.append(letter * (end - cells), style=f"bold {style} reverse")
+            cells = end
+        text.append(" " * (lane - cells))
+        for op, style in LANES:
+            spans = [
+                (c.start_s, c.duration_s, c.exposed_s) for c in report.collectives if c.op == op
+            ]
+            if spans:
+                text.append(f"\n{op:<15} ", style=style)
+                text.append_text(timeline(spans, total, lane, style))
+        for direction in ("d2h", "h2d", "nvme_read", "nvme_write"):
+            spans = [
+                (x.start_s, x.duration_s, 0.0) for x in report.transfers if x.direction == direction
+            ]
+            if spans:
+                text.append(f"\n{direction:<15} ", style="white")
+                text.append_text(timeline(spans, total, lane, "white"))
+        text.append(f"\n{'':<15} 0{'':{max(0, lane - 8)}}{units.seconds(total):>7}", style="dim")
+        text.append("\n█ exposed (the loop waited)  ▬ hidden behind compute", style="dim")
+        return text
+
+    def _ops(self, width: int) -> Text:
+        rs = self.rs
+        s = rs.summary if rs else None
+        text = Text(
+            f"{'op':<15}{'count':>6}{'bytes':>9}{'time':>8}{'busbw':>11}{'exposed':>9}",
+            style="bold",
+        )
+        if s is None or not s.ops:
+            return text.append("\nno collectives reported", style="dim")
+        for op, t in sorted(s.ops.items()):
+            text.append(
+                f"\n{op:<15}{t.count:>6}{units.size(t.nbytes):>9}{units.seconds(t.seconds):>8}"
+                f"{units.rate(t.busbw):>11}{units.seconds(t.exposed_s):>9}"
+            )
+        share = s.exposed_share
+        text.append(
+            f"\nexposed {units.seconds(s.exposed_s)} = {units.percent(share)} of the step",
+            style="bold red" if share and share > 0.3 else "dim",
+        )
+        return text
+
+    def _offload(self, width: int) -> Text:
+        rs = self.rs
+        if rs is None or not rs.history:
+            return Text("NA")
+        values = [h.offload_bw for h in rs.history]
+        if all(v is None for v in values):
+            return Text("NA (no offload transfers reported)", style="dim")
+        text = Text(f"{units.rate(values[-1]):>10}  ")
+        text.append_text(sparkline(values, max(8, width - 12), lo=0, style="cyan"))
+        return text

@@ -1,0 +1,185 @@
+"""The sortable rank table: a stacked P/G/O/A bar, step time, slowness vs the median, exposed
+comm, offload bandwidth, loss scale. Draws only the rows that fit (1024 ranks stay cheap)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from zeroscope.state import units
+
+from .charts import stacked_bar
+from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
+
+
+class RankTable(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    RankTable { height: 1fr; min-height: 3; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1)", "up", show=False),
+        Binding("down,j", "move(1)", "down", show=False),
+        Binding("pageup", "move(-10)", show=False),
+        Binding("pagedown", "move(10)", show=False),
+        Binding("home", "move(-1000000)", show=False),
+        Binding("end", "move(1000000)", show=False),
+        Binding("enter", "select", "drill in"),
+        Binding("s", "cycle_sort", "sort"),
+    ]
+
+    sort_key: reactive[str] = reactive("rank")
+    descending: reactive[bool] = reactive(False)
+    filter_text: reactive[str] = reactive("")
+    cursor: reactive[int] = reactive(0)
+
+    class Selected(Message):
+        """The user drilled into a rank."""
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.rank = rank
+
+    class Resized(Message):
+        """The table's (or heatmap's) slot changed size: the screen re-decides which fits."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._rows: list[RankRow] = []
+        self._shown: list[RankRow] = []
+        self._offset = 0
+
+    # -- data ----------------------------------------------------------------------------
+    def set_rows(self, rows: list[RankRow]) -> None:
+        current = self.current_rank
+        self._rows = rows
+        self._reorder(keep=current)
+
+    def _reorder(self, keep: int | None = None) -> None:
+        shown = filtered(self._rows, self.filter_text)
+        self._shown = sort_rows(shown, self.sort_key, self.descending)
+        if keep is not None:
+            for i, row in enumerate(self._shown):
+                if row.rank == keep:
+                    self.set_reactive(RankTable.cursor, i)
+                    break
+        self.set_reactive(RankTable.cursor, max(0, min(self.cursor, len(self._shown) - 1)))
+        self.refresh()
+
+    @property
+    def current_rank(self) -> int | None:
+        if 0 <= self.cursor < len(self._shown):
+            return self._shown[self.cursor].rank
+        return None
+
+    @property
+    def shown_ranks(self) -> list[int]:
+        return [r.rank for r in self._shown]
+
+    def watch_sort_key(self) -> None:
+        self._reorder(keep=self.current_rank)
+
+    def watch_descending(self) -> None:
+        self._reorder(keep=self.current_rank)
+
+    def watch_filter_text(self) -> None:
+        self.cursor = 0
+        self._reorder()
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+
+    # -- actions -------------------------------------------------------------------------
+    def action_move(self, delta: int) -> None:
+        if self._shown:
+            self.cursor = max(0, min(len(self._shown) - 1, self.cursor + delta))
+
+    def action_select(self) -> None:
+        rank = self.current_rank
+        if rank is not None:
+            self.post_message(self.Selected(rank))
+
+    def action_cycle_sort(self) -> None:
+        i = (SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)
+        self.sort_key = SORT_KEYS[i]
+        self.descending = self.sort_key != "rank"  # biggest / slowest first
+
+    # -- drawing -------------------------------------------------------------------------
+    def _layout(self, width: int) -> tuple[int, bool]:
+        fixed = 6 + 7 + 7 + 6 + 5 + 9 + 7 + 7
+        host = width >= 120
+        bar = max(8, min(48, width - fixed - (10 if host else 0) - 2))
+        return bar, host
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        bar, host = self._layout(width)
+        arrow = "▼" if self.descending else "▲"
+
+        def head(name: str, key: str, w: int, left: bool = False) -> str:
+            label = name + (arrow if self.sort_key == key else "")
+            return label.ljust(w) if left else label.rjust(w)
+
+        text = Text(no_wrap=True, overflow="crop")
+        text.append(
+            head("rank", "rank", 6, True)
+            + (" host     " if host else "")
+            + head(" memory P/G/O/A", "memory", bar + 1, True)
+            + head("total", "memory", 7)
+            + head("step", "step", 7)
+            + head("slow", "slowness", 6)
+            + head("expo", "exposed", 5)
+            + head("offload", "offload", 9)
+            + head("scale", "-", 7)
+            + "  flag",
+            style="bold",
+        )
+        rows_fit = max(1, height - 1)
+        if self.cursor < self._offset:
+            self._offset = self.cursor
+        elif self.cursor >= self._offset + rows_fit:
+            self._offset = self.cursor - rows_fit + 1
+        self._offset = max(0, min(self._offset, max(0, len(self._shown) - rows_fit)))
+        scale = max((r.total or 0 for r in self._rows), default=0)
+        cursor = self.cursor
+        for i in range(self._offset, min(len(self._shown), self._offset + rows_fit)):
+            row = self._shown[i]
+            text.append("\n")
+            line = Text(no_wrap=True)
+            line.append(f"r{row.rank:<5}")
+            if host:
+                line.append(f"{row.host[:9]:<10}")
+            line.append(" ")
+            parts = [("P", row.params), ("G", row.grads), ("O", row.optim), ("A", row.activations)]
+            line.append_text(
+                stacked_bar(parts, scale, bar) if row.total is not None else Text("NA".ljust(bar))
+            )
+            slow = row.slowness
+            slow_style = (
+                "bold red" if slow and slow > 1.2 else ("yellow" if slow and slow > 1.05 else "")
+            )
+            line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
+            line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
+            line.append(f"{units.percent(row.exposed):>5}{_gbs(row.offload_bw):>9}")
+            line.append(f"{units.scale(row.loss_scale):>7}")
+            line.append(f"  {row.flag}", style="bold red" if row.flag else "")
+            if i == cursor:
+                line.stylize("reverse" if self.has_focus else "underline")
+            text.append_text(line)
+        if not self._shown:
+            text.append(
+                "\n" + ("no rank matches the filter" if self._rows else "waiting for ranks…"),
+                style="dim",
+            )
+        return text
+
+
+def _gbs(value: float | None) -> str:
+    return "NA" if value is None else f"{value / 1e9:.2f}G/s"
