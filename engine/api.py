@@ -94,9 +94,13 @@ def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) 
         d = client.defaults
         decoupled = isinstance(client, torch.optim.AdamW) or bool(d.get("decoupled_weight_decay"))
         defaults = {k: d[k] for k in ("lr", "betas", "eps", "weight_decay")}
-        return ZeroOptimizer(
+        zero_opt = ZeroOptimizer(
             groups, defaults=defaults, name=type(client).__name__, decoupled=decoupled
         )
+        # A scheduler the user built on the client optimizer keeps working: both now share
+        # one list of param groups, so its lr writes reach the engine.
+        client.param_groups = zero_opt.param_groups
+        return zero_opt
     if cfg.optimizer is None:
         raise ConfigError("no optimizer: add an 'optimizer' block to ds_config or pass optimizer=")
     p = cfg.optimizer.params

@@ -18,6 +18,7 @@ Unlike DeepSpeed 0.19 at stage 0 with bf16/fp16, no optimizer step is taken at s
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -136,6 +137,20 @@ class ZeroEngine:
         if close is not None:
             close()
 
+    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+        """DeepSpeed's ``save_16bit_model``: the full 16-bit weights in one safetensors file,
+        written by rank 0; every rank must call it. At stage 3 it needs
+        ``stage3_gather_16bit_weights_on_model_save`` (else it logs why and returns False)."""
+        save = getattr(self.strategy, "save_16bit_model", None)
+        if save is not None:
+            return bool(save(save_dir, save_filename))
+        if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
+            from .zero.stage3.save import write_safetensors
+
+            os.makedirs(save_dir, exist_ok=True)
+            write_safetensors(os.path.join(save_dir, save_filename), self.module.state_dict())
+        return True
+
     # -- the loop ------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,6 +225,11 @@ class ZeroEngine:
         self.reporter.scale_change(scale, self.scaler.loss_scale)
         lr = self.get_lr()[0]
         if self.lr_scheduler is not None:
+            # torch's schedulers warn unless they saw their optimizer's step() run; the engine
+            # applied the update itself just now, so tell them it happened.
+            scheduled = getattr(self.lr_scheduler, "optimizer", None)
+            if scheduled is not None:
+                scheduled._opt_called = True
             self.lr_scheduler.step()
         self._grad_norm = norm
         self._finish_step(memory=memory, lr=lr, grad_norm=norm, scale=scale, overflow=False)

@@ -36,10 +36,12 @@ class RecordingTelemetry(Telemetry):
         self.events: list[tuple[str, str, float | None]] = []
         self.steps: list[StepRecord] = []
         self.pending: list[CollectiveRecord] = []
-        self.waits = 0
+        self.init_collectives: list[CollectiveRecord] = []
 
     def hello(self, *, config: Any, params: Any, device: str = "cpu") -> None:
         self.hellos.append({"config": config, "params": params, "device": device})
+        # collectives issued while the engine was being built (e.g. the initial broadcast)
+        self.init_collectives, self.pending = self.pending, []
 
     def collective(
         self,

@@ -16,6 +16,7 @@ refreshed by one all-gather after each optimizer step (DeepSpeed stage3.py ``_po
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ class CommLike(Protocol):
     group: Any
     rank: int
     world_size: int
+
+    def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable: ...
 
 
 class Done:
@@ -157,16 +160,21 @@ class Partition:
         self._partition_initial_values()
 
     def _partition_initial_values(self) -> None:
-        """Broadcast rank 0's initial values (ranks may have built different random inits),
-        keep this rank's slice, and free the full tensors of non-persistent parameters."""
+        """Broadcast rank 0's initial values (ranks may have built different random inits; one
+        flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
+        parameter, and free the full tensors of the non-persistent ones."""
+        if not self.params:
+            return
+        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
+        if self.world_size > 1:
+            self.comm.broadcast(flat, src=0, label="stage3 init").wait()
+        start = 0
         for sp in self.params:
-            full = sp.param.detach().to(self.dtype).reshape(-1).clone()
-            if self.world_size > 1:
-                src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-                dist.broadcast(full, src=src, group=self.group)
+            full = flat[start : start + sp.numel]
+            start += sp.numel
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
             if sp.persistent:
-                sp.param.data = full.view(sp.shape)
+                sp.param.data = full.clone().view(sp.shape)
                 sp.status = ParamStatus.AVAILABLE
             else:
                 sp.param.data = torch.empty(0, dtype=self.dtype)
@@ -187,8 +195,10 @@ class Partition:
     def all_gather(self, params: Sequence[ShardedParam], *, prefetched: bool) -> Gather:
         """Issue one all-gather for ``params`` (DeepSpeed's all_gather_coalesced); returns at
         once. nbytes is the full gathered (padded) size, the nccl-tests convention."""
-        if len(params) == 1:
-            inp = self.shard_of(params[0])
+        adjacent = all(b.offset == a.offset + a.shard_numel for a, b in itertools.pairwise(params))
+        if adjacent:  # one view of the flat shard buffer, no copy (the common case)
+            end = params[-1].offset + params[-1].shard_numel
+            inp = self.shards[params[0].offset : end]
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
         out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)
