@@ -9,9 +9,10 @@ All contenders: fp32, AdamW(lr 1e-3, weight_decay 0.01), clip 1.0, micro-batch 8
 - ``ddp``: DistributedDataParallel(gradient_as_bucket_view=True) + torch.optim.AdamW.
 - ``ddp+zero_redundancy``: DDP + torch's ZeroRedundancyOptimizer(AdamW) (optimizer state
   sharded, parameters broadcast after the step).
-- ``stage0`` / ``stage1`` / ``stage2`` / ``stage2+overlap``: zeroscope's engine, DeepSpeed's
-  default buckets (one bucket for this model) except the overlap variant, which uses
-  reduce_bucket_size = 1/8 of the model so reductions really overlap backward.
+- ``stage0`` / ``stage1`` / ``stage2``: zeroscope's engine with DeepSpeed's defaults
+  (overlap_comm off, one 5e8-element bucket, i.e. the whole model here);
+  ``stage0+overlap`` / ``stage2+overlap``: overlap_comm on with reduce_bucket_size = 1/8 of the
+  model, so bucket reductions run during backward (DDP's way).
 
 Memory on CPU has no allocator statistics, so two figures per contender: model-state bytes
 (P + G + O counted from its tensors: parameters, gradients, optimizer state; the engine's
@@ -31,7 +32,15 @@ import time
 from typing import Any
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-CONTENDERS = ["ddp", "ddp+zero_redundancy", "stage0", "stage1", "stage2", "stage2+overlap"]
+CONTENDERS = [
+    "ddp",
+    "ddp+zero_redundancy",
+    "stage0",
+    "stage0+overlap",
+    "stage1",
+    "stage2",
+    "stage2+overlap",
+]
 
 
 def _kib(field: str) -> int:
@@ -174,6 +183,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
         "ddp": TorchContender(args, zero_redundancy=False),
         "ddp+zero_redundancy": TorchContender(args, zero_redundancy=True),
         "stage0": EngineContender(args, 0, False),
+        "stage0+overlap": EngineContender(args, 0, True),
         "stage1": EngineContender(args, 1, False),
         "stage2": EngineContender(args, 2, False),
         "stage2+overlap": EngineContender(args, 2, True),

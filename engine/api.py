@@ -175,6 +175,7 @@ def initialize(
         cfg=cfg,
         dp_world_size=comm.world_size,
         optimizer=zero_opt.name,
+        total=sum(p.numel() for p in model.parameters()),
         psi=psi,
         padded=padded,
         largest=largest_layer(model),

@@ -20,6 +20,7 @@ torch.optim.AdamW (or Adam) and torch.nn.utils.clip_grad_norm_:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,7 @@ def train_cases(rank: int, world: int, cases: list[Case]) -> list[dict[str, Any]
                 "padded_total": rec.hellos[0]["params"].padded_total,
                 "init": [(c.op, c.nbytes, c.label, c.group_size) for c in rec.init_collectives],
                 "events": [kind for kind, _, _ in rec.events],
+                "scale_changes": [v for kind, _, v in rec.events if kind == "scale_change"],
                 "kept": kept,
                 "error": error,
                 # numpy, not tensors: torch shares tensors between processes through file
@@ -359,13 +361,13 @@ def test_fp16_overflow_skips_follow_deepspeeds_scaler(case: Case, mixed_runs: di
         want = [(f, float(case.fp16["loss_scale"])) for f in flags]
         stop = None
     else:
-        want, stop = reference_scale_trace(
-            flags,
-            init=2.0 ** case.fp16.get("initial_scale_power", 16),
-            window=case.fp16.get("loss_scale_window", 1000),
-            hysteresis=case.fp16.get("hysteresis", 2),
-            consecutive=case.fp16.get("consecutive_hysteresis", False),
-        )
+        ref_args = {
+            "init": 2.0 ** case.fp16.get("initial_scale_power", 16),
+            "window": case.fp16.get("loss_scale_window", 1000),
+            "hysteresis": case.fp16.get("hysteresis", 2),
+            "consecutive": case.fp16.get("consecutive_hysteresis", False),
+        }
+        want, stop = reference_scale_trace(flags, **ref_args)
     for r in ranks:
         reported = r["scales"]
         if stop is not None:  # the stopping step raises before it reports
@@ -376,6 +378,13 @@ def test_fp16_overflow_skips_follow_deepspeeds_scaler(case: Case, mixed_runs: di
             assert reported == want, case.name
             assert r["error"] is None
         assert r["kept"] and all(r["kept"]), f"{case.name}: a skipped step changed weights"
+        # scales in force at each step, plus the one after the last update
+        if stop is not None or case.fp16.get("loss_scale"):
+            scales = [s for _, s in want]
+        else:
+            scales = [s for _, s in reference_scale_trace([*flags, False], **ref_args)[0]]
+        changes = [b for a, b in itertools.pairwise(scales) if b != a]
+        assert r["scale_changes"] == changes, case.name
         assert r["events"].count("overflow") == sum(s for s, _ in want[: len(reported)]) + (
             stop is not None
         )
