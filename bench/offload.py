@@ -209,7 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     procs = [ctx.Process(target=_rank, args=(r, 2, port, args, out)) for r in range(2)]
     for p in procs:
         p.start()
-    result = out.get(timeout=3600)
+    import queue
+
+    while True:  # never wait forever on a rank that died
+        try:
+            result = out.get(timeout=5)
+            break
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                print(f"a rank exited with code {dead[0]}; see its traceback above")
+                return 1
     for p in procs:
         p.join()
     base = result["time"]["s2"]

@@ -86,6 +86,15 @@ def _offload_ranks(rank: int, world: int, tmp: str) -> dict[str, Any]:
             p.name for p in Path(tmp).glob(f"zeroscope-{os.getpid()}-*/*")
         )
         out[name] = result
+    # Two NVMe engines of one process on one nvme_path, stepped in turn, keep apart.
+    cfg = ds_config(2, offload_optimizer={"device": "nvme", "nvme_path": tmp})
+    first, second = build(cfg), build(cfg, seed=1)
+    for k in range(STEPS):
+        train(first, rank, world, range(k, k + 1))
+        train(second, rank, world, range(k, k + 1))
+    out["two-engines"] = first.losses == out["s2-cpu"]["losses"][1]
+    first.engine.destroy()
+    second.engine.destroy()
     return out
 
 
@@ -128,7 +137,11 @@ def test_copies_are_counted_per_step(offload_results: dict) -> None:
     got = offload_results["s2-cpu"]["bytes"]
     # grads down in fp32, updated fp32 masters up into the parameter shard
     assert got == {"d2h": 4 * shard, "h2d": 4 * shard, "nvme_read": 0, "nvme_write": 0}
-    assert all(r["positive_times"] for r in offload_results.values())
+    assert all(offload_results[n]["positive_times"] for n in ALL)
+
+
+def test_engines_sharing_an_nvme_path_keep_separate_files(offload_results: dict) -> None:
+    assert offload_results["two-engines"]
 
 
 @pytest.mark.parametrize("name", ["s2-nvme", "s3-nvme"])
