@@ -221,3 +221,29 @@ def test_full_disk_mid_write_keeps_the_previous_file(tmp_path: Path) -> None:
     assert torch.equal(back, old)
     swapper.close()
     assert not swapper.dir.exists()
+
+
+_EXITS = """
+import sys
+from tests.offload_support import build, ds_config, train
+run = build(ds_config(2, offload_optimizer={"device": "nvme", "nvme_path": sys.argv[1]}))
+train(run, 0, 1, range(1))
+print(run.engine.strategy.store.swapper.dir, flush=True)
+"""
+
+
+def test_swap_files_are_removed_at_interpreter_exit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXITS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.parent == tmp_path and folder.name.startswith("zeroscope-")
+    assert not folder.exists()
