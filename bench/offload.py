@@ -36,19 +36,25 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 def _modes(nvme: str) -> dict[str, dict[str, Any]]:
     nv = {"device": "nvme", "nvme_path": nvme}
+    units = {"sub_group_size": 100_000}  # ~5 swap units per rank: reads ahead, writes behind
     return {
         "s2": {"stage": 2},
         "s2+opt-cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-        "s2+opt-nvme": {"stage": 2, "offload_optimizer": nv},
+        "s2+opt-nvme": {"stage": 2, "offload_optimizer": nv, **units},
         "s3": {"stage": 3},
         "s3+opt-cpu": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
-        "s3+opt-nvme": {"stage": 3, "offload_optimizer": nv},
+        "s3+opt-nvme": {"stage": 3, "offload_optimizer": nv, **units},
         "s3+opt+param-cpu": {
             "stage": 3,
             "offload_optimizer": {"device": "cpu"},
             "offload_param": {"device": "cpu"},
         },
-        "s3+opt+param-nvme": {"stage": 3, "offload_optimizer": nv, "offload_param": nv},
+        "s3+opt+param-nvme": {
+            "stage": 3,
+            "offload_optimizer": nv,
+            "offload_param": nv,
+            **units,
+        },
     }
 
 
