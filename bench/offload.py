@@ -10,7 +10,9 @@ DeepSpeed runs with DS_ACCELERATOR=cpu on the already-initialized gloo group; it
 compiles CPU Adam (minutes), then the build is cached. If it cannot run, the reason is printed
 in the table instead of a time.
 
-Beside the time: the engine's own bytes (device O and host O per rank, from MemoryBytes) and
+Times: wall-clock per step (what a user waits for) and rank 0's process CPU time per step (all
+its threads; steadier than wall time on a shared, loaded machine). Beside the time: the engine's
+own bytes (device O and host O per rank, from MemoryBytes) and
 the offload bandwidth from its transfer reports (bytes / summed transfer time, per direction).
 On a CPU-only machine "device" and "host" are both RAM: the copies are real and measured, but
 their GB/s is memcpy bandwidth, not PCIe (docs/offload.md).
@@ -167,22 +169,25 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
     g = torch.Generator().manual_seed(1 + rank)
     data = torch.randint(0, args.vocab, (args.steps, args.batch, args.seq + 1), generator=g)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     losses: dict[str, float] = {}
     for rnd in range(args.rounds + 1):  # round 0 warms up and is dropped
         order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in order:
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for s in range(args.steps):
                 losses[name] = contenders[name].step(data[s, :, :-1], data[s, :, 1:])
             dist.barrier()
             if rnd:
                 times[name].append((time.perf_counter() - t0) / args.steps)
+                cpu[name].append((time.process_time() - c0) / args.steps)
     if rank == 0:
         out.put(
             {
                 "psi": sum(p.numel() for p in build_model(args).parameters()),
                 "time": {n: statistics.median(v) for n, v in times.items()},
+                "cpu": {n: statistics.median(v) for n, v in cpu.items()},
                 "figures": {n: c.figures() for n, c in contenders.items()},
                 "loss": losses,
                 "failed": failed,
@@ -234,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} rounds x {args.steps} steps, medians\n"
     )
     print(
-        "| contender | step ms | vs s2 | device O KiB | host O KiB | NVMe KiB | GB/s by direction |"
+        "| contender | step ms | vs s2 | CPU ms | vs s2 | device O KiB | host O KiB | NVMe KiB "
+        "| GB/s by direction |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    cpu_base = result["cpu"]["s2"]
     for name, seconds in result["time"].items():
         f = result["figures"][name]
 
@@ -245,11 +252,12 @@ def main(argv: list[str] | None = None) -> int:
 
         bw = ", ".join(f"{d} {v:.2f}" for d, v in sorted(f.get("gbps", {}).items())) or "-"
         print(
-            f"| {name} | {seconds * 1e3:.1f} | {seconds / base:.2f} | {kib('optim')} | "
+            f"| {name} | {seconds * 1e3:.1f} | {seconds / base:.2f} | "
+            f"{result['cpu'][name] * 1e3:.1f} | {result['cpu'][name] / cpu_base:.2f} | {kib('optim')} | "
             f"{kib('host_optim')} | {kib('nvme')} | {bw} |"
         )
     for name, why in result["failed"].items():
-        print(f"| {name} | failed: {why} | | | | | |")
+        print(f"| {name} | failed: {why} | | | | | | | |")
     print("\nlast losses:", {n: round(v, 4) for n, v in result["loss"].items()})
     return 0
 
