@@ -7,7 +7,8 @@ shards back to back. Between uses the module's parameter is an empty placeholder
 ``ds_tensor`` / ``ds_status``: the Parameter object (and so the optimizer's and autograd's
 references to it) survives while its storage comes and goes.
 
-Small parameters (``numel <= stage3_param_persistence_threshold``) are *persistent*: they keep
+Small parameters (``numel <= stage3_param_persistence_threshold``, while their total stays
+within ``stage3_model_persistence_threshold``) are *persistent*: they keep
 their full tensor at all times (no gather in forward or backward), but their gradient and
 optimizer state are still sharded like every other parameter's, and the full tensor is
 refreshed by one all-gather after each optimizer step (DeepSpeed stage3.py ``_post_step``).
@@ -129,6 +130,7 @@ class Partition:
         dtype: torch.dtype,
         persistence_threshold: int,
         comm: CommLike,
+        model_persistence_threshold: int = 2**63 - 1,
     ) -> None:
         self.comm = comm
         self.group = comm.group
@@ -138,7 +140,7 @@ class Partition:
         self.telemetry = comm.tel
         self.params: list[ShardedParam] = []
         self.by_param: dict[nn.Parameter, ShardedParam] = {}
-        offset = 0
+        offset = persistent_total = 0
         # A tied parameter comes once (named_parameters() dedupes): it is partitioned once.
         for index, (name, param) in enumerate(named_params):
             s = padded_shard_numel(param.numel(), self.world_size)
@@ -151,10 +153,12 @@ class Partition:
                 shard_numel=s,
                 offset=offset,
                 world_size=self.world_size,
-                persistent=param.numel() <= persistence_threshold,
+                persistent=param.numel() <= persistence_threshold
+                and persistent_total + param.numel() <= model_persistence_threshold,
             )
             self.params.append(sp)
             self.by_param[param] = sp
+            persistent_total += param.numel() if sp.persistent else 0
             offset += s
         self.shards = torch.zeros(offset, dtype=dtype)
         self._partition_initial_values()

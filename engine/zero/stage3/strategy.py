@@ -66,6 +66,7 @@ class Stage3Strategy:
             named,
             dtype=dtype,
             persistence_threshold=zero.stage3_param_persistence_threshold,
+            model_persistence_threshold=zero.stage3_model_persistence_threshold,
             comm=comm,
         )
         self.coordinator = ParameterCoordinator(
@@ -150,6 +151,11 @@ class Stage3Strategy:
             gathered_params=self.gathered_peak_bytes,
             persistent_params=persistent,
         )
+
+    @property
+    def persistent_numel(self) -> int:
+        """Elements of the parameters never sharded (reported in Hello's ParamCounts)."""
+        return sum(sp.numel for sp in self.partition.params if sp.persistent)
 
     def param_counts(self) -> tuple[int, int]:
         params = self.partition.params
