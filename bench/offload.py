@@ -3,7 +3,7 @@ ZeRO-2 offload_optimizer (its compiled CPU Adam) on the same model, in the same 
 on CPU, contenders alternating round by round (the order rotates), medians, ratios against the
 engine's stage 2 without offload.
 
-    PYTHONPATH=. python bench/offload.py [--rounds 5] [--steps 3] [--dim 128] [--layers 4]
+    PYTHONPATH=. python bench/offload.py [--rounds 7] [--steps 3] [--dim 128] [--layers 4]
     PYTHONPATH=. python bench/offload.py --no-deepspeed      # without the DeepSpeed contenders
 
 DeepSpeed runs with DS_ACCELERATOR=cpu on the already-initialized gloo group; its first use
@@ -201,7 +201,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3, help="steps per contender per round")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
