@@ -117,3 +117,28 @@ def test_16bit_loss_tracks_fp32_adamw(precision: str, loss_scale: float, toleran
     losses = run_ranks(_train_cases, 2, precision, [case])[0][0]
     assert losses == pytest.approx(_reference(case, 2), rel=tolerance)
     assert losses[-1] < 0.5 * losses[0]  # and it trains
+
+
+def test_persistence_thresholds_pick_small_parameters_up_to_the_model_cap() -> None:
+    """One process (N = 1, no process group): which parameters stay whole."""
+    from zeroscope.engine.comm import Comm
+    from zeroscope.engine.zero.stage3.partition import Partition
+
+    model = make_model()
+    named = list(model.named_parameters())
+    small = [n for n, p in named if p.numel() <= 128]
+    part = Partition(
+        named, dtype=torch.float32, persistence_threshold=128, comm=Comm(tel=Recorder())
+    )
+    assert [sp.name for sp in part.params if sp.persistent] == small
+    cap = sum(p.numel() for n, p in make_model().named_parameters() if n in small[:3])
+    model = make_model()
+    part = Partition(
+        list(model.named_parameters()),
+        dtype=torch.float32,
+        persistence_threshold=128,
+        comm=Comm(tel=Recorder()),
+        model_persistence_threshold=cap,
+    )
+    assert [sp.name for sp in part.params if sp.persistent] == small[:3]
+    assert all(p.numel() == 0 for n, p in model.named_parameters() if n not in small)

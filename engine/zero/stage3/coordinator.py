@@ -21,7 +21,9 @@ A port of the policy of DeepSpeed's ``partitioned_param_coordinator.py``
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -74,6 +76,8 @@ class ParameterCoordinator:
         self.peak_live_numel = 0
         """Peak of ``live_numel`` since the last ``reset_peak``."""
         self.invalidations = 0
+        self._uses: dict[ShardedParam, list[int]] = {}
+        self._prefix: list[int] = [0]
 
     # -- what a module needs -----------------------------------------------------------------
 
@@ -135,20 +139,22 @@ class ParameterCoordinator:
     def _params_to_release(self, params: list[ShardedParam]) -> set[ShardedParam]:
         """DeepSpeed's ``__params_to_release``: keep what the prefetcher already scanned past
         (a later use it skipped because the parameter was available) and what the trace uses
-        again within ``max_reuse_distance`` elements."""
-        candidates = {
-            sp
-            for sp in params
-            if not sp.persistent and self.fetched_for.get(sp, _NEVER) <= self.step_id
-        }
-        traversed = 0
-        for module in self.module_order[self.step_id :]:
-            if traversed >= self.max_reuse_distance or not candidates:
-                break
-            for sp in self.params_of(module):
-                candidates.discard(sp)
-                traversed += sp.numel
-        return candidates
+        again within ``max_reuse_distance`` elements. DeepSpeed walks the trace from here on
+        each release; the same rule is read off prefix sums of the trace (O(log n))."""
+        to_release = set()
+        start = self.step_id
+        for sp in params:
+            if sp.persistent or self.fetched_for.get(sp, _NEVER) > start:
+                continue
+            uses = self._uses.get(sp, [])
+            i = bisect.bisect_left(uses, start)
+            if (
+                i < len(uses)
+                and self._prefix[uses[i]] - self._prefix[start] < self.max_reuse_distance
+            ):
+                continue  # used again within the reuse distance: keep it gathered
+            to_release.add(sp)
+        return to_release
 
     def release_all(self) -> None:
         """Wait for anything in flight and release every gathered non-persistent parameter
@@ -169,6 +175,16 @@ class ParameterCoordinator:
                 _ParamUse(sp, step_id)
                 for step_id, module in enumerate(self.module_order)
                 for sp in self.params_of(module)
+            ]
+            self._uses = {}
+            for use in self.param_order:
+                self._uses.setdefault(use.sp, []).append(use.step_id)
+            # _prefix[k]: parameter elements of the trace's modules before step k.
+            self._prefix = [
+                0,
+                *itertools.accumulate(
+                    sum(sp.numel for sp in self.params_of(m)) for m in self.module_order
+                ),
             ]
             self.mode = TraceMode.COMPLETE
         elif self.mode is TraceMode.INVALID:

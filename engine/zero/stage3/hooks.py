@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
 from .coordinator import ParameterCoordinator
+from .linear import patch_linears, unpatch_linears
 
 
 class _RunBeforeBackward(torch.autograd.Function):
@@ -87,10 +88,12 @@ class Stage3Hooks:
         for module in root.modules():
             self.handles.append(module.register_forward_pre_hook(self._pre_forward))
             self.handles.append(module.register_forward_hook(self._post_forward))
+        self.linears = patch_linears(root)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        unpatch_linears(self.linears)
 
     def _start_of_forward(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
