@@ -24,6 +24,7 @@ from .comm import init_distributed as _init_distributed
 from .config import ConfigError, DeepSpeedConfig, load_config
 from .engine import ZeroEngine
 from .lr_schedules import WarmupSchedule
+from .offload import make_offload
 from .optim import ZeroOptimizer
 from .precision import DTYPES, make_loss_scaler
 from .report import Reporter, largest_layer
@@ -180,6 +181,7 @@ def initialize(
     strategy = make_strategy(
         module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
     )
+    strategy = make_offload(strategy, config=cfg, comm=comm)
     scheduler: Any = lr_scheduler
     if cfg.scheduler is not None:
         if lr_scheduler is not None:
