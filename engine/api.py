@@ -178,6 +178,8 @@ def initialize(
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
     groups = _param_groups(model, model_parameters, optimizer)
     zero_opt = _optimizer(cfg, groups, optimizer)
+    # Counted before the strategy is built: stage 3 leaves empty placeholders in the module.
+    total, largest = sum(p.numel() for p in model.parameters()), largest_layer(model)
     strategy = make_strategy(
         module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
     )
@@ -198,10 +200,11 @@ def initialize(
         cfg=cfg,
         dp_world_size=comm.world_size,
         optimizer=zero_opt.name,
-        total=sum(p.numel() for p in model.parameters()),
+        total=total,
         psi=psi,
         padded=padded,
-        largest=largest_layer(model),
+        largest=largest,
+        persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
     )
     engine = ZeroEngine(

@@ -8,7 +8,10 @@ A port of the policy of DeepSpeed's ``partitioned_param_coordinator.py``
   from it (data-dependent control flow, an eval forward) the trace is invalidated, that step
   runs without prefetch, and the following step records afresh.
 - ``stage3_prefetch_bucket_size``: when a module fetches, the parameters of the next modules in
-  the trace are gathered ahead, up to this many elements per fetch (0 turns prefetch off).
+  the trace are gathered ahead, keeping up to this many elements prefetched but not yet used
+  (DeepSpeed documents it as "the fixed buffer for prefetching"; its code adds up to a bucket
+  on every fetch, so the window ahead grows until max_live_parameters stops it). 0 turns
+  prefetch off.
 - ``stage3_max_live_parameters``: prefetch never brings the gathered elements above this cap.
   The module that runs now is always gathered, so the bound is the cap plus one module.
   Deviation from DeepSpeed, on purpose: a parameter kept for reuse is released anyway when the
@@ -76,6 +79,9 @@ class ParameterCoordinator:
         self.peak_live_numel = 0
         """Peak of ``live_numel`` since the last ``reset_peak``."""
         self.invalidations = 0
+        self._ahead: set[ShardedParam] = set()
+        self.ahead_numel = 0
+        """Elements prefetched and not yet used by their module: the prefetch window."""
         self._uses: dict[ShardedParam, list[int]] = {}
         self._prefix: list[int] = [0]
 
@@ -110,6 +116,7 @@ class ParameterCoordinator:
             self._invalidate()
         for sp in params:
             sp.active_uses.add(use_id)
+            self._consume_prefetched(sp)
         missing = [sp for sp in params if sp.status is ParamStatus.NOT_AVAILABLE]
         if missing:
             self._gather(missing, prefetched=False)
@@ -212,7 +219,7 @@ class ParameterCoordinator:
         room = self.max_live_parameters - self.live_numel
         batch: list[ShardedParam] = []
         numel = 0
-        while self.queue and numel < self.prefetch_bucket_size:
+        while self.queue and self.ahead_numel + numel < self.prefetch_bucket_size:
             use = self.queue[0]
             sp = use.sp
             wanted = sp.status is ParamStatus.NOT_AVAILABLE and sp not in batch
@@ -225,6 +232,14 @@ class ParameterCoordinator:
                 numel += sp.padded_numel
         if batch:
             self._gather(batch, prefetched=True)
+            for sp in batch:
+                self._ahead.add(sp)
+            self.ahead_numel += numel
+
+    def _consume_prefetched(self, sp: ShardedParam) -> None:
+        if sp in self._ahead:
+            self._ahead.discard(sp)
+            self.ahead_numel -= sp.padded_numel
 
     def _gather(self, params: list[ShardedParam], *, prefetched: bool) -> None:
         gather = self.partition.all_gather(params, prefetched=prefetched)
@@ -241,5 +256,6 @@ class ParameterCoordinator:
                 self.inflight.pop(other, None)
 
     def _release(self, sp: ShardedParam) -> None:
+        self._consume_prefetched(sp)
         self.partition.release(sp)
         self.live_numel -= sp.padded_numel

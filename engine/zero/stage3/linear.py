@@ -37,10 +37,11 @@ class _Zero3Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _forward(self: nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    # ``input``: nn.Linear.forward's own parameter name, so keyword calls keep working.
     if not torch.is_grad_enabled():
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    return _Zero3Linear.apply(x, self.weight, self.bias)
+        return torch.nn.functional.linear(input, self.weight, self.bias)
+    return _Zero3Linear.apply(input, self.weight, self.bias)
 
 
 def patch_linears(root: nn.Module) -> list[nn.Linear]:

@@ -152,6 +152,11 @@ class Stage3Strategy:
             persistent_params=persistent,
         )
 
+    @property
+    def persistent_numel(self) -> int:
+        """Elements of the parameters never sharded (reported in Hello's ParamCounts)."""
+        return sum(sp.numel for sp in self.partition.params if sp.persistent)
+
     def param_counts(self) -> tuple[int, int]:
         params = self.partition.params
         return sum(sp.numel for sp in params), sum(sp.padded_numel for sp in params)
