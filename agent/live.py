@@ -30,6 +30,7 @@ from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler
+from .scalars import DeferredScalar
 from .schema import (
     SCHEMA_VERSION,
     Bye,
@@ -56,43 +57,6 @@ CONNECT_TIMEOUT_S = 2.0
 collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds)."""
 
 _PHASES = ("data", "forward", "backward", "optimizer")
-
-
-class _Scalar:
-    """A loss / grad-norm value: a float now, or a device tensor copied to pinned host memory
-    without blocking, readable once its CUDA event has completed."""
-
-    __slots__ = ("event", "host", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value: float | None = None
-        self.host: torch.Tensor | None = None
-        self.event: Any = None
-        if value is None:
-            return
-        if isinstance(value, torch.Tensor):
-            t = value.detach().reshape(-1)[0]
-            if t.device.type == "cuda":
-                self.host = torch.empty((), dtype=t.dtype, pin_memory=True)
-                self.host.copy_(t, non_blocking=True)
-                self.event = torch.cuda.Event()
-                self.event.record()
-            else:
-                self.value = float(t.item())
-        else:
-            self.value = float(value)
-
-    def ready(self, block: bool = False) -> bool:
-        if self.event is None:
-            return True
-        if block:
-            self.event.synchronize()  # only at close, when the loop is over
-        if self.event.query():
-            assert self.host is not None
-            self.value = float(self.host.item())
-            self.event = self.host = None
-            return True
-        return False
 
 
 class LiveTelemetry(Telemetry):
@@ -131,7 +95,7 @@ class LiveTelemetry(Telemetry):
         self._activations = ActivationCounter()
         self._collectives = CollectiveTracker(cuda=False)
         self._transfers: list[Transfer] = []
-        self._waiting: deque[tuple[StepReport, _Scalar, _Scalar]] = deque()
+        self._waiting: deque[tuple[StepReport, DeferredScalar, DeferredScalar]] = deque()
         self._host: HostSample | None = None
         self.sampler = Sampler(
             self._on_sample, interval=sample_interval, poll=publisher.poll_connection
@@ -308,7 +272,7 @@ class LiveTelemetry(Telemetry):
             samples=int(samples),
             host=self._host,
         )
-        self._waiting.append((report, _Scalar(loss), _Scalar(grad_norm)))
+        self._waiting.append((report, DeferredScalar(loss), DeferredScalar(grad_norm)))
         self._flush_reports(block=False)
         self.step += 1
         self._step_start_ns = self._last_step_end_ns = now

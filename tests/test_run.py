@@ -186,3 +186,23 @@ def test_the_jobs_failure_is_zeroscopes_exit_code(tmp_path: Path) -> None:
     assert (tmp_path / "t.zstrace").is_file()
     steps = [line for line in run.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["1", "2"]  # the third step never ended
+
+
+def test_a_failed_jobs_log_is_summarized_by_its_exception(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroscope.commands.run import _print_log_tail
+
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank0]: Traceback (most recent call last):\n[rank0]:     raise ConfigError(\n"
+        "[rank0]: pkg.ConfigError: stage 9 is not a stage\n"
+        "[rank1]: pkg.ConfigError: stage 9 is not a stage\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    )
+    _print_log_tail(str(log))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"the ranks failed with (full output in {log}):",
+        "pkg.ConfigError: stage 9 is not a stage",
+    ]

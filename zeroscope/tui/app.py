@@ -152,7 +152,9 @@ class ZeroscopeApp(App[str]):
             mode = "⏸ paused" if r.paused else "▶ playing"
             return f"REPLAY {mode} {r.speed:g}x  step {r.position}/{r.last}"
         if self.job is not None and self.job.returncode is not None:
-            return f"job exited ({self.job.returncode})"
+            log = getattr(self.job, "log", None)
+            code = self.job.returncode
+            return f"job exited ({code})" + (f", output in {log}" if code and log else "")
         return "LIVE" if self.live_clock else ""
 
     def open_rank(self, rank: int) -> None:
