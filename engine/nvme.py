@@ -23,6 +23,7 @@ from the training thread (:meth:`NvmeSwapper.report`).
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import queue
 import shutil
@@ -36,6 +37,8 @@ from pathlib import Path
 import torch
 
 from zeroscope.agent.api import Telemetry
+
+_SEQUENCE = itertools.count()
 
 Timing = tuple[str, int, int, int, str]
 """(direction, nbytes, start_ns, end_ns, label) of one finished file transfer."""
@@ -58,12 +61,11 @@ def _remove_tree(path: Path) -> None:
 class NvmeSwapper:
     """One folder of swap files under ``nvme_path`` for one rank and one purpose."""
 
-    def __init__(
-        self, nvme_path: str, *, rank: int, purpose: str, tel: Telemetry, key: str = ""
-    ) -> None:
+    def __init__(self, nvme_path: str, *, rank: int, purpose: str, tel: Telemetry) -> None:
         self.root = Path(nvme_path)
         self.tel = tel
-        self.dir = self.root / f"zeroscope-{os.getpid()}-rank{rank}-{purpose}{key}"
+        # One folder per swapper: several engines in one process may share an nvme_path.
+        self.dir = self.root / f"zeroscope-{os.getpid()}-{next(_SEQUENCE)}-rank{rank}-{purpose}"
         self.sizes: dict[str, int] = {}
         self._timings: list[Timing] = []
         self._lock = threading.Lock()

@@ -2,8 +2,8 @@
 NVMe file, and each shard is brought to the device only for its all-gather (zero-facts §6).
 
 Stage 3's partition (zero/stage3/partition.py) keeps the rank's shards in one flat buffer
-``partition.shards`` and reads a parameter's shard through ``partition.shard_of(sp)`` when it
-gathers. This module swaps that buffer for a host one (cpu) or for an empty tensor backed by a
+``partition.shards`` and reads a parameter's shard through ``partition.shard_of(sp)`` / ``shard_span(start, end)``
+when it gathers. This module swaps that buffer for a host one (cpu) or for an empty tensor backed by a
 file (nvme), and routes ``shard_of`` through :meth:`ParamHome.fetch`, which copies the shard in
 (host -> device, or file -> host -> device) and reports each copy. Prefetching in the stage-3
 coordinator issues gathers early, so with NVMe the file reads run ahead of need too.
@@ -56,6 +56,7 @@ class ParamHome:
             self.swapper.write(_UNIT, part.shards.detach().cpu().contiguous())
             part.shards = torch.empty(0, dtype=self.dtype, device=self.device)
         part.shard_of = self.fetch
+        part.shard_span = self.fetch_span
 
     @property
     def host_bytes(self) -> int:
@@ -77,18 +78,23 @@ class ParamHome:
 
     def fetch(self, sp: Any) -> torch.Tensor:
         """A device copy of parameter ``sp``'s shard, for its all-gather."""
-        n = sp.shard_numel
+        return self.fetch_span(sp.offset, sp.offset + sp.shard_numel, sp.name)
+
+    def fetch_span(self, start: int, end: int, label: str = "") -> torch.Tensor:
+        """A device copy of elements ``[start, end)`` of the rank's flat shards (one read and
+        one copy for a whole bucket of adjacent parameters)."""
+        n = end - start
         if self.host is not None:
-            src = self.host[sp.offset : sp.offset + n]
+            src = self.host[start:end]
         else:
             assert self.swapper is not None
             src = host_empty(n, self.dtype, pin=self.pin)
-            self.swapper.record(self.swapper.read(_UNIT, src, offset=sp.offset * self.element_size))
+            self.swapper.record(self.swapper.read(_UNIT, src, offset=start * self.element_size))
             self.swapper.report()
         out = torch.empty(n, dtype=self.dtype, device=self.device)
-        start = time.perf_counter_ns()
+        t0 = time.perf_counter_ns()
         out.copy_(src)
-        self.tel.transfer("h2d", n * self.element_size, start, time.perf_counter_ns(), sp.name)
+        self.tel.transfer("h2d", n * self.element_size, t0, time.perf_counter_ns(), label)
         return out
 
     # -- NVMe: the optimizer writes the new 16-bit shards through a staging buffer ------------

@@ -142,7 +142,9 @@ class NvmeStore:
         ]
         largest = max((n for _, _, n in self.units), default=0)
         swapper.allocate({self._name(u): 12 * u[2] for u in self.units})
-        self.pool = BufferPool(buffer_count, 3 * largest, dtype=torch.float32, pin=pin)
+        # More buffers than units would only hold copies of the same bytes.
+        count = max(1, min(buffer_count, len(self.units)))
+        self.pool = BufferPool(count, 3 * largest, dtype=torch.float32, pin=pin)
         self.load([_saved(s.master, s.state) for s in shards], report=False)
 
     @staticmethod

@@ -184,3 +184,29 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_loadable(tmp_path: 
     # and it continues exactly like a run that never stopped
     whole = train(build(ds_config(2)), 0, 1, range(3))
     assert train(run, 0, 1, range(2, 3)) == whole[2:]
+
+
+@pytest.mark.parametrize(("stage", "precision"), [(0, "fp32"), (2, "bf16")])
+def test_one_process_round_trip(tmp_path: Path, stage: int, precision: str) -> None:
+    """Stage 0 (every rank saves the whole state) and bf16 (``bf16_`` file names, 16-bit
+    module weights beside fp32 masters) resume exactly and consolidate to fp32."""
+    from zeroscope.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    config = ds_config(stage, precision)
+    whole = train(build(config), 0, 1, range(3))
+    first = build(config)
+    train(first, 0, 1, range(2))
+    first.engine.save_checkpoint(str(tmp_path))
+    prefix = "bf16_" if precision == "bf16" else ""
+    assert (
+        tmp_path / "global_step2" / f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    ).is_file()
+    second = build(config, seed=3)
+    second.engine.load_checkpoint(str(tmp_path))
+    assert train(second, 0, 1, range(2, 3)) == whole[2:]
+    state = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path))
+    assert all(t.dtype == torch.float32 for t in state.values())
+    masters = first.engine.strategy.state_dict()["shards"][0]["master"]
+    flat = torch.cat([state[n].reshape(-1) for n, _ in first.engine.module.named_parameters()])
+    assert torch.equal(flat.sort().values, masters[: flat.numel()].sort().values)
+    TinyGPT().load_state_dict(state)

@@ -86,6 +86,15 @@ def _offload_ranks(rank: int, world: int, tmp: str) -> dict[str, Any]:
             p.name for p in Path(tmp).glob(f"zeroscope-{os.getpid()}-*/*")
         )
         out[name] = result
+    # Two NVMe engines of one process on one nvme_path, stepped in turn, keep apart.
+    cfg = ds_config(2, offload_optimizer={"device": "nvme", "nvme_path": tmp})
+    first, second = build(cfg), build(cfg, seed=1)
+    for k in range(STEPS):
+        train(first, rank, world, range(k, k + 1))
+        train(second, rank, world, range(k, k + 1))
+    out["two-engines"] = first.losses == out["s2-cpu"]["losses"][1]
+    first.engine.destroy()
+    second.engine.destroy()
     return out
 
 
@@ -128,7 +137,11 @@ def test_copies_are_counted_per_step(offload_results: dict) -> None:
     got = offload_results["s2-cpu"]["bytes"]
     # grads down in fp32, updated fp32 masters up into the parameter shard
     assert got == {"d2h": 4 * shard, "h2d": 4 * shard, "nvme_read": 0, "nvme_write": 0}
-    assert all(r["positive_times"] for r in offload_results.values())
+    assert all(offload_results[n]["positive_times"] for n in ALL)
+
+
+def test_engines_sharing_an_nvme_path_keep_separate_files(offload_results: dict) -> None:
+    assert offload_results["two-engines"]
 
 
 @pytest.mark.parametrize("name", ["s2-nvme", "s3-nvme"])
@@ -208,3 +221,29 @@ def test_full_disk_mid_write_keeps_the_previous_file(tmp_path: Path) -> None:
     assert torch.equal(back, old)
     swapper.close()
     assert not swapper.dir.exists()
+
+
+_EXITS = """
+import sys
+from tests.offload_support import build, ds_config, train
+run = build(ds_config(2, offload_optimizer={"device": "nvme", "nvme_path": sys.argv[1]}))
+train(run, 0, 1, range(1))
+print(run.engine.strategy.store.swapper.dir, flush=True)
+"""
+
+
+def test_swap_files_are_removed_at_interpreter_exit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXITS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.parent == tmp_path and folder.name.startswith("zeroscope-")
+    assert not folder.exists()

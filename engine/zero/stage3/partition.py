@@ -191,6 +191,11 @@ class Partition:
             piece = torch.cat([piece, full.new_zeros(sp.shard_numel - piece.numel())])
         return piece
 
+    def shard_span(self, start: int, end: int) -> torch.Tensor:
+        """Elements ``[start, end)`` of the flat shard buffer (offload_param overrides this and
+        ``shard_of`` to bring the shards in from host memory or NVMe: engine/offload_param.py)."""
+        return self.shards[start:end]
+
     def shard_of(self, sp: ShardedParam) -> torch.Tensor:
         return self.shards[sp.offset : sp.offset + sp.shard_numel]
 
@@ -202,7 +207,7 @@ class Partition:
         adjacent = all(b.offset == a.offset + a.shard_numel for a, b in itertools.pairwise(params))
         if adjacent:  # one view of the flat shard buffer, no copy (the common case)
             end = params[-1].offset + params[-1].shard_numel
-            inp = self.shards[params[0].offset : end]
+            inp = self.shard_span(params[0].offset, end)
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
         out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)
