@@ -228,7 +228,7 @@ def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
     if "total_num_steps" not in params_raw and name != "WarmupLR":
         raise ConfigError(f"scheduler.params.total_num_steps is required for {name}")
     params: SchedulerParams = read_block(_SCHEDULERS[name], params_raw, "scheduler.params")
-    return SchedulerConfig(type=name, params=params)
+    return SchedulerConfig(type=name, params=params)  # type: ignore[arg-type]
 
 
 @dataclass(kw_only=True, slots=True)
