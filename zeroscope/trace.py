@@ -121,6 +121,8 @@ class TraceWriter:
         self.commit_interval = commit_interval
         self.commit_rows = commit_rows
         self.rows = 0
+        self.last_step: int | None = None
+        """Highest step committed so far (what a reader is sure to find)."""
 
     def set_job_id(self, job_id: str) -> None:
         """Record the job id (learned from the first Hello)."""
@@ -170,6 +172,9 @@ class TraceWriter:
             raise
         conn.execute("COMMIT")
         self.rows += len(rows)
+        steps = [row[0] for row in rows if row[0] is not None]
+        if steps:
+            self.last_step = max(max(steps), self.last_step or 0)
 
     def close(self) -> None:
         try:

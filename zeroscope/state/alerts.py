@@ -159,6 +159,9 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
+    if state.recording_error:
+        alerts.append(Alert(kind="recording", severity="critical", message=state.recording_error))
+
     dropping = sorted(r for r, rs in state.ranks.items() if rs.dropped)
     if dropping:
         total = sum(state.ranks[r].dropped for r in dropping)
