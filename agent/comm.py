@@ -131,6 +131,11 @@ def _cuda_event() -> Any:
     return ev
 
 
+MAX_IN_FLIGHT = 10_000
+"""Records kept while waiting for completion; beyond it the oldest are dropped and counted (a
+handle whose ``wait()`` is never called on CUDA never resolves)."""
+
+
 class CollectiveTracker:
     """Collectives issued on this rank; complete ones are taken at each step end."""
 
@@ -139,6 +144,7 @@ class CollectiveTracker:
         self._lock = threading.Lock()
         self._pending: list[CollectiveRecord] = []
         self.errors = 0
+        self.abandoned = 0
 
     def track(
         self,
@@ -170,7 +176,7 @@ class CollectiveTracker:
         out: list[Collective] = []
         keep: list[CollectiveRecord] = []
         with self._lock:
-            pending, self._pending = self._pending, keep
+            pending, self._pending = self._pending, []
         for rec in pending:
             try:
                 done = rec.resolve(step_start_ns)
@@ -182,6 +188,9 @@ class CollectiveTracker:
             else:
                 out.append(done)
         if keep:
+            if len(keep) > MAX_IN_FLIGHT:
+                self.abandoned += len(keep) - MAX_IN_FLIGHT
+                keep = keep[-MAX_IN_FLIGHT:]
             with self._lock:
                 self._pending[:0] = keep
         return out

@@ -14,6 +14,7 @@ No exception ever leaves this module: a failure is counted in ``errors`` and the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -60,6 +61,7 @@ class Publisher:
         self.errors = 0
         """Unexpected exceptions caught (also counted in ``dropped``)."""
         self.closed = False
+        self._pid = os.getpid()
         self.connected = False
         """Whether the last connection event seen was a successful handshake."""
         try:
@@ -154,8 +156,8 @@ class Publisher:
 
     def _send_locked(self, data: bytes) -> bool:
         sock = self._socket
-        if sock is None or self.closed:
-            return False
+        if sock is None or self.closed or os.getpid() != self._pid:
+            return False  # a forked child (e.g. a DataLoader worker) must not touch the socket
         try:
             sock.send(self._token, zmq.NOBLOCK | zmq.SNDMORE)
         except zmq.Again:
@@ -178,7 +180,7 @@ class Publisher:
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close the socket, giving queued messages at most ``linger_ms`` to leave."""
         with self._lock:
-            if self.closed:
+            if self.closed or os.getpid() != self._pid:
                 return
             self.closed = True
             try:

@@ -73,7 +73,7 @@ class Sampler:
         device_index: int | None = None,
         device_uuid: str | None = None,
         poll: Callable[[], None] | None = None,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.25,
     ) -> None:
         self.interval = interval
         self.poll_interval = poll_interval

@@ -1,8 +1,10 @@
 """Agent overhead: step time with the live agent on vs off, 2 gloo ranks, one run.
 
-Goal: <= 1% slower with the agent on. Both modes run in the same processes, alternating in
-blocks of steps (on, off, on, off, ...), so machine noise hits both alike; the figure is the
-ratio of median block times. The "on" mode does everything the live agent does in a real run:
+Goal: <= 1% slower with the agent on. Both modes run in the same processes, interleaved in
+blocks of steps (on, off, off-again, on, ...), so machine noise hits both alike; the figure is
+the ratio of median block times, printed beside the off/off-again ratio of the same run (an A/A
+control: the noise floor of this machine). The agent's direct cost, the time spent inside its
+calls on the training thread (step_end, collective wrapping, phase entry), is timed too. The "on" mode does everything the live agent does in a real run:
 phases with saved-tensor hooks in forward, every all-reduce through ``tel.collective``, a
 StepReport per step published to a real collector, the sampler thread with heartbeats.
 
@@ -50,56 +52,110 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         params=ParamCounts(total=numel, trainable=numel),
     )
     off = NullTelemetry()
+    _ablate(live, args.ablate)
     x, y = torch.randn(args.batch, w), torch.randn(args.batch, 1)
 
+    inside = [0.0, 0.0, 0.0]  # phase entry/exit, collective(), step_end()
+
     def step(tel: Any) -> None:
-        with tel.phase("forward"):
+        t = time.perf_counter()
+        fwd = tel.phase("forward")
+        fwd.__enter__()
+        inside[0] += time.perf_counter() - t
+        try:
             loss = nn.functional.mse_loss(model(x), y)
+        finally:
+            t = time.perf_counter()
+            fwd.__exit__(None, None, None)
+            inside[0] += time.perf_counter() - t
         with tel.phase("backward"):
             loss.backward()
-        handles = [
-            tel.collective(
-                dist.all_reduce(p.grad, async_op=True),
-                op="all_reduce",
-                nbytes=p.grad.numel() * 4,
-                group_size=world,
+        handles = []
+        for p in model.parameters():
+            work = dist.all_reduce(p.grad, async_op=True)
+            t = time.perf_counter()
+            handles.append(
+                tel.collective(work, op="all_reduce", nbytes=p.grad.numel() * 4, group_size=world)
             )
-            for p in model.parameters()
-        ]
+            inside[1] += time.perf_counter() - t
         for h in handles:
             h.wait()
         with tel.phase("optimizer"):
             opt.step()
             opt.zero_grad()
+        t = time.perf_counter()
         tel.step_end(
             memory=MemoryBytes(params=numel * 4, grads=numel * 4, optim=numel * 8),
             loss=loss.detach(),
             lr=1e-4,
         )
+        inside[2] += time.perf_counter() - t
 
     for _ in range(3):
         step(off)
         step(live)
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    for block in range(2 * args.blocks):
-        mode = "on" if block % 2 == 0 else "off"
+    times: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
+    direct = [0.0, 0.0, 0.0]
+    for block in range(3 * args.blocks):
+        mode = ("on", "off", "off-again")[block % 3]
         tel = live if mode == "on" else off
         dist.barrier()
-        t0 = time.perf_counter()
+        inside[:] = [0.0, 0.0, 0.0]
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             step(tel)
         times[mode].append((time.perf_counter() - t0) / args.steps)
+        # CPU time of the whole rank process (all its threads: the agent's sampler, ZeroMQ's
+        # I/O thread, gloo's workers): robust to the machine being shared, unlike wall time.
+        cpu[mode].append((time.process_time() - c0) / args.steps)
+        if mode == "on":
+            direct = [a + b for a, b in zip(direct, inside)]
     live.close()
-    out.put((rank, times, live.errors, publisher.dropped))
+    n = args.blocks * args.steps
+    out.put((rank, times, cpu, [d / n for d in direct], live.errors, publisher.dropped))
     dist.destroy_process_group()
+
+
+class _NoFuture:
+    """A Work without ``get_future``: completion is then taken at the end of ``wait()``."""
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def wait(self) -> Any:
+        return self.work.wait()
+
+
+def _ablate(live: Any, parts: str) -> None:
+    """Switch parts of the live agent off, to see what the overhead is made of."""
+    import contextlib
+
+    for part in filter(None, parts.split(",")):
+        if part == "hooks":
+            live._activations.hooks = contextlib.nullcontext
+        elif part == "send":
+            live.publisher.send = lambda message: True
+        elif part == "futures":
+            track = live._collectives.track
+            live._collectives.track = lambda work, *a, track=track: track(_NoFuture(work), *a)
+        elif part == "sampler":
+            live.sampler.stop()
+        else:
+            raise SystemExit(f"unknown --ablate part {part!r} (hooks, send, futures, sampler)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="comma-separated agent parts to switch off: hooks, send, futures, sampler",
+    )
     args = parser.parse_args()
     import multiprocessing as mp
     import socket
@@ -122,12 +178,23 @@ def main() -> int:
         for p in procs:
             p.join()
         received = col.stats()
-    for rank, times, errors, dropped in results:
-        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    for rank, times, cpu, direct, errors, dropped in results:
+        c_on, c_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+        c_again = statistics.median(cpu["off-again"])
         print(
-            f"rank {rank}: step {off * 1e3:.2f} ms off, {on * 1e3:.2f} ms on, "
-            f"ratio {on / off:.4f} ({(on / off - 1) * 100:+.2f}%), goal <= +1%; "
-            f"agent errors {errors}, dropped {dropped}"
+            f"rank {rank}: CPU per step {c_off * 1e3:.2f} ms off, {c_on * 1e3:.2f} ms on: "
+            f"on/off {c_on / c_off:.4f} ({(c_on / c_off - 1) * 100:+.2f}%, goal <= +1%); "
+            f"A/A control {c_again / c_off:.4f}"
+        )
+        on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        again = statistics.median(times["off-again"])
+        print(
+            f"rank {rank}: step {off * 1e3:.2f} ms off, {on * 1e3:.2f} ms on: "
+            f"on/off {on / off:.4f} ({(on / off - 1) * 100:+.2f}%, goal <= +1%); "
+            f"A/A control off-again/off {again / off:.4f}; agent calls {sum(direct) * 1e6:.0f} "
+            f"us/step ({sum(direct) / off * 100:.2f}% of the step: forward phase "
+            f"{direct[0] * 1e6:.0f}, collective() {direct[1] * 1e6:.0f}, step_end "
+            f"{direct[2] * 1e6:.0f} us); errors {errors}, dropped {dropped}"
         )
     print(f"collector: {received['accepted']} messages accepted, rejected {received['rejected']}")
     return 0

@@ -1,6 +1,8 @@
 """``initialize``: DeepSpeed's entry point, so a DeepSpeed script ports by changing its import::
 
     from zeroscope.engine.api import initialize   # was: from deepspeed import initialize
+    # or: import zeroscope.engine.api as deepspeed  (initialize, add_config_arguments,
+    #     init_distributed)
     engine, optimizer, dataloader, lr_scheduler = initialize(
         model=model, model_parameters=model.parameters(), config="ds_config.json")
 
@@ -17,7 +19,8 @@ import torch
 
 from zeroscope.agent.api import telemetry
 
-from .comm import Comm, init_distributed, pick_device
+from .comm import Comm, pick_device
+from .comm import init_distributed as _init_distributed
 from .config import ConfigError, DeepSpeedConfig, load_config
 from .engine import ZeroEngine
 from .lr_schedules import WarmupSchedule
@@ -26,7 +29,7 @@ from .precision import DTYPES, make_loss_scaler
 from .report import Reporter, largest_layer
 from .zero.stages import make_strategy
 
-__all__ = ["ConfigError", "ZeroEngine", "initialize"]
+__all__ = ["ConfigError", "ZeroEngine", "add_config_arguments", "init_distributed", "initialize"]
 
 _GROUP_KEYS = {"params", "lr", "betas", "eps", "weight_decay"}
 
@@ -112,6 +115,26 @@ def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) 
     )
 
 
+def add_config_arguments(parser: Any) -> Any:
+    """DeepSpeed's ``add_config_arguments``: ``--deepspeed`` and ``--deepspeed_config PATH``
+    (read by :func:`initialize` from ``args``)."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="use the engine")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="ds_config.json path")
+    return parser
+
+
+def init_distributed(dist_backend: str | None = None, **_: Any) -> None:
+    """DeepSpeed's ``init_distributed``: torch.distributed from torchrun's environment (nccl on
+    CUDA, gloo on CPU, or ``dist_backend``); a no-op without that environment or when done."""
+    import torch.distributed as dist
+
+    if dist_backend is not None and not dist.is_initialized() and "RANK" in os.environ:
+        dist.init_process_group(backend=dist_backend)
+        return
+    _init_distributed(pick_device())
+
+
 def initialize(
     args: Any = None,
     model: torch.nn.Module | None = None,
@@ -146,7 +169,7 @@ def initialize(
         raise ConfigError("initialize() needs config= (a ds_config path or dict)")
     device = pick_device()
     if dist_init_required is not False:
-        init_distributed(device)
+        _init_distributed(device)
     tel = telemetry()
     comm = Comm.data_parallel(tel)
     cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
@@ -173,6 +196,7 @@ def initialize(
         cfg=cfg,
         dp_world_size=comm.world_size,
         optimizer=zero_opt.name,
+        total=sum(p.numel() for p in model.parameters()),
         psi=psi,
         padded=padded,
         largest=largest_layer(model),

@@ -83,6 +83,13 @@ class Comm:
         work = dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
         return self._report(work, "all_reduce", tensor.numel() * tensor.element_size(), label)
 
+    def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable:
+        """In-place broadcast of ``tensor`` from rank ``src``."""
+        if self.world_size == 1:
+            return _Done()
+        work = dist.broadcast(tensor, src=src, group=self.group, async_op=True)
+        return self._report(work, "broadcast", tensor.numel() * tensor.element_size(), label)
+
     def reduce_scatter(self, output: torch.Tensor, full: torch.Tensor, *, label: str) -> Waitable:
         """Sum ``full`` over ranks; this rank receives its 1/N chunk in ``output`` (which may be
         that chunk of ``full`` itself: in place)."""

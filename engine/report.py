@@ -61,6 +61,7 @@ class Reporter:
         cfg: DeepSpeedConfig,
         dp_world_size: int,
         optimizer: str,
+        total: int,
         psi: int,
         padded: int,
         largest: int,
@@ -69,7 +70,7 @@ class Reporter:
         self.tel.hello(
             config=config_summary(cfg, dp_world_size, optimizer),
             params=ParamCounts(
-                total=psi, trainable=psi, padded_total=padded, largest_layer=largest
+                total=total, trainable=psi, padded_total=padded, largest_layer=largest
             ),
             device=str(device),
         )

@@ -84,7 +84,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    from zeroscope import engine as deepspeed  # the bundled, DeepSpeed-shaped engine
+    from zeroscope.engine import api as deepspeed  # the bundled, DeepSpeed-shaped engine
 
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

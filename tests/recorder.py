@@ -7,8 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from zeroscope.agent.api import Telemetry, Waitable
 from zeroscope.agent.schema import MemoryBytes
+
+
+def in_backward() -> bool:
+    """True while autograd is running a backward pass (e.g. inside a gradient hook)."""
+    return bool(torch._C._current_graph_task_id() != -1)
 
 
 @dataclass
@@ -17,6 +24,18 @@ class CollectiveRecord:
     nbytes: int
     group_size: int
     label: str
+    issued_in_backward: bool = False
+    waited_in_backward: bool | None = None
+    """None until wait() is called on the handle the engine got back."""
+
+
+class _Handle:
+    def __init__(self, work: Waitable, record: CollectiveRecord) -> None:
+        self.work, self.record = work, record
+
+    def wait(self) -> Any:
+        self.record.waited_in_backward = in_backward()
+        return self.work.wait()
 
 
 @dataclass
@@ -36,10 +55,12 @@ class RecordingTelemetry(Telemetry):
         self.events: list[tuple[str, str, float | None]] = []
         self.steps: list[StepRecord] = []
         self.pending: list[CollectiveRecord] = []
-        self.waits = 0
+        self.init_collectives: list[CollectiveRecord] = []
 
     def hello(self, *, config: Any, params: Any, device: str = "cpu") -> None:
         self.hellos.append({"config": config, "params": params, "device": device})
+        # collectives issued while the engine was being built (e.g. the initial broadcast)
+        self.init_collectives, self.pending = self.pending, []
 
     def collective(
         self,
@@ -51,8 +72,9 @@ class RecordingTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
-        self.pending.append(CollectiveRecord(op, nbytes, group_size, label))
-        return work
+        record = CollectiveRecord(op, nbytes, group_size, label, in_backward())
+        self.pending.append(record)
+        return _Handle(work, record)
 
     def event(self, kind: Any, message: str = "", value: float | None = None) -> None:
         self.events.append((kind, message, value))

@@ -202,3 +202,41 @@ def test_exit_sends_bye_and_an_uncaught_error_keeps_its_traceback(mode: str) -> 
         assert bye.exit_code == 0
     assert bye.step == 1
     assert [m.memory.params for m in got if isinstance(m, StepReport)] == [7]
+
+
+class _SlowWork:
+    """A Work whose future completes when the test says so (an op still in flight)."""
+
+    def __init__(self) -> None:
+        self.fut: torch.futures.Future = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future:
+        return self.fut
+
+    def wait(self) -> None:
+        self.fut.wait()
+
+
+def test_collectives_in_flight_at_step_end_go_in_a_later_report(
+    rig: tuple[LiveTelemetry, list[Message]],
+) -> None:
+    tel, got = rig
+    slow, fast = _SlowWork(), _SlowWork()
+    h_slow = tel.collective(slow, op="all_gather", nbytes=100, group_size=2, label="slow")
+    h_fast = tel.collective(fast, op="reduce_scatter", nbytes=50, group_size=2, label="fast")
+    fast.fut.set_result(None)
+    h_fast.wait()
+    tel.step_end(memory=MemoryBytes())  # the all-gather is still in flight
+    time.sleep(0.01)
+    slow.fut.set_result(None)  # completes between steps, never waited for: exposed 0
+    tel.step_end(memory=MemoryBytes())
+    tel.step_end(memory=MemoryBytes())
+    assert wait_for(lambda: len(reports(got)) == 3)
+    first, second, third = reports(got)
+    assert [c.label for c in first.collectives] == ["fast"]
+    (late,) = second.collectives
+    assert (late.label, late.exposed_s) == ("slow", 0.0)
+    # Issued before the second step started: its start is negative on that step's clock.
+    assert late.start_s < 0 and late.duration_s >= 0.01
+    assert third.collectives == []
+    del h_slow

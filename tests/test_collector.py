@@ -154,3 +154,19 @@ def test_live_source_follows_a_restarted_collector() -> None:
     assert src.restarts == 1
     assert got[0] == hello(0)
     assert isinstance(got[1], StepReport) and got[1].step == 2 and len(got) == 2
+
+
+def test_live_source_catches_up_without_a_reachable_pub() -> None:
+    """With the PUB endpoint unreachable (e.g. a tunnel that forwards only the viewer port),
+    updates still arrive through the periodic catch-up requests, in order."""
+    with Collector() as col:
+        pub = Publisher(col.ingest_address)
+        pub.set_sticky(hello(0))
+        send_until(pub, report(1))
+        src = LiveSource(col.viewer_address, pub_address="tcp://127.0.0.1:1")
+        assert collect(src, 2) == [hello(0), report(1)]
+        for step in (2, 3):
+            assert pub.send(report(step))
+        assert collect(src, 2, timeout=5) == [report(2), report(3)]
+        pub.close()
+        src.close()

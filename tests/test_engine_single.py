@@ -115,3 +115,18 @@ def test_optimizer_given_twice_or_missing_is_an_error() -> None:
         )
     with pytest.raises(ConfigError, match="no optimizer"):
         initialize(model=TinyGPT(), config={"train_batch_size": 2})
+
+
+def test_deepspeed_module_surface_for_porting(tmp_path) -> None:
+    """``import zeroscope.engine.api as deepspeed`` keeps a DeepSpeed script's calls working."""
+    import argparse
+
+    import zeroscope.engine.api as deepspeed
+
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_batch_size": 2, "optimizer": {"type": "Adam"}} // comment')
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(path)])
+    deepspeed.init_distributed()  # no torchrun environment: one rank, nothing to do
+    engine, _, _, _ = deepspeed.initialize(args=args, model=TinyGPT())
+    assert engine.train_batch_size() == 2 and engine.optimizer.name == "Adam"

@@ -5,8 +5,8 @@ case trains tests/models.py's TinyGPT (tied weights, a block called twice, odd s
 same seed and is compared with one process training the same global batch with
 torch.optim.AdamW (or Adam) and torch.nn.utils.clip_grad_norm_:
 
-- loss trajectory and final weights: tight in fp32 (atol 2e-5 on losses, 1e-4 on weights);
-  bf16 within 0.05 and fp16 within 0.02 of the loss (16-bit forward/backward vs fp32);
+- loss trajectory and final weights: tight in fp32 (atol 5e-6 on losses, 1e-4 on weights);
+  bf16 within 0.03 and fp16 within 0.015 of the loss (16-bit forward/backward vs fp32);
 - the reported global gradient norm equals clip_grad_norm_'s on the unsharded model;
 - fp16 with inf injected into ONE gradient element on rank 0 at chosen steps: the (skipped,
   scale) sequence equals an independent reference of DeepSpeed's algorithm
@@ -20,6 +20,7 @@ torch.optim.AdamW (or Adam) and torch.nn.utils.clip_grad_norm_:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,17 @@ def train_cases(rank: int, world: int, cases: list[Case]) -> list[dict[str, Any]
                     for s in rec.steps
                 ],
                 "padded_total": rec.hellos[0]["params"].padded_total,
+                "grad_timing": [
+                    [
+                        (c.issued_in_backward, c.waited_in_backward)
+                        for c in s.collectives
+                        if c.label == "grads"
+                    ]
+                    for s in rec.steps
+                ],
+                "init": [(c.op, c.nbytes, c.label, c.group_size) for c in rec.init_collectives],
                 "events": [kind for kind, _, _ in rec.events],
+                "scale_changes": [v for kind, _, v in rec.events if kind == "scale_change"],
                 "kept": kept,
                 "error": error,
                 # numpy, not tensors: torch shares tensors between processes through file
@@ -243,6 +254,7 @@ FP32_CASES = [
     Case("s2-allreduce", 2, steps=6, zero={"reduce_scatter": False}),
 ]
 MIXED_CASES = [
+    Case("bf16-s0", 0, precision="bf16"),
     Case("bf16-s1", 1, gas=2, precision="bf16"),
     Case("bf16-s2-overlap", 2, precision="bf16", zero={"overlap_comm": True}),
     Case(
@@ -279,7 +291,8 @@ WORLD4_CASES = [
     Case("w4-s1", 1, steps=5),
     Case("w4-s2-overlap", 2, gas=2, steps=5, zero={"overlap_comm": True}),
 ]
-TOLERANCE = {"fp32": 2e-5, "bf16": 5e-2, "fp16": 2e-2}
+TOLERANCE = {"fp32": 5e-6, "bf16": 3e-2, "fp16": 1.5e-2}
+"""Absolute loss tolerance; measured worst cases: fp32 7e-7, bf16 1.2e-2, fp16 5.7e-3."""
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +319,7 @@ def check_against_reference(case: Case, ranks: list[dict[str, Any]], world: int)
     # every rank reports the same global norm, equal to clip_grad_norm_'s
     for r in ranks:
         assert r["norms"] == ranks[0]["norms"]
-    norm_tol = 1e-5 if case.precision == "fp32" else 0.05
+    norm_tol = 1e-5 if case.precision == "fp32" else 0.03  # measured: 2.3e-7, 1.1e-2
     for got, want in zip(ranks[0]["norms"], ref["norms"]):
         assert (got is None) == (want is None), case.name
         if got is not None:
@@ -358,13 +371,13 @@ def test_fp16_overflow_skips_follow_deepspeeds_scaler(case: Case, mixed_runs: di
         want = [(f, float(case.fp16["loss_scale"])) for f in flags]
         stop = None
     else:
-        want, stop = reference_scale_trace(
-            flags,
-            init=2.0 ** case.fp16.get("initial_scale_power", 16),
-            window=case.fp16.get("loss_scale_window", 1000),
-            hysteresis=case.fp16.get("hysteresis", 2),
-            consecutive=case.fp16.get("consecutive_hysteresis", False),
-        )
+        ref_args = {
+            "init": 2.0 ** case.fp16.get("initial_scale_power", 16),
+            "window": case.fp16.get("loss_scale_window", 1000),
+            "hysteresis": case.fp16.get("hysteresis", 2),
+            "consecutive": case.fp16.get("consecutive_hysteresis", False),
+        }
+        want, stop = reference_scale_trace(flags, **ref_args)
     for r in ranks:
         reported = r["scales"]
         if stop is not None:  # the stopping step raises before it reports
@@ -375,6 +388,13 @@ def test_fp16_overflow_skips_follow_deepspeeds_scaler(case: Case, mixed_runs: di
             assert reported == want, case.name
             assert r["error"] is None
         assert r["kept"] and all(r["kept"]), f"{case.name}: a skipped step changed weights"
+        # scales in force at each step, plus the one after the last update
+        if stop is not None or case.fp16.get("loss_scale"):
+            scales = [s for _, s in want]
+        else:
+            scales = [s for _, s in reference_scale_trace([*flags, False], **ref_args)[0]]
+        changes = [b for a, b in itertools.pairwise(scales) if b != a]
+        assert r["scale_changes"] == changes, case.name
         assert r["events"].count("overflow") == sum(s for s, _ in want[: len(reported)]) + (
             stop is not None
         )
@@ -423,6 +443,8 @@ def check_bytes(case: Case, ranks: list[dict[str, Any]], world: int) -> None:
     n = 1 if case.stage == 0 else world
     for r in ranks:
         assert r["padded_total"] == padded_size(psi, n)
+        # every rank starts from rank 0's weights: one broadcast of the flat parameters
+        assert r["init"] == [("broadcast", padded_size(psi, n) * b, "init", world)]
         for mem in r["memory"]:
             assert mem == expected_memory(case.stage, case.precision, world, psi), case.name
         for step, (skipped, _) in zip(r["collectives"], r["scales"]):
@@ -442,7 +464,8 @@ def test_bytes_and_traffic_match_formulas(case: Case, fp32_runs: dict) -> None:
 
 
 def test_bytes_fp16_and_four_ranks(mixed_runs: dict, world4_runs: dict) -> None:
-    check_bytes(MIXED_CASES[2], mixed_runs[MIXED_CASES[2].name], 2)
+    fp16 = next(c for c in MIXED_CASES if c.name == "fp16-s2-inject")
+    check_bytes(fp16, mixed_runs[fp16.name], 2)
     for case in WORLD4_CASES:
         check_bytes(case, world4_runs[case.name], 4)
 
@@ -457,3 +480,21 @@ def test_bucketing_splits_reductions(fp32_runs: dict) -> None:
     assert len(grads) > 2 and grads == params
     assert sum(grads) == 4 * r["padded_total"] and r["padded_total"] >= param_count(TinyGPT())
     assert math.isclose(sum(grads) / 4, param_count(TinyGPT()), rel_tol=0.01)
+
+
+@pytest.mark.parametrize(
+    ("name", "issued", "waited"),
+    [
+        ("s0", False, False),  # DeepSpeed's default: reduce after backward, at the boundary
+        ("s1", False, False),
+        ("s2-gas2", True, True),  # stage 2 must free full gradients during backward
+        ("s1-overlap-buckets-clip", True, False),  # overlap_comm: launched by hooks, waited later
+        ("s2-overlap-buckets-scattered", True, False),
+    ],
+)
+def test_overlap_comm_launches_during_backward_and_waits_later(
+    name: str, issued: bool, waited: bool, fp32_runs: dict
+) -> None:
+    for r in fp32_runs[name]:
+        timing = {t for step in r["grad_timing"] for t in step}
+        assert timing == {(issued, waited)}, name

@@ -112,16 +112,46 @@ def _zeroscope(*argv: str, cwd: Path, timeout: float = 120) -> subprocess.Comple
     )
 
 
+def _engine_ready() -> bool:
+    try:
+        from zeroscope.engine import api
+
+        return callable(getattr(api, "initialize", None))
+    except Exception:
+        return False
+
+
+DEMO = [
+    str(ROOT / "examples" / "train_gpt.py"),
+    "--deepspeed_config",
+    str(ROOT / "examples" / "ds_config_stage2.json"),
+]
+
+
 @pytest.mark.slow
-def test_headless_run_records_a_trace_that_replays_to_the_same_lines(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("job", "memory"),
+    [
+        pytest.param([str(SCRIPT)], "P 16.6K G 16.6K O 33.3K", id="agent-only"),
+        pytest.param(
+            DEMO,
+            "P 220K G 110K O 661K",  # 110k parameters: fp16 P, G and O sharded over 2 ranks
+            id="demo",
+            marks=pytest.mark.skipif(not _engine_ready(), reason="engine has no initialize()"),
+        ),
+    ],
+)
+def test_headless_run_records_a_trace_that_replays_to_the_same_lines(
+    tmp_path: Path, job: list[str], memory: str
+) -> None:
     run = _zeroscope(
-        "run", "--nproc-per-node", "2", "--headless", str(SCRIPT), "--steps", "3", cwd=tmp_path
+        "run", "--nproc-per-node", "2", "--headless", *job, "--steps", "3", cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["1", "2", "3"]
-    assert all("ranks 2" in line and "P 16.6K G 16.6K O 33.3K" in line for line in steps)
+    assert all("ranks 2" in line and memory in line for line in steps)
     (trace_line,) = [line for line in lines if line.startswith("trace: ")]
     trace = tmp_path / trace_line.removeprefix("trace: ")
     assert trace.parent == tmp_path / "runs" and trace.suffix == ".zstrace"  # the default path
@@ -156,3 +186,23 @@ def test_the_jobs_failure_is_zeroscopes_exit_code(tmp_path: Path) -> None:
     assert (tmp_path / "t.zstrace").is_file()
     steps = [line for line in run.stdout.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["1", "2"]  # the third step never ended
+
+
+def test_a_failed_jobs_log_is_summarized_by_its_exception(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroscope.commands.run import _print_log_tail
+
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank0]: Traceback (most recent call last):\n[rank0]:     raise ConfigError(\n"
+        "[rank0]: pkg.ConfigError: stage 9 is not a stage\n"
+        "[rank1]: pkg.ConfigError: stage 9 is not a stage\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    )
+    _print_log_tail(str(log))
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"the ranks failed with (full output in {log}):",
+        "pkg.ConfigError: stage 9 is not a stage",
+    ]

@@ -142,3 +142,16 @@ def test_summary_lists_the_standing_alerts_and_the_trace() -> None:
 def test_rules_reject_nonsense() -> None:
     with pytest.raises(ValueError, match="storm_overflows"):
         AlertRules(storm_overflows=5, storm_window=3)
+
+
+def test_a_collector_hearing_one_node_of_two_still_closes_steps() -> None:
+    # world_size 4, but only ranks 0 and 1 report here (the other node has its own collector).
+    messages = [
+        m for m in synthetic_run() if getattr(m, "rank", 0) < 2 and not isinstance(m, Event)
+    ]
+    state = ClusterState()
+    closed = [a.step for m in messages for a in state.ingest(m)]
+    assert state.world_size == 4
+    assert closed == list(range(38))  # a step closes two fully reported steps later
+    assert [a.step for a in state.flush()] == [38, 39]
+    assert all(sorted(a.summaries) == [0, 1] for a in state.complete_steps())

@@ -40,8 +40,13 @@ class LiveSource:
     The Clone pattern (zguide ch. 5) with gap repair: see :mod:`zeroscope.collector_protocol`.
     """
 
-    def __init__(self, viewer_address: str, token: bytes = b"") -> None:
+    def __init__(
+        self, viewer_address: str, token: bytes = b"", pub_address: str | None = None
+    ) -> None:
+        """``pub_address`` overrides the PUB endpoint the collector announces (which is as seen
+        on its own host): e.g. the local end of an ``ssh -L`` tunnel."""
         self.viewer_address = viewer_address
+        self._pub_override = pub_address
         self._token = token
         self._ctx = zmq.Context()
         self._dealer = self._ctx.socket(zmq.DEALER)
@@ -103,7 +108,7 @@ class LiveSource:
                     self.last_seq = seq + i
         elif kind == proto.END:
             self._inflight_since = 0.0
-            pub = frames[4].decode()
+            pub = self._pub_override or frames[4].decode()
             if pub != self._pub_address:
                 if self._pub_address:
                     self._sub.disconnect(self._pub_address)

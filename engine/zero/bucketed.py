@@ -118,10 +118,7 @@ class BucketedStrategy:
             view.copy_(p.detach())
             p.data = view  # the parameter now lives in the flat buffer
         # Every rank starts from rank 0's weights, as DeepSpeed's _broadcast_model does.
-        if self.comm.world_size > 1:
-            import torch.distributed as dist
-
-            dist.broadcast(flat, src=0, group=self.comm.group)
+        self.comm.broadcast(flat, src=0, label="init").wait()
         start, end = layout.shard_range(self._rank)
         b = _Bucket(params=params, layout=layout, group=group, flat=flat, start=start, end=end)
         b.slots = {id(p): i for i, p in enumerate(params)}
@@ -252,13 +249,12 @@ class BucketedStrategy:
         """Make sure the gradients of ``params`` sit in the bucket's flat buffer."""
         if b.grad is None:
             b.grad = torch.zeros_like(b.flat)
-        views = None
         for p in params:
             if p.grad is None:
                 continue  # unused in this backward: counts as zero (ignore_unused_parameters)
-            if views is None:
-                views = b.grad_views()
-            view = views[b.slots[id(p)]]
+            i = b.slots[id(p)]
+            off = b.layout.offsets[i]
+            view = b.grad[off : off + b.layout.numels[i]].view(p.shape)
             if p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
                 p.grad = view if (self.policy.contiguous and b.grad_shard is None) else None

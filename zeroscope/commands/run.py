@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import time
@@ -183,5 +184,28 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
     code = job.exit_code()
     for line in summary_lines(state, trace):
         print(line)
+    if code != 0 and job.log:
+        _print_log_tail(job.log)
     print(f"job exit code {code}")
     return code
+
+
+def _print_log_tail(log: str, lines: int = 20) -> None:
+    """The job wrote to a log while the TUI owned the terminal; on failure show why: the
+    ranks' exception lines when there are any (torchrun's own summary hides them), else the
+    log's last lines."""
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return
+    # "[rank1]: some.module.ConfigError: what went wrong", once per distinct message.
+    found = (re.match(r"\[rank\d+\]: ([\w.]*(?:Error|Exception)\b.*)", ln) for ln in text)
+    errors = list(dict.fromkeys(m.group(1) for m in found if m))
+    shown = errors[:5] or text[-lines:]
+    print(
+        f"the job's output is in {log}; it ends with:"
+        if not errors
+        else f"the ranks failed with (full output in {log}):"
+    )
+    print("\n".join(shown))

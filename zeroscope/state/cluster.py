@@ -46,9 +46,14 @@ class StepAggregate:
         """The step takes as long as its slowest rank (they meet at the next collective)."""
         return max(s.duration_s for s in self.summaries.values())
 
+    _median: float | None = None
+
     @property
     def median_time(self) -> float:
-        return statistics.median(s.duration_s for s in self.summaries.values())
+        """Cached: every rank's slowness divides by it (1024 ranks x 1024 would be 10^6)."""
+        if self._median is None:
+            self._median = statistics.median(s.duration_s for s in self.summaries.values())
+        return self._median
 
     @property
     def slowest_rank(self) -> int:
@@ -156,11 +161,16 @@ class ClusterState:
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
         agg.summaries[report.rank] = rank.record(report)
+        agg._median = None
         agg.samples += report.samples
         agg.skipped = agg.skipped or report.skipped
-        expected = self.world_size or len(self.ranks)
-        if len(agg.summaries) >= expected:
+        if len(agg.summaries) >= (self.world_size or len(self.ranks)):
             return self._close_until(report.step)
+        if len(agg.summaries) >= len(self.ranks):
+            # Every rank this collector hears from (one node's share of a multi-node job has
+            # fewer than world_size) is two steps past the older ones: close those. Two, not
+            # one, so a rank whose first messages are merely late in transit is waited for.
+            return self._close_until(report.step - 2)
         return []
 
     def _close_until(self, step: int) -> list[StepAggregate]:

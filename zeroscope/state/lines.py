@@ -54,7 +54,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"host {units.size(p.host_bytes)}"
         )
     for alert in state.alerts():
-        lines.append(f"alert: {alert.message}")
+        if alert.kind != "silent":  # after the job, silence is its end, not a warning
+            lines.append(f"alert: {alert.message}")
     exits = {r: rs.bye.exit_code for r, rs in sorted(state.ranks.items()) if rs.bye}
     if exits:
         bad = {r: c for r, c in exits.items() if c}

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zeroscope.agent.metrics import busbw
+from zeroscope.agent.metrics import bus_factor
 from zeroscope.agent.schema import Bye, Hello, StepReport
-from zeroscope.formulas import volume_equivalent
 
 HISTORY_STEPS = 512
 """Steps of per-rank history kept for the over-time charts."""
@@ -26,12 +25,14 @@ class OpTotals:
     nbytes: int = 0
     seconds: float = 0.0
     exposed_s: float = 0.0
-    busbw_weighted: float = 0.0
-    """Sum of busbw x seconds, so the mean busbw is time-weighted."""
+    bus_bytes: float = 0.0
+    """Sum of nbytes x the nccl-tests bus factor of each collective (its group size)."""
 
     @property
     def busbw(self) -> float | None:
-        return self.busbw_weighted / self.seconds if self.seconds > 0 else None
+        """Bus bandwidth over the op's total time: sum(S·factor) / sum(t), i.e. each
+        collective's busbw (agent.metrics) weighted by its time."""
+        return self.bus_bytes / self.seconds if self.seconds > 0 else None
 
 
 @dataclass(slots=True)
@@ -73,16 +74,22 @@ def summarize(report: StepReport) -> StepSummary:
     ops: dict[str, OpTotals] = {}
     volume = 0
     comm_s = exposed = 0.0
+    factors: dict[tuple[str, int], float] = {}
     for c in report.collectives:
-        totals = ops.setdefault(c.op, OpTotals())
+        op = c.op
+        totals = ops.get(op)
+        if totals is None:
+            totals = ops[op] = OpTotals()
         totals.count += 1
         totals.nbytes += c.nbytes
         totals.seconds += c.duration_s
         totals.exposed_s += c.exposed_s
-        bw = busbw(c.op, c.nbytes, c.duration_s, max(1, c.group_size))
-        if bw is not None:
-            totals.busbw_weighted += bw * c.duration_s
-        volume += volume_equivalent(c.op, c.nbytes)
+        key = (op, c.group_size)
+        factor = factors.get(key)
+        if factor is None:
+            factor = factors[key] = bus_factor(op, max(1, c.group_size))
+        totals.bus_bytes += c.nbytes * factor
+        volume += 2 * c.nbytes if op == "all_reduce" else c.nbytes  # formulas.volume_equivalent
         comm_s += c.duration_s
         exposed += c.exposed_s
     moved = sum(t.nbytes for t in report.transfers)

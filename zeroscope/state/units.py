@@ -20,8 +20,13 @@ def size(nbytes: float | None) -> str:
 
 
 def rate(bytes_per_s: float | None) -> str:
-    """GB/s with two significant decimals."""
-    return NA if bytes_per_s is None else f"{bytes_per_s / 1e9:.2f}GB/s"
+    """Bytes per second in the largest decimal unit that keeps it >= 1 (GB/s, MB/s ...)."""
+    if bytes_per_s is None:
+        return NA
+    for scale, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "KB/s")):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.2f}{unit}"
+    return f"{bytes_per_s:.0f}B/s"
 
 
 def seconds(value: float | None) -> str:

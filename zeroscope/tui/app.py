@@ -26,6 +26,9 @@ from .dialogs import GotoStepScreen, HelpScreen, QuitScreen
 from .feed import Batch, ReplayFeed
 from .screens import SCREENS, screen_for
 
+CHUNK = 256
+"""Messages folded into ClusterState per UI-thread call (~5 ms at 1024 ranks)."""
+
 
 class Feed(Protocol):
     live: bool
@@ -102,8 +105,19 @@ class ZeroscopeApp(App[str]):
             except Exception as exc:  # a broken trace or socket is shown, never a crash
                 self.call_from_thread(self.notify, f"feed stopped: {exc}", severity="error")
                 return
-            if batch is not None and not worker.is_cancelled:
-                self.call_from_thread(self.apply_batch, batch)
+            if batch is None:
+                continue
+            # Fold big bursts in slices so keys and paints interleave with a 1024-rank step.
+            messages = batch.messages
+            for start in range(0, max(1, len(messages)), CHUNK):
+                if worker.is_cancelled:
+                    return
+                part = Batch(
+                    messages[start : start + CHUNK],
+                    reset=batch.reset and start == 0,
+                    final=batch.final and start + CHUNK >= len(messages),
+                )
+                self.call_from_thread(self.apply_batch, part)
 
     def apply_batch(self, batch: Batch) -> None:
         """Fold a batch in (UI thread)."""
@@ -138,7 +152,9 @@ class ZeroscopeApp(App[str]):
             mode = "⏸ paused" if r.paused else "▶ playing"
             return f"REPLAY {mode} {r.speed:g}x  step {r.position}/{r.last}"
         if self.job is not None and self.job.returncode is not None:
-            return f"job exited ({self.job.returncode})"
+            log = getattr(self.job, "log", None)
+            code = self.job.returncode
+            return f"job exited ({code})" + (f", output in {log}" if code and log else "")
         return "LIVE" if self.live_clock else ""
 
     def open_rank(self, rank: int) -> None:

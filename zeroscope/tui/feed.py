@@ -72,7 +72,7 @@ class ReplayFeed:
         self.first, self.last = span if span else (0, -1)
         self.hellos: list[Message] = list(trace.hellos())
         world = max(1, len(self.hellos))
-        self.window = max(2, min(64, 8192 // world))
+        self.window = max(2, min(64, 4096 // world))
         """Steps of history rebuilt on a seek: enough for the charts, bounded for 1024 ranks."""
         self.paused = paused
         self.speed = speed if speed in SPEEDS else 1.0

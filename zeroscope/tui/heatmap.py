@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from zeroscope.state import units
 
-from .rank_rows import RankRow, matches
+from .rank_rows import RankRow, filtered
 from .rank_table import RankTable
 
 METRICS = ("slowness", "memory", "exposed", "step")
@@ -69,7 +69,7 @@ class RankHeatmap(Widget, can_focus=True):
 
     def set_rows(self, rows: list[RankRow]) -> None:
         self._rows = sorted(rows, key=lambda r: r.rank)
-        self._shown = [r for r in self._rows if matches(r, self.filter_text)]
+        self._shown = filtered(self._rows, self.filter_text)
         self.cursor = max(0, min(self.cursor, len(self._shown) - 1))
         self.refresh()
 
@@ -106,7 +106,8 @@ class RankHeatmap(Widget, can_focus=True):
         n = len(self._shown)
         cell = 2 if n * 2 <= width * (height - 2) else 1
         self._per_line = max(1, width // cell)
-        values = [_value(r, self.metric) for r in self._shown]
+        metric, cursor = self.metric, self.cursor  # reactive reads cost: once per frame
+        values = [_value(r, metric) for r in self._shown]
         top = max((v for v in values if v is not None), default=0.0)
         text = Text(no_wrap=True, overflow="crop")
         current = self._shown[self.cursor] if self._shown else None
@@ -122,10 +123,21 @@ class RankHeatmap(Widget, can_focus=True):
         )
         text.append(f"{n} ranks by {self.metric} (s: metric, enter: drill in)", style="bold")
         text.append(f"   r{current.rank if current else 'NA'}: {shown}\n")
+        # Runs of equal color become one span: at 1024 ranks that is tens of spans, not 1024
+        # (the cost of a frame is in styling spans, not in counting cells).
+        run_style, run = "", ""
         for i in range(len(self._shown)):
-            if i and i % self._per_line == 0:
-                text.append("\n")
-            style = level(self.metric, values[i], top)
-            glyph = "█" * cell if i != self.cursor else "▣" * cell
-            text.append(glyph, style=f"{style} reverse" if i == self.cursor else style)
+            newline = i > 0 and i % self._per_line == 0
+            style = level(metric, values[i], top)
+            if i == cursor:
+                style, glyph = f"{style} reverse", "▣" * cell
+            else:
+                glyph = "█" * cell
+            if newline or style != run_style:
+                text.append(run, style=run_style)
+                run_style, run = style, ""
+                if newline:
+                    text.append("\n")
+            run += glyph
+        text.append(run, style=run_style)
         return text

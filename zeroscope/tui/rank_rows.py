@@ -94,6 +94,10 @@ def sort_rows(rows: list[RankRow], key: str, descending: bool) -> list[RankRow]:
     return known + sorted(missing, key=lambda row: row.rank)
 
 
+def filtered(rows: list[RankRow], query: str) -> list[RankRow]:
+    return [row for row in rows if matches(row, query)] if query.strip() else list(rows)
+
+
 def matches(row: RankRow, query: str) -> bool:
     """A filter: ranks ``3``/``r3``, ranges ``0-7``, a host substring, or a flag word (slow,
     silent ...); several terms separated by spaces or commas match any of them."""

@@ -14,7 +14,7 @@ from textual.widget import Widget
 from zeroscope.state import units
 
 from .charts import stacked_bar
-from .rank_rows import SORT_KEYS, RankRow, matches, sort_rows
+from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
 
 
 class RankTable(Widget, can_focus=True):
@@ -63,7 +63,7 @@ class RankTable(Widget, can_focus=True):
         self._reorder(keep=current)
 
     def _reorder(self, keep: int | None = None) -> None:
-        shown = [r for r in self._rows if matches(r, self.filter_text)]
+        shown = filtered(self._rows, self.filter_text)
         self._shown = sort_rows(shown, self.sort_key, self.descending)
         if keep is not None:
             for i, row in enumerate(self._shown):
@@ -148,6 +148,7 @@ class RankTable(Widget, can_focus=True):
             self._offset = self.cursor - rows_fit + 1
         self._offset = max(0, min(self._offset, max(0, len(self._shown) - rows_fit)))
         scale = max((r.total or 0 for r in self._rows), default=0)
+        cursor = self.cursor
         for i in range(self._offset, min(len(self._shown), self._offset + rows_fit)):
             row = self._shown[i]
             text.append("\n")
@@ -169,7 +170,7 @@ class RankTable(Widget, can_focus=True):
             line.append(f"{units.percent(row.exposed):>5}{_gbs(row.offload_bw):>9}")
             line.append(f"{units.scale(row.loss_scale):>7}")
             line.append(f"  {row.flag}", style="bold red" if row.flag else "")
-            if i == self.cursor:
+            if i == cursor:
                 line.stylize("reverse" if self.has_focus else "underline")
             text.append_text(line)
         if not self._shown:
