@@ -170,3 +170,11 @@ def test_live_source_catches_up_without_a_reachable_pub() -> None:
         assert collect(src, 2, timeout=5) == [report(2), report(3)]
         pub.close()
         src.close()
+
+
+def test_a_busy_port_fails_start_and_leaves_no_trace(tmp_path: Path) -> None:
+    with Collector() as first:
+        port = int(first.ingest_address.rsplit(":", 1)[1])
+        with pytest.raises(OSError, match=f"cannot bind 127.0.0.1:{port}: Address already in use"):
+            Collector(port=port, record=tmp_path / "t.zst").start()
+    assert not (tmp_path / "t.zst").exists()

@@ -136,8 +136,6 @@ class Collector:
 
     def start(self) -> Collector:
         """Bind the sockets (errors raise here) and start serving on a background thread."""
-        if self.record is not None:
-            self.trace = TraceWriter(self.record)
         self._thread = threading.Thread(target=self._run, name="zeroscope-collector", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -184,7 +182,17 @@ class Collector:
     def _run(self) -> None:
         ctx = self._context = zmq.Context()
         try:
-            pull, router, pub = self._bind(ctx)
+            try:
+                pull, router, pub = self._bind(ctx)
+            except zmq.ZMQError as exc:
+                # An OSError with the address in it, e.g. "... 127.0.0.1:5555: Address already
+                # in use", so callers report it in one line like any other socket error.
+                raise OSError(
+                    exc.errno, f"cannot bind {self.bind_host}:{self.port}: {exc}"
+                ) from None
+            # The trace is created only once the sockets are bound: a busy port leaves no file.
+            if self.record is not None:
+                self.trace = TraceWriter(self.record)
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()
