@@ -139,12 +139,14 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
         if rs.bye is None and rs.last_seen_s is not None and now_s - rs.last_seen_s > rules.silent_s
     )
     if silent:
+        last = min((rs.latest.step for r in silent if (rs := state.ranks[r]).latest), default=0)
         alerts.append(
             Alert(
                 kind="silent",
                 severity="critical",
                 ranks=tuple(silent),
-                message=f"no word for >{rules.silent_s:g}s from {_ranks_text(silent)}",
+                message=f"no word for >{rules.silent_s:g}s from {_ranks_text(silent)}"
+                f" (after step {last})",
             )
         )
 
