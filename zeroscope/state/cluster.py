@@ -108,6 +108,8 @@ class ClusterState:
         self.version = 0
         """Bumped on every change: a view redraws only when it moved."""
         self.last_complete: int | None = None
+        self.recording_error = ""
+        """Set by the collector's owner when the trace stopped recording (an alert)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
