@@ -9,8 +9,9 @@ live contender inside a rank process (torch imported there, never at bench impor
   ZeroRedundancyOptimizer: stage 1), ``fsdp2`` (``fully_shard`` per block then root: stage 3),
   ``fsdp2`` with ``CPUOffloadPolicy(pin_memory=False)`` (stage 3, everything on the host).
 - ``zeroscope`` and ``deepspeed``: the same ds_config per stage, given to each engine.
-  Buckets are 1/8 of the model with overlap_comm on, so gradient reductions overlap backward
-  the way DDP's and FSDP2's do (DeepSpeed's default one 5e8 bucket would serialize them).
+  Buckets of DDP's default size (25 MiB) with overlap_comm on, so gradient reductions are
+  issued from backward hooks the way DDP's are (DeepSpeed's default one 5e8 bucket would wait
+  for the whole backward).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0
+DDP_BUCKET = 25 * 2**20 // 4
+"""Elements per gradient bucket for both engines: torch DDP's default bucket_cap_mb (25 MiB) of
+fp32, so every contender reduces in buckets of the same size. Override with the environment
+variable ZEROSCOPE_BENCH_BUCKET (elements): small buckets mean more collectives, and on gloo each
+costs ~1 ms of latency (docs/bench.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +39,8 @@ class Spec:
     stage: str
     """The comparison group: "0", "1", "2", "3", "2+offload", "3+offload"."""
     kind: str = ""
-    """For torch: ddp, zero_redundancy, fsdp2. Engines: unused."""
+    """For torch: ddp, zero_redundancy, fsdp2. "aa": a second copy of the stage's zeroscope
+    contender, an A/A control whose ratio to the first is this run's noise floor."""
 
 
 def specs(families: set[str]) -> list[Spec]:
@@ -41,6 +48,7 @@ def specs(families: set[str]) -> list[Spec]:
     out = [
         Spec("ddp", "torch", "0", "ddp"),
         Spec("zeroscope s0", "zeroscope", "0"),
+        Spec("zeroscope s0, 2nd copy (A/A)", "zeroscope", "0", "aa"),
         Spec("deepspeed s0", "deepspeed", "0"),
         Spec("zero_redundancy", "torch", "1", "zero_redundancy"),
         Spec("zeroscope s1", "zeroscope", "1"),
@@ -83,7 +91,7 @@ def build_model(shape: dict[str, Any], device: str = "cpu") -> Any:
 def ds_config(spec: Spec, psi: int, batch: int) -> dict[str, Any]:
     """One DeepSpeed config for both engines at this spec's stage."""
     stage = int(spec.stage[0])
-    bucket = max(1, psi // 8)
+    bucket = int(os.environ.get("ZEROSCOPE_BENCH_BUCKET", DDP_BUCKET))
     zero: dict[str, Any] = {
         "stage": stage,
         "overlap_comm": True,

@@ -43,14 +43,15 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 
 def verdict(ratio: float | None, *, tolerance: float = 0.03) -> str:
-    """Reading of ``zeroscope time / other time``: 'wins', 'par' (within tolerance), 'loses'."""
+    """Reading of ``zeroscope time / other time``: 'wins', 'loses', or 'par' when within
+    ``tolerance`` (the run's noise floor, from its A/A control)."""
     if ratio is None:
         return "NA"
     if ratio > 1 + tolerance:
         return f"loses ({(ratio - 1) * 100:+.0f}%)"
     if ratio < 1 - tolerance:
         return f"wins ({(ratio - 1) * 100:+.0f}%)"
-    return "par"
+    return "par" if tolerance <= 0.05 else f"par (noise ±{tolerance * 100:.0f}%)"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,13 +23,13 @@ def engine(quick: bool) -> list[Table]:
             "Engine, demo model (2 ranks, CPU, gloo)",
             DEMO,
             families,
-            rounds=3 if quick else 6,
+            rounds=3 if quick else 10,
             steps=1 if quick else 2,
         )
     ]
     if not quick:
         tables.append(
-            run("Engine, larger model (2 ranks, CPU, gloo)", LARGER, families, rounds=3, steps=1)
+            run("Engine, larger model (2 ranks, CPU, gloo)", LARGER, families, rounds=8, steps=1)
         )
     if "deepspeed" not in families:
         tables[0].note += " DeepSpeed is not installed: its rows are missing."
@@ -39,7 +39,7 @@ def engine(quick: bool) -> list[Table]:
 def agent(quick: bool) -> list[Table]:
     from bench import agent_overhead
 
-    argv = ["--width", "512", "--blocks", "8" if quick else "24", "--steps", "2"]
+    argv = ["--width", "512", "--blocks", "8" if quick else "40", "--steps", "2"]
     result = agent_overhead.run(agent_overhead.parser().parse_args(argv))
     t = Table(
         title="Agent overhead: live agent on vs off (2 ranks, CPU, gloo, MLP width 512)",

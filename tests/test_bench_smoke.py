@@ -49,6 +49,7 @@ def test_verdict_reads_the_ratio_of_zeroscope_to_the_other() -> None:
     assert verdict(1.2).startswith("loses (+20%)")
     assert verdict(0.5).startswith("wins (-50%)")
     assert verdict(1.01) == "par" and verdict(None) == "NA"
+    assert verdict(1.2, tolerance=0.3) == "par (noise ±30%)"
 
 
 def test_table_renders_markdown_and_json_with_na_never_zero() -> None:
@@ -77,13 +78,14 @@ def test_contenders_pair_each_stage_and_share_one_config() -> None:
     all_specs = specs({"torch", "zeroscope", "deepspeed"})
     stages = {s.stage for s in all_specs}
     for stage in stages:  # every comparison group has exactly one zeroscope row
-        assert [s.family for s in all_specs if s.stage == stage].count("zeroscope") == 1
+        mine = [s for s in all_specs if s.stage == stage and s.family == "zeroscope"]
+        assert len([s for s in mine if s.kind != "aa"]) == 1
     assert {s.family for s in specs({"torch"})} == {"torch"}
     zs, ds = Spec("z", "zeroscope", "3+offload"), Spec("d", "deepspeed", "3+offload")
     assert ds_config(zs, 800, 8)["zero_optimization"] == ds_config(ds, 800, 8)["zero_optimization"]
     zero = ds_config(zs, 800, 8)["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
-    assert zero["reduce_bucket_size"] == 100
+    assert zero["reduce_bucket_size"] == 25 * 2**20 // 4  # torch DDP's bucket_cap_mb, fp32
 
 
 def test_cli_parses_sections_and_rejects_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
