@@ -3,6 +3,7 @@
     python -m bench                      # full run, ~10-15 min on 2 cores
     python -m bench --quick              # smaller sizes, fewer rounds, ~3 min
     python -m bench --only engine,agent  # sections: engine, agent, ingest, tui, gpu
+    python -m bench --update-docs        # also refresh the tables in docs/bench.md
 
 Each section is independent: one that fails is recorded as failed in the table and the rest
 still run. Comparisons are ratios within this run (see bench/harness.py), so the absolute
@@ -42,12 +43,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=str(ROOT / "docs" / "bench-results"),
         help="output path without suffix (.md and .json are written)",
     )
+    parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="also put the new tables into docs/bench.md (between its markers)",
+    )
     args = parser.parse_args(argv)
     args.sections = [s for s in args.only.split(",") if s]
     unknown = [s for s in args.sections if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     return args
+
+
+START, END = "<!-- results:start", "<!-- results:end -->"
+
+
+def update_docs(doc: Path, markdown: str) -> None:
+    """Replace the results between the markers in ``doc`` with ``markdown`` (less its title);
+    the interpretation around them is written by people and stays."""
+    text = doc.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{doc}: no {START} ... {END} markers to replace")
+    head, rest = text.split(START, 1)
+    marker_line, _ = rest.split("\n", 1)
+    _, tail = rest.split(END, 1)
+    body = markdown.split("\n", 1)[1].strip()
+    doc.write_text(f"{head}{START}{marker_line}\n{body}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render_markdown(machine, tables, command=command)
     out.with_suffix(".md").write_text(markdown)
     out.with_suffix(".json").write_text(to_json(machine, tables, command=command))
+    if args.update_docs:
+        update_docs(ROOT / "docs" / "bench.md", markdown)
     print(markdown)
     print(f"[bench] wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
     return 0

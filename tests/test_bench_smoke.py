@@ -4,10 +4,11 @@ ratios, verdicts, table rendering (markdown and JSON), the machine description, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from bench.__main__ import parse_args
+from bench.__main__ import parse_args, update_docs
 from bench.contenders import Spec, ds_config, specs
 from bench.harness import (
     Table,
@@ -94,3 +95,17 @@ def test_cli_parses_sections_and_rejects_unknown_ones(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         parse_args(["--only", "engine,nope"])
     assert "unknown section(s) nope" in capsys.readouterr().err
+
+
+def test_update_docs_replaces_only_the_marked_results(tmp_path: Path) -> None:
+    doc = tmp_path / "bench.md"
+    doc.write_text(
+        "# B\nintro\n<!-- results:start (x) -->\nold table\n<!-- results:end -->\nreading\n"
+    )
+    update_docs(doc, "# results title\n\nnew table\n")
+    assert doc.read_text() == (
+        "# B\nintro\n<!-- results:start (x) -->\nnew table\n<!-- results:end -->\nreading\n"
+    )
+    (tmp_path / "plain.md").write_text("no markers")
+    with pytest.raises(SystemExit, match="no <!-- results:start"):
+        update_docs(tmp_path / "plain.md", "# t\nx")
