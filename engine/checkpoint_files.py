@@ -11,6 +11,7 @@ Layout (DeepSpeed's runtime/engine.py and checkpoint/constants.py names)::
     save_dir/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt
                                                         every rank: its fp32 master and Adam
                                                         shards (from RAM, host or NVMe), RNG
+                                                        states (CPU, and CUDA's)
 
 Atomicity: every rank writes into ``save_dir/.<tag>.tmp`` (each file flushed and fsynced); after
 a barrier rank 0 fsyncs the folder, renames it to ``<tag>`` (an older ``<tag>`` is first
@@ -109,6 +110,7 @@ def save_checkpoint(
         "dp_world_size": engine.comm.world_size,
         "zero_stage": engine.zero_optimization_stage(),
         "rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
     _write(tmp / optim_file(rank, engine.config.precision), optim)
     if rank == 0:
@@ -208,6 +210,8 @@ def load_checkpoint(
         optim = _load(path / optim_file(engine.comm.rank, engine.config.precision))
         engine.strategy.load_state_dict(optim["optimizer_state_dict"])
         torch.set_rng_state(optim["rng_state"])
+        if optim.get("cuda_rng_state") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(optim["cuda_rng_state"])
     elif stage == 3:
         raise ValueError(
             "loading only the module of a stage-3 checkpoint is not supported (its weights are "

@@ -210,3 +210,21 @@ def test_one_process_round_trip(tmp_path: Path, stage: int, precision: str) -> N
     flat = torch.cat([state[n].reshape(-1) for n, _ in first.engine.module.named_parameters()])
     assert torch.equal(flat.sort().values, masters[: flat.numel()].sort().values)
     TinyGPT().load_state_dict(state)
+
+
+def test_load_module_only_starts_a_fresh_optimizer_from_the_weights(tmp_path: Path) -> None:
+    run = build(ds_config(1))
+    train(run, 0, 1, range(2))
+    run.engine.save_checkpoint(str(tmp_path))
+    saved = {k: v.detach().clone() for k, v in run.engine.module.state_dict().items()}
+    other = build(ds_config(1), seed=7)
+    path, _ = other.engine.load_checkpoint(str(tmp_path), load_module_only=True)
+    assert path is not None and other.engine.global_steps == 0
+    got = other.engine.module.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in saved.items())
+    shard = other.engine.strategy.state_dict()["shards"][0]
+    assert shard["step"] == 0 and not shard["exp_avg"].any()
+    flat = torch.cat(
+        [p.detach().reshape(-1) for p in reversed(list(other.engine.module.parameters()))]
+    )
+    assert torch.equal(shard["master"][: flat.numel()], flat)  # masters follow the weights
