@@ -35,6 +35,10 @@ Listener = Callable[[Message], None]
 INGEST_HWM = 200_000
 """Messages the ingest socket buffers before agents see EAGAIN (and drop, counted)."""
 
+VIEWER_HWM = 100_000
+"""Updates queued per live viewer; past it a slow viewer's updates are dropped (the collector
+never waits for a viewer) and the viewer repairs the gap from the snapshot history."""
+
 HISTORY_BYTES = 256 * 1024 * 1024
 """Payload bytes kept in memory for viewers' snapshots; older ones are trimmed (Hellos are kept
 forever). The trace file keeps everything."""
@@ -174,7 +178,7 @@ class Collector:
         self.viewer_address = router.getsockopt_string(zmq.LAST_ENDPOINT)
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.setsockopt(zmq.SNDHWM, VIEWER_HWM)
         pub.bind("tcp://127.0.0.1:*")
         self.pub_address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         return pull, router, pub
