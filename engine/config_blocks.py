@@ -107,7 +107,17 @@ class OptimizerConfig:
         return self.type == "AdamW" or self.params.adam_w_mode
 
 
+def _object(raw: Any, path: str) -> Mapping[str, Any]:
+    """``raw`` if it is a JSON object (None reads as {}), else a one-line ConfigError."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path} must be an object {{...}}, got {raw!r}")
+    return raw
+
+
 def read_optimizer(raw: Mapping[str, Any]) -> OptimizerConfig:
+    raw = _object(raw, "optimizer")
     unknown = set(raw) - {"type", "params"}
     if unknown:
         key = sorted(unknown)[0]
@@ -118,7 +128,7 @@ def read_optimizer(raw: Mapping[str, Any]) -> OptimizerConfig:
             f"optimizer.type {name!r} is not supported yet (supported: Adam, AdamW)"
             + suggest(name, list(_OPTIMIZERS.values()))
         )
-    params = dict(raw.get("params") or {})
+    params = dict(_object(raw.get("params"), "optimizer.params"))
     if "max_grad_norm" in params:  # DeepSpeed refuses it too
         raise ConfigError(
             "optimizer.params.max_grad_norm is not an optimizer parameter: use the top-level "
@@ -199,6 +209,7 @@ class SchedulerConfig:
 
 
 def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
+    raw = _object(raw, "scheduler")
     unknown = set(raw) - {"type", "params"}
     if unknown:
         key = sorted(unknown)[0]
@@ -208,16 +219,16 @@ def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
         raise ConfigError(
             f"scheduler.type {name!r} is not supported yet (supported: {list(_SCHEDULERS)})"
         )
-    if name not in _SCHEDULERS:
+    if not isinstance(name, str) or name not in _SCHEDULERS:
         raise ConfigError(
             f"scheduler.type must be one of {list(_SCHEDULERS)}, got {name!r}"
             + suggest(str(name), list(_SCHEDULERS))
         )
-    params_raw = dict(raw.get("params") or {})
+    params_raw = dict(_object(raw.get("params"), "scheduler.params"))
     if "total_num_steps" not in params_raw and name != "WarmupLR":
         raise ConfigError(f"scheduler.params.total_num_steps is required for {name}")
     params: SchedulerParams = read_block(_SCHEDULERS[name], params_raw, "scheduler.params")
-    return SchedulerConfig(type=name, params=params)
+    return SchedulerConfig(type=name, params=params)  # type: ignore[arg-type]
 
 
 @dataclass(kw_only=True, slots=True)

@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a trace found damaged part-way through a verb's reading
+        from zeroscope.trace import TraceError
+
+        if not isinstance(exc, TraceError):
+            raise
+        print(f"zeroscope: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

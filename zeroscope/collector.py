@@ -35,6 +35,10 @@ Listener = Callable[[Message], None]
 INGEST_HWM = 200_000
 """Messages the ingest socket buffers before agents see EAGAIN (and drop, counted)."""
 
+VIEWER_HWM = 100_000
+"""Updates queued per live viewer; past it a slow viewer's updates are dropped (the collector
+never waits for a viewer) and the viewer repairs the gap from the snapshot history."""
+
 HISTORY_BYTES = 256 * 1024 * 1024
 """Payload bytes kept in memory for viewers' snapshots; older ones are trimmed (Hellos are kept
 forever). The trace file keeps everything."""
@@ -88,6 +92,10 @@ class Collector:
         self.listener_errors = 0
         self.internal_errors = 0
         self.last_error = ""
+        self.recording_error = ""
+        """Why recording stopped (disk full...), or "" while it works. Live serving goes on."""
+        self.on_recording_stopped: Callable[[str], None] | None = None
+        """Called once, on the collector thread, with ``recording_error`` (for an alert)."""
 
         self.seq = 0
         self._history: list[bytes] = []
@@ -126,6 +134,7 @@ class Collector:
             "duplicate_hellos": self.duplicate_hellos,
             "listener_errors": self.listener_errors,
             "internal_errors": self.internal_errors,
+            "recording_error": self.recording_error,
             "seq": self.seq,
         }
 
@@ -169,7 +178,7 @@ class Collector:
         self.viewer_address = router.getsockopt_string(zmq.LAST_ENDPOINT)
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.setsockopt(zmq.SNDHWM, VIEWER_HWM)
         pub.bind("tcp://127.0.0.1:*")
         self.pub_address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         return pull, router, pub
@@ -208,8 +217,7 @@ class Collector:
                     try:
                         self.trace.maybe_commit()
                     except Exception as exc:
-                        self.internal_errors += 1
-                        self.last_error = f"trace commit failed: {exc!r}"
+                        self.stop_recording(exc)
             self._drain(pull, pub)
         finally:
             if self.trace is not None:
@@ -269,8 +277,7 @@ class Collector:
             try:
                 self.trace.append(message, payload)
             except Exception as exc:  # disk full, file removed...: keep serving live viewers
-                self.internal_errors += 1
-                self.last_error = f"trace write failed: {exc!r}"
+                self.stop_recording(exc)
         if pub is not None:
             pub.send_multipart([proto.update_header(self.instance, seq), payload])
         for listener in self._listeners:
@@ -280,6 +287,28 @@ class Collector:
                 self.listener_errors += 1
                 self.last_error = f"listener {listener!r} raised {exc!r}"
         return message
+
+    def stop_recording(self, exc: BaseException) -> None:
+        """A trace write failed (disk full, file too large, file removed): stop recording for
+        good rather than retry on every message, keep what was committed (it replays), keep
+        serving live viewers, and say so once."""
+        self.internal_errors += 1
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        try:
+            trace.close()  # commits what it still can
+        except Exception:
+            pass
+        kept = f"after step {trace.last_step}" if trace.last_step is not None else "before step 1"
+        self.recording_error = self.last_error = (
+            f"recording stopped {kept}: trace write failed ({exc}); the run goes on"
+        )
+        if self.on_recording_stopped is not None:
+            try:
+                self.on_recording_stopped(self.recording_error)
+            except Exception:
+                self.listener_errors += 1
 
     def _remember(self, payload: bytes) -> None:
         self._history.append(payload)

@@ -18,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
@@ -53,7 +54,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, ValueError) as exc:  # ValueError: undecodable text in a damaged file
         raise TraceError(f"{path}: cannot open as a trace ({exc})") from None
     return conn
 
@@ -66,6 +67,8 @@ def _check_meta(conn: sqlite3.Connection, path: Path) -> dict[str, str]:
         if "no such table" in str(exc):
             raise TraceError(f"{path}: not a zeroscope trace (no meta/messages table)") from None
         raise TraceError(f"{path}: corrupt or not a trace ({exc})") from None
+    except ValueError as exc:  # e.g. bytes that are not UTF-8 where text was stored
+        raise TraceError(f"{path}: corrupt trace ({type(exc).__name__})") from None
     if meta.get("format") != TRACE_FORMAT:
         raise TraceError(f"{path}: not a zeroscope trace (format {meta.get('format')!r})")
     version = meta.get("schema_version")
@@ -118,6 +121,8 @@ class TraceWriter:
         self.commit_interval = commit_interval
         self.commit_rows = commit_rows
         self.rows = 0
+        self.last_step: int | None = None
+        """Highest step committed so far (what a reader is sure to find)."""
 
     def set_job_id(self, job_id: str) -> None:
         """Record the job id (learned from the first Hello)."""
@@ -167,6 +172,9 @@ class TraceWriter:
             raise
         conn.execute("COMMIT")
         self.rows += len(rows)
+        steps = [row[0] for row in rows if row[0] is not None]
+        if steps:
+            self.last_step = max(max(steps), self.last_step or 0)
 
     def close(self) -> None:
         try:
@@ -194,26 +202,27 @@ class TraceReader:
     def job_id(self) -> str:
         return self.meta.get("job_id", "")
 
+    def _fetch(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
+        """All rows of one query; a damaged file raises TraceError naming it."""
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            raise TraceError(f"{self.path}: corrupt trace ({exc})") from None
+
     def steps(self) -> tuple[int, int] | None:
         """(first, last) step recorded, or None when no step-bearing message exists."""
-        row = self._conn.execute(
-            "SELECT MIN(step), MAX(step) FROM messages WHERE step IS NOT NULL"
-        ).fetchone()
+        (row,) = self._fetch("SELECT MIN(step), MAX(step) FROM messages WHERE step IS NOT NULL")
         return None if row[0] is None else (int(row[0]), int(row[1]))
 
     def count(self, kind: str | None = None) -> int:
         if kind is None:
-            return int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
-        return int(
-            self._conn.execute("SELECT COUNT(*) FROM messages WHERE kind = ?", (kind,)).fetchone()[
-                0
-            ]
-        )
+            return int(self._fetch("SELECT COUNT(*) FROM messages")[0][0])
+        return int(self._fetch("SELECT COUNT(*) FROM messages WHERE kind = ?", (kind,))[0][0])
 
     def hellos(self) -> list[schema.Hello]:
         """Each rank's Hello (the first one per rank), in rank order."""
         out: dict[int, schema.Hello] = {}
-        for (payload,) in self._conn.execute(
+        for (payload,) in self._fetch(
             "SELECT payload FROM messages WHERE step IS NULL AND kind = 'hello' ORDER BY seq"
         ):
             msg = self._decode(payload)
@@ -252,7 +261,7 @@ class TraceReader:
             cursor = self._conn.execute(sql, args)
             while rows := cursor.fetchmany(batch):
                 yield from rows
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, ValueError) as exc:
             raise TraceError(f"{self.path}: corrupt trace ({exc})") from None
 
     def messages(

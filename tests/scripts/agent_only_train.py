@@ -9,6 +9,8 @@ exact bytes it holds (P/G/O as fp32 Adam: 4 + 4 + 8 bytes per parameter).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 import torch
@@ -22,6 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--fail-at", type=int, default=-1, help="exit 3 at this step")
+    parser.add_argument("--kill-at", type=int, default=-1, help="SIGKILL --kill-rank here")
+    parser.add_argument("--kill-rank", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -39,6 +43,8 @@ def main() -> None:
     for step in range(args.steps):
         if step == args.fail_at:
             sys.exit(3)
+        if step == args.kill_at and rank == args.kill_rank:  # a crash no handler sees
+            os.kill(os.getpid(), signal.SIGKILL)
         with tel.phase("forward"):
             x = torch.randn(16, 64, generator=data)
             loss = (model(x) - x).pow(2).mean()

@@ -94,6 +94,7 @@ def main(args: argparse.Namespace) -> int:
         )
     )
     state = ClusterState()
+    collector.on_recording_stopped = lambda reason: setattr(state, "recording_error", reason)
     job: Job | None = None
 
     def hang_up(signum: int, frame: FrameType | None) -> None:

@@ -118,6 +118,9 @@ def _start_collector(args: argparse.Namespace, token: str | None, trace: Path | 
             record=trace,
             token=token.encode() if token else None,
         )
+        collector.on_recording_stopped = lambda reason: print(
+            f"zeroscope serve: {reason}", file=sys.stderr, flush=True
+        )
         collector.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -139,12 +139,14 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
         if rs.bye is None and rs.last_seen_s is not None and now_s - rs.last_seen_s > rules.silent_s
     )
     if silent:
+        last = min((rs.latest.step for r in silent if (rs := state.ranks[r]).latest), default=0)
         alerts.append(
             Alert(
                 kind="silent",
                 severity="critical",
                 ranks=tuple(silent),
-                message=f"no word for >{rules.silent_s:g}s from {_ranks_text(silent)}",
+                message=f"no word for >{rules.silent_s:g}s from {_ranks_text(silent)}"
+                f" (after step {last})",
             )
         )
 
@@ -158,6 +160,9 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 message=f"rank exited with an error: {_ranks_text(failed)}",
             )
         )
+
+    if state.recording_error:
+        alerts.append(Alert(kind="recording", severity="critical", message=state.recording_error))
 
     dropping = sorted(r for r, rs in state.ranks.items() if rs.dropped)
     if dropping:

@@ -108,6 +108,8 @@ class ClusterState:
         self.version = 0
         """Bumped on every change: a view redraws only when it moved."""
         self.last_complete: int | None = None
+        self.recording_error = ""
+        """Set by the collector's owner when the trace stopped recording (an alert)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -119,8 +121,11 @@ class ClusterState:
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
         """Fold one message in; returns the steps it completed (oldest first)."""
         if received_s is None:
+            # Replay: no receiver clock. Ranks' clocks can be far apart, so a message arrives
+            # at the newest instant seen so far, never earlier on its own rank's clock (a rank
+            # whose clock runs an hour behind is not silent for an hour).
             wall = message.started_ns if isinstance(message, Hello) else message.wall_ns
-            received_s = wall / 1e9
+            received_s = max(self.clock_s, wall / 1e9)
         self.clock_s = max(self.clock_s, received_s)
         self.messages += 1
         self.version += 1

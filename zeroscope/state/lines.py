@@ -56,10 +56,35 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     for alert in state.alerts():
         if alert.kind != "silent":  # after the job, silence is its end, not a warning
             lines.append(f"alert: {alert.message}")
-    exits = {r: rs.bye.exit_code for r, rs in sorted(state.ranks.items()) if rs.bye}
-    if exits:
-        bad = {r: c for r, c in exits.items() if c}
-        lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
+    lines += exit_lines(state)
     if trace:
         lines.append(f"trace: {trace}")
+    return lines
+
+
+def exit_lines(state: ClusterState) -> list[str]:
+    """How the ranks ended. A rank without a Bye while others said theirs died without a word
+    (SIGKILL, the OOM killer, a segfault): it is the likely first failure, and the others'
+    errors (a peer's connection reset) follow from it. Each lost rank is named with the last
+    step it completed."""
+    ranks = sorted(state.ranks.items())
+    exits = {r: rs.bye.exit_code for r, rs in ranks if rs.bye}
+    lost: dict[int, list[int]] = {}
+    for r, rs in ranks:
+        if rs.bye is None:
+            lost.setdefault(rs.latest.step if rs.latest else 0, []).append(r)
+    lines = []
+    if exits:
+        for step, rs_lost in sorted(lost.items()):
+            shown = ",".join(f"r{r}" for r in rs_lost[:8]) + (
+                f" +{len(rs_lost) - 8}" if len(rs_lost) > 8 else ""
+            )
+            lines.append(
+                f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
+            )
+        bad = {r: c for r, c in exits.items() if c}
+        lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
+    elif lost:
+        last = max(lost)
+        lines.append(f"no rank said Bye: the job or its recording ended abruptly after step {last}")
     return lines
