@@ -43,6 +43,9 @@ def test_offload_matches_deepspeed_estimators() -> None:
     # their shard.
     s3p = formulas.model_state_bytes(PSI, n, 3, persistent=1e6)
     assert s3p.params == 2 * (PSI / n + 1e6) and s3p.grads == 2 * PSI / n
+    # fp32 with offload: the host holds a separate fp32 master, so O is 12 bytes, not 8.
+    f32 = formulas.model_state_bytes(PSI, n, 2, precision="fp32", offload_optimizer="cpu")
+    assert f32.host_optim == 12 * PSI / n and f32.optim == 0 and f32.params == 4 * PSI
     both = formulas.model_state_bytes(PSI, n, 3, offload_optimizer="nvme", offload_param="cpu")
     # Everything offloaded: 2 (P) + 4 (fp32 G) + 12 (O) = DeepSpeed's 18Ψ/N.
     assert both.device_total == 0 and both.total == 18 * PSI / n

@@ -109,7 +109,9 @@ def model_state_bytes(
     optim = k * psi / ranks if stage >= 1 else k * psi
     host_params = host_grads = host_optim = 0.0
     if offload_optimizer != "none":
-        host_optim, optim = optim, 0.0
+        # The host keeps its own fp32 master beside m and v (12 bytes), even in an fp32 run,
+        # where without offload the parameters themselves are the master (8).
+        host_optim, optim = 12 * psi / ranks, 0.0
         host_grads = 4 * psi / ranks
         grads = 0.0 if stage >= 2 else grads
     if offload_param != "none":
