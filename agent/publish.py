@@ -124,8 +124,8 @@ class Publisher:
                 event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
                 with self._lock:
                     self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
-                    if self._sticky is not None:
-                        self._sticky_pending = True
+                    if not self.connected and self._sticky is not None:
+                        self._sticky_pending = True  # re-announce on the next connection
             with self._lock:
                 self._flush_sticky_locked()
         except Exception:

@@ -107,6 +107,9 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     grads: int = 0
     optim: int = 0
     activations: int | None = None
+    activations_step: int = 0
+    """The step whose forward/backward ``activations`` was counted on (the agent samples every
+    N-th step, see agent/live.py); 0 = not said."""
     gathered_params: int = 0
     """Stage 3: full parameters currently gathered (transient; also counted apart from P)."""
     persistent_params: int = 0

@@ -46,6 +46,16 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     numel = sum(p.numel() for p in model.parameters())
     publisher = Publisher(address)
     publisher.wait_connected(5.0)
+    wire = [0]  # bytes the agent hands to ZeroMQ (token + payload frames), for bytes/rank-step
+    send_locked = publisher._send_locked
+
+    def counted(data: bytes) -> bool:
+        ok = send_locked(data)
+        if ok:
+            wire[0] += len(data) + len(publisher._token)
+        return ok
+
+    publisher._send_locked = counted
     live = LiveTelemetry(publisher, rank=rank, world_size=world, job_id="bench")
     live.hello(
         config=ConfigSummary(stage=0, precision="fp32", dp_world_size=world),
@@ -97,6 +107,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     times: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     direct = [0.0, 0.0, 0.0]
+    wire[0] = 0
     for block in range(3 * args.blocks):
         mode = ("on", "off", "off-again")[block % 3]
         tel = live if mode == "on" else off
@@ -111,9 +122,12 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         cpu[mode].append((time.process_time() - c0) / args.steps)
         if mode == "on":
             direct = [a + b for a, b in zip(direct, inside)]
-    live.close()
     n = args.blocks * args.steps
-    out.put((rank, times, cpu, [d / n for d in direct], live.errors, publisher.dropped))
+    wire_per_step = wire[0] / n  # every message sent while measuring, heartbeats included
+    live.close()
+    out.put(
+        (rank, times, cpu, [d / n for d in direct], live.errors, publisher.dropped, wire_per_step)
+    )
     dist.destroy_process_group()
 
 
@@ -145,21 +159,13 @@ def _ablate(live: Any, parts: str) -> None:
             raise SystemExit(f"unknown --ablate part {part!r} (hooks, send, futures, sampler)")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=40)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument(
-        "--ablate",
-        default="",
-        help="comma-separated agent parts to switch off: hooks, send, futures, sampler",
-    )
-    args = parser.parse_args()
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run both ranks; per rank: paired on/off ratios (CPU and wall), A/A control, agent-call
+    time, wire bytes per step; plus the collector's counts."""
     import multiprocessing as mp
     import socket
 
+    from bench.harness import paired_ratio
     from zeroscope.collector import Collector
 
     with socket.socket() as s:
@@ -178,24 +184,60 @@ def main() -> int:
         for p in procs:
             p.join()
         received = col.stats()
-    for rank, times, cpu, direct, errors, dropped in results:
-        c_on, c_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-        c_again = statistics.median(cpu["off-again"])
-        print(
-            f"rank {rank}: CPU per step {c_off * 1e3:.2f} ms off, {c_on * 1e3:.2f} ms on: "
-            f"on/off {c_on / c_off:.4f} ({(c_on / c_off - 1) * 100:+.2f}%, goal <= +1%); "
-            f"A/A control {c_again / c_off:.4f}"
+    ranks = []
+    for rank, times, cpu, direct, errors, dropped, wire in results:
+        ranks.append(
+            {
+                "rank": rank,
+                "cpu_off_s": statistics.median(cpu["off"]),
+                "cpu_on_off": paired_ratio(cpu["on"], cpu["off"]),
+                "cpu_aa": paired_ratio(cpu["off-again"], cpu["off"]),
+                "wall_off_s": statistics.median(times["off"]),
+                "wall_on_off": paired_ratio(times["on"], times["off"]),
+                "wall_aa": paired_ratio(times["off-again"], times["off"]),
+                "agent_calls_s": sum(direct),
+                "direct": direct,
+                "errors": errors,
+                "dropped": dropped,
+                "wire_bytes_per_step": wire,
+            }
         )
-        on, off = statistics.median(times["on"]), statistics.median(times["off"])
-        again = statistics.median(times["off-again"])
+    return {"ranks": ranks, "collector": received}
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--ablate",
+        default="",
+        help="comma-separated agent parts to switch off: hooks, send, futures, sampler",
+    )
+    return parser
+
+
+def main() -> int:
+    result = run(parser().parse_args())
+    for r in result["ranks"]:
         print(
-            f"rank {rank}: step {off * 1e3:.2f} ms off, {on * 1e3:.2f} ms on: "
-            f"on/off {on / off:.4f} ({(on / off - 1) * 100:+.2f}%, goal <= +1%); "
-            f"A/A control off-again/off {again / off:.4f}; agent calls {sum(direct) * 1e6:.0f} "
-            f"us/step ({sum(direct) / off * 100:.2f}% of the step: forward phase "
-            f"{direct[0] * 1e6:.0f}, collective() {direct[1] * 1e6:.0f}, step_end "
-            f"{direct[2] * 1e6:.0f} us); errors {errors}, dropped {dropped}"
+            f"rank {r['rank']}: CPU per step {r['cpu_off_s'] * 1e3:.2f} ms off: on/off "
+            f"{r['cpu_on_off']:.4f} ({(r['cpu_on_off'] - 1) * 100:+.2f}%, goal <= +1%); "
+            f"A/A control {r['cpu_aa']:.4f}"
         )
+        off, direct = r["wall_off_s"], r["direct"]
+        print(
+            f"rank {r['rank']}: step {off * 1e3:.2f} ms off: on/off {r['wall_on_off']:.4f} "
+            f"({(r['wall_on_off'] - 1) * 100:+.2f}%, goal <= +1%); A/A control off-again/off "
+            f"{r['wall_aa']:.4f}; agent calls {sum(direct) * 1e6:.0f} us/step "
+            f"({sum(direct) / off * 100:.2f}% of the step: forward phase {direct[0] * 1e6:.0f}, "
+            f"collective() {direct[1] * 1e6:.0f}, step_end {direct[2] * 1e6:.0f} us); "
+            f"{r['wire_bytes_per_step']:.0f} B on the wire per step; errors {r['errors']}, "
+            f"dropped {r['dropped']}"
+        )
+    received = result["collector"]
     print(f"collector: {received['accepted']} messages accepted, rejected {received['rejected']}")
     return 0
 

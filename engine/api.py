@@ -24,6 +24,7 @@ from .comm import init_distributed as _init_distributed
 from .config import ConfigError, DeepSpeedConfig, load_config
 from .engine import ZeroEngine
 from .lr_schedules import WarmupSchedule
+from .offload import make_offload
 from .optim import ZeroOptimizer
 from .precision import DTYPES, make_loss_scaler
 from .report import Reporter, largest_layer
@@ -177,9 +178,12 @@ def initialize(
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
     groups = _param_groups(model, model_parameters, optimizer)
     zero_opt = _optimizer(cfg, groups, optimizer)
+    # Counted before the strategy is built: stage 3 leaves empty placeholders in the module.
+    total, largest = sum(p.numel() for p in model.parameters()), largest_layer(model)
     strategy = make_strategy(
         module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
     )
+    strategy = make_offload(strategy, config=cfg, comm=comm)
     scheduler: Any = lr_scheduler
     if cfg.scheduler is not None:
         if lr_scheduler is not None:
@@ -196,10 +200,11 @@ def initialize(
         cfg=cfg,
         dp_world_size=comm.world_size,
         optimizer=zero_opt.name,
-        total=sum(p.numel() for p in model.parameters()),
+        total=total,
         psi=psi,
         padded=padded,
-        largest=largest_layer(model),
+        largest=largest,
+        persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
     )
     engine = ZeroEngine(

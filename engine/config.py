@@ -215,16 +215,10 @@ def load_config(
 
 
 def check_implemented(cfg: DeepSpeedConfig) -> None:
-    """Refuse what parses but is not built yet, with a clear reason (never silently ignore).
-
-    Offload: the offload strategies lift this when they land."""
-    zero = cfg.zero_optimization
-    for name, block in (
-        ("offload_optimizer", zero.offload_optimizer),
-        ("offload_param", zero.offload_param),
-    ):
-        if block.device != "none":
-            raise ConfigError(
-                f"zero_optimization.{name}.device={block.device!r} is not supported yet "
-                f'(use "none")'
-            )
+    """Refuse what parses but is not built yet, with a clear reason (never silently ignore)."""
+    offload = cfg.zero_optimization.offload_optimizer
+    if offload.device != "none" and offload.ratio != 1.0:
+        raise ConfigError(
+            f"zero_optimization.offload_optimizer.ratio={offload.ratio} is not supported yet "
+            f"(the whole optimizer step runs where O lives; use 1.0)"
+        )

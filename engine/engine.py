@@ -113,6 +113,30 @@ class ZeroEngine:
     def parameters(self, recurse: bool = True) -> Any:
         return self.module.parameters(recurse)
 
+    # -- checkpoints (engine/checkpoint_files.py) and clean-up --------------------------------
+
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+    ) -> bool:
+        from .checkpoint_files import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, **options: Any) -> Any:
+        from .checkpoint_files import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag, **options)
+
+    def destroy(self) -> None:
+        """Release what the strategy holds outside the process (NVMe swap files)."""
+        close = getattr(self.strategy, "close", None)
+        if close is not None:
+            close()
+
     def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
         """DeepSpeed's ``save_16bit_model``: the full 16-bit weights in one safetensors file,
         written by rank 0; every rank must call it. At stage 3 it needs
@@ -186,8 +210,12 @@ class ZeroEngine:
             for g in grads32:
                 g.mul_(coef)
         # 4. Adam on the fp32 masters, then the parameters
-        for shard, g in zip(self.strategy.shards, grads32):
-            adam_step(shard.master, g, shard.state, self.optimizer.hyper(shard.group))
+        offloaded_step = getattr(self.strategy, "optimizer_step", None)
+        if offloaded_step is not None:  # offload (engine/offload.py): Adam where O lives
+            offloaded_step(grads32, self.optimizer.hyper)
+        else:
+            for shard, g in zip(self.strategy.shards, grads32):
+                adam_step(shard.master, g, shard.state, self.optimizer.hyper(shard.group))
         del grads32
         self.strategy.publish_params()
         memory = self.strategy.memory()

@@ -66,11 +66,16 @@ class Reporter:
         padded: int,
         largest: int,
         device: torch.device,
+        persistent: int = 0,
     ) -> None:
         self.tel.hello(
             config=config_summary(cfg, dp_world_size, optimizer),
             params=ParamCounts(
-                total=total, trainable=psi, padded_total=padded, largest_layer=largest
+                total=total,
+                trainable=psi,
+                persistent=persistent,
+                padded_total=padded,
+                largest_layer=largest,
             ),
             device=str(device),
         )

@@ -89,6 +89,30 @@ def test_views_of_one_storage_count_once_and_peak_is_within_the_step(
     assert second.memory.activations is None
 
 
+def test_activations_are_counted_on_sampled_steps_and_carried_between(
+    rig: tuple[LiveTelemetry, list[Message]],
+) -> None:
+    """Counted on steps 1-3 and every N-th (N = 4 here); other steps carry the latest count and
+    say which step it is from, so the hooks' per-tensor cost is paid on 1 step in N."""
+    tel, got = rig
+    tel._activations_every = 4
+    w = nn.Parameter(torch.randn(4, 6))
+    sizes = {}
+    for step in range(1, 10):
+        rows = step  # a different footprint every step: a carried value is recognisable
+        x = torch.randn(rows, 4)
+        with tel.phase("forward"):
+            loss = (x @ w).pow(2).sum()  # saves x (rows*4*4 B) and x@w (rows*6*4 B)
+        with tel.phase("backward"):
+            loss.backward()
+        sizes[step] = rows * 4 * 4 + rows * 6 * 4
+        tel.step_end(memory=MemoryBytes())
+    assert wait_for(lambda: len(reports(got)) == 9)
+    seen = {r.step: (r.memory.activations, r.memory.activations_step) for r in reports(got)}
+    measured = {1: 1, 2: 2, 3: 3, 4: 4, 5: 4, 6: 4, 7: 4, 8: 8, 9: 8}
+    assert seen == {step: (sizes[at], at) for step, at in measured.items()}
+
+
 def test_phases_against_an_independent_clock(rig: tuple[LiveTelemetry, list[Message]]) -> None:
     tel, got = rig
     t0 = time.perf_counter()

@@ -178,3 +178,15 @@ def test_a_busy_port_fails_start_and_leaves_no_trace(tmp_path: Path) -> None:
         with pytest.raises(OSError, match=f"cannot bind 127.0.0.1:{port}: Address already in use"):
             Collector(port=port, record=tmp_path / "t.zst").start()
     assert not (tmp_path / "t.zst").exists()
+
+
+def test_publisher_token_frame_is_checked() -> None:
+    with Collector(token=b"s3cret") as col:
+        good, bad = Publisher(col.ingest_address, b"s3cret"), Publisher(col.ingest_address, b"x")
+        for pub in (good, bad):
+            pub.set_sticky(hello(0))
+            send_until(pub, report(1))
+        assert wait_for(lambda: col.received == 4)
+        good.close()
+        bad.close()
+    assert (col.accepted, col.unauthenticated, col.duplicate_hellos) == (2, 2, 0)

@@ -109,11 +109,14 @@ def test_known_but_unsupported_keys_say_so() -> None:
         load({"train_batch_size": 2, "wandb": {"enabled": True}})
     with pytest.raises(ConfigError, match=r"optimizer.type 'Lamb' is not supported yet"):
         load({"train_batch_size": 2, "optimizer": {"type": "Lamb"}})
-    with pytest.raises(ConfigError, match=r"offload_optimizer.device='cpu' is not supported yet"):
+    with pytest.raises(ConfigError, match=r"offload_optimizer.ratio=0.5 is not supported yet"):
         load(
             {
                 "train_batch_size": 2,
-                "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                "zero_optimization": {
+                    "stage": 2,
+                    "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+                },
             }
         )
     # an unsupported block that is switched off is harmless

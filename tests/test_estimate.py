@@ -35,11 +35,20 @@ def test_offload_matches_deepspeed_estimators() -> None:
     n = 8
     s2 = formulas.model_state_bytes(PSI, n, 2, offload_optimizer="cpu")
     assert s2.device_total == 2 * PSI
-    assert s2.host_optim == 12 * PSI / n and s2.host_grads == 2 * PSI / n
+    # The host gradient partition is fp32, as DeepSpeed's CPU Adam consumes it.
+    assert s2.host_optim == 12 * PSI / n and s2.host_grads == 4 * PSI / n
     s3 = formulas.model_state_bytes(PSI, n, 3, offload_optimizer="cpu")
     assert s3.device_total == 2 * PSI / n
+    # Persistent (never released) stage-3 parameters are held whole by every rank, beside
+    # their shard.
+    s3p = formulas.model_state_bytes(PSI, n, 3, persistent=1e6)
+    assert s3p.params == 2 * (PSI / n + 1e6) and s3p.grads == 2 * PSI / n
+    # fp32 with offload: the host holds a separate fp32 master, so O is 12 bytes, not 8.
+    f32 = formulas.model_state_bytes(PSI, n, 2, precision="fp32", offload_optimizer="cpu")
+    assert f32.host_optim == 12 * PSI / n and f32.optim == 0 and f32.params == 4 * PSI
     both = formulas.model_state_bytes(PSI, n, 3, offload_optimizer="nvme", offload_param="cpu")
-    assert both.device_total == 0 and both.total == 16 * PSI / n
+    # Everything offloaded: 2 (P) + 4 (fp32 G) + 12 (O) = DeepSpeed's 18Ψ/N.
+    assert both.device_total == 0 and both.total == 18 * PSI / n
 
 
 @pytest.mark.parametrize(
@@ -79,7 +88,8 @@ def test_estimate_single_stage_with_offload(capsys: pytest.CaptureFixture[str]) 
     assert main(argv) == 0
     (row,) = capsys.readouterr().out.splitlines()[2:]
     stage, *_, device, host, comm = row.split()
-    assert (stage, device, host, comm) == ("3", "0.5", "3.5", "6.0")
+    # 1e9 params on 4 ranks: device P 2Ψ/N = 0.5 GB; host fp32 G + O 16Ψ/N = 4.0 GB; 3Ψ fp16.
+    assert (stage, device, host, comm) == ("3", "0.5", "4.0", "6.0")
 
 
 def test_estimate_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

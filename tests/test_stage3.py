@@ -117,3 +117,65 @@ def test_16bit_loss_tracks_fp32_adamw(precision: str, loss_scale: float, toleran
     losses = run_ranks(_train_cases, 2, precision, [case])[0][0]
     assert losses == pytest.approx(_reference(case, 2), rel=tolerance)
     assert losses[-1] < 0.5 * losses[0]  # and it trains
+
+
+def test_persistence_thresholds_pick_small_parameters_up_to_the_model_cap() -> None:
+    """One process (N = 1, no process group): which parameters stay whole."""
+    from zeroscope.engine.comm import Comm
+    from zeroscope.engine.zero.stage3.partition import Partition
+
+    model = make_model()
+    named = list(model.named_parameters())
+    small = [n for n, p in named if p.numel() <= 128]
+    part = Partition(
+        named, dtype=torch.float32, persistence_threshold=128, comm=Comm(tel=Recorder())
+    )
+    assert [sp.name for sp in part.params if sp.persistent] == small
+    cap = sum(p.numel() for n, p in make_model().named_parameters() if n in small[:3])
+    model = make_model()
+    part = Partition(
+        list(model.named_parameters()),
+        dtype=torch.float32,
+        persistence_threshold=128,
+        comm=Comm(tel=Recorder()),
+        model_persistence_threshold=cap,
+    )
+    assert [sp.name for sp in part.params if sp.persistent] == small[:3]
+    assert all(p.numel() == 0 for n, p in model.named_parameters() if n not in small)
+
+
+def test_backward_releases_each_module_even_with_keyword_inputs() -> None:
+    """One process: by the time backward reaches the first layer, the later layers' gathered
+    parameters are released again (inputs passed by keyword, as transformers do)."""
+    layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = torch.tanh(layer(input=x))
+            return x.sum()
+
+    model = Chain()
+    strategy = _strategy(
+        model,
+        "fp32",
+        stage3_param_persistence_threshold=0,
+        stage3_max_reuse_distance=0,
+        stage3_prefetch_bucket_size=0,
+    )
+    seen: list[int] = []
+    for _ in range(2):  # record the trace, then run from it
+        x = torch.randn(3, 16, requires_grad=True)
+        x.register_hook(lambda g: seen.append(strategy.coordinator.live_numel) or g)
+        strategy.begin_micro_step(boundary=True)
+        model(x).backward()
+        strategy.end_micro_step()
+        strategy.reduced_grads()
+        strategy.zero_grads()
+    one_layer = 16 * 16 + 16
+    assert seen == [0, 0]  # the first layer too was released after its backward
+    assert strategy.coordinator.peak_live_numel <= 2 * one_layer

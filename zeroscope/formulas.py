@@ -91,22 +91,28 @@ def model_state_bytes(
     precision: str = "fp16",
     offload_optimizer: str = "none",
     offload_param: str = "none",
+    persistent: float = 0.0,
 ) -> ModelStateBytes:
     """Bytes of P, G and O one rank holds for a model of ``psi`` parameters (paper, figure 1).
 
     With ``offload_optimizer`` the O shard lives on the host, and so does the gradient shard
-    the host optimizer consumes (device G is then only the transient reduce bucket, not model
-    state). With ``offload_param`` (stage 3) the P shard lives on the host too.
+    the host optimizer consumes, in fp32 as DeepSpeed's CPU Adam takes it (4Ψ/N; device G is
+    then only the transient reduce bucket, not model state). With ``offload_param`` (stage 3)
+    the P shard lives on the host too. ``persistent`` (stage 3): elements at or under
+    stage3_param_persistence_threshold, which every rank also holds whole, beside their shard
+    (as DeepSpeed keeps ``ds_tensor`` for persistent parameters too; G and O stay sharded).
     """
     _check(psi, ranks, stage, offload_optimizer, offload_param)
     p, k = param_bytes(precision), optimizer_bytes(precision)
-    params = p * psi / ranks if stage >= 3 else p * psi
+    params = p * (psi / ranks + persistent) if stage >= 3 else p * psi
     grads = p * psi / ranks if stage >= 2 else p * psi
     optim = k * psi / ranks if stage >= 1 else k * psi
     host_params = host_grads = host_optim = 0.0
     if offload_optimizer != "none":
-        host_optim, optim = optim, 0.0
-        host_grads = p * psi / ranks
+        # The host keeps its own fp32 master beside m and v (12 bytes), even in an fp32 run,
+        # where without offload the parameters themselves are the master (8).
+        host_optim, optim = 12 * psi / ranks, 0.0
+        host_grads = 4 * psi / ranks
         grads = 0.0 if stage >= 2 else grads
     if offload_param != "none":
         host_params, params = params, 0.0

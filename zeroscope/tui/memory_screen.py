@@ -24,7 +24,13 @@ def predicted(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
         return None, "prediction NA: no config or parameter count reported yet"
     try:
         m = model_state_bytes(
-            p.total, c.dp_world_size, c.stage, c.precision, c.offload_optimizer, c.offload_param
+            p.total,
+            c.dp_world_size,
+            c.stage,
+            c.precision,
+            c.offload_optimizer,
+            c.offload_param,
+            persistent=p.persistent,
         )
     except ValueError as exc:
         return None, f"prediction NA: {exc}"

@@ -8,7 +8,10 @@ A port of the policy of DeepSpeed's ``partitioned_param_coordinator.py``
   from it (data-dependent control flow, an eval forward) the trace is invalidated, that step
   runs without prefetch, and the following step records afresh.
 - ``stage3_prefetch_bucket_size``: when a module fetches, the parameters of the next modules in
-  the trace are gathered ahead, up to this many elements per fetch (0 turns prefetch off).
+  the trace are gathered ahead, keeping up to this many elements prefetched but not yet used
+  (DeepSpeed documents it as "the fixed buffer for prefetching"; its code adds up to a bucket
+  on every fetch, so the window ahead grows until max_live_parameters stops it). 0 turns
+  prefetch off.
 - ``stage3_max_live_parameters``: prefetch never brings the gathered elements above this cap.
   The module that runs now is always gathered, so the bound is the cap plus one module.
   Deviation from DeepSpeed, on purpose: a parameter kept for reuse is released anyway when the
@@ -21,7 +24,9 @@ A port of the policy of DeepSpeed's ``partitioned_param_coordinator.py``
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -74,6 +79,11 @@ class ParameterCoordinator:
         self.peak_live_numel = 0
         """Peak of ``live_numel`` since the last ``reset_peak``."""
         self.invalidations = 0
+        self._ahead: set[ShardedParam] = set()
+        self.ahead_numel = 0
+        """Elements prefetched and not yet used by their module: the prefetch window."""
+        self._uses: dict[ShardedParam, list[int]] = {}
+        self._prefix: list[int] = [0]
 
     # -- what a module needs -----------------------------------------------------------------
 
@@ -106,6 +116,7 @@ class ParameterCoordinator:
             self._invalidate()
         for sp in params:
             sp.active_uses.add(use_id)
+            self._consume_prefetched(sp)
         missing = [sp for sp in params if sp.status is ParamStatus.NOT_AVAILABLE]
         if missing:
             self._gather(missing, prefetched=False)
@@ -135,20 +146,22 @@ class ParameterCoordinator:
     def _params_to_release(self, params: list[ShardedParam]) -> set[ShardedParam]:
         """DeepSpeed's ``__params_to_release``: keep what the prefetcher already scanned past
         (a later use it skipped because the parameter was available) and what the trace uses
-        again within ``max_reuse_distance`` elements."""
-        candidates = {
-            sp
-            for sp in params
-            if not sp.persistent and self.fetched_for.get(sp, _NEVER) <= self.step_id
-        }
-        traversed = 0
-        for module in self.module_order[self.step_id :]:
-            if traversed >= self.max_reuse_distance or not candidates:
-                break
-            for sp in self.params_of(module):
-                candidates.discard(sp)
-                traversed += sp.numel
-        return candidates
+        again within ``max_reuse_distance`` elements. DeepSpeed walks the trace from here on
+        each release; the same rule is read off prefix sums of the trace (O(log n))."""
+        to_release = set()
+        start = self.step_id
+        for sp in params:
+            if sp.persistent or self.fetched_for.get(sp, _NEVER) > start:
+                continue
+            uses = self._uses.get(sp, [])
+            i = bisect.bisect_left(uses, start)
+            if (
+                i < len(uses)
+                and self._prefix[uses[i]] - self._prefix[start] < self.max_reuse_distance
+            ):
+                continue  # used again within the reuse distance: keep it gathered
+            to_release.add(sp)
+        return to_release
 
     def release_all(self) -> None:
         """Wait for anything in flight and release every gathered non-persistent parameter
@@ -169,6 +182,16 @@ class ParameterCoordinator:
                 _ParamUse(sp, step_id)
                 for step_id, module in enumerate(self.module_order)
                 for sp in self.params_of(module)
+            ]
+            self._uses = {}
+            for use in self.param_order:
+                self._uses.setdefault(use.sp, []).append(use.step_id)
+            # _prefix[k]: parameter elements of the trace's modules before step k.
+            self._prefix = [
+                0,
+                *itertools.accumulate(
+                    sum(sp.numel for sp in self.params_of(m)) for m in self.module_order
+                ),
             ]
             self.mode = TraceMode.COMPLETE
         elif self.mode is TraceMode.INVALID:
@@ -196,7 +219,7 @@ class ParameterCoordinator:
         room = self.max_live_parameters - self.live_numel
         batch: list[ShardedParam] = []
         numel = 0
-        while self.queue and numel < self.prefetch_bucket_size:
+        while self.queue and self.ahead_numel + numel < self.prefetch_bucket_size:
             use = self.queue[0]
             sp = use.sp
             wanted = sp.status is ParamStatus.NOT_AVAILABLE and sp not in batch
@@ -209,6 +232,14 @@ class ParameterCoordinator:
                 numel += sp.padded_numel
         if batch:
             self._gather(batch, prefetched=True)
+            for sp in batch:
+                self._ahead.add(sp)
+            self.ahead_numel += numel
+
+    def _consume_prefetched(self, sp: ShardedParam) -> None:
+        if sp in self._ahead:
+            self._ahead.discard(sp)
+            self.ahead_numel -= sp.padded_numel
 
     def _gather(self, params: list[ShardedParam], *, prefetched: bool) -> None:
         gather = self.partition.all_gather(params, prefetched=prefetched)
@@ -225,5 +256,6 @@ class ParameterCoordinator:
                 self.inflight.pop(other, None)
 
     def _release(self, sp: ShardedParam) -> None:
+        self._consume_prefetched(sp)
         self.partition.release(sp)
         self.live_numel -= sp.padded_numel

@@ -26,6 +26,17 @@ from .partition import Done, Partition, ShardedParam
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def _copy_padded(block: torch.Tensor, flat: torch.Tensor) -> None:
+    """Lay ``flat`` out row by row in the (N, s) ``block``, zeros after its end (the padding)."""
+    width = block.shape[1]
+    full_rows, rest = divmod(flat.numel(), width)
+    block[:full_rows].copy_(flat[: full_rows * width].view(full_rows, width))
+    if full_rows < block.shape[0]:
+        block[full_rows, :rest].copy_(flat[full_rows * width :])
+        block[full_rows, rest:].zero_()
+        block[full_rows + 1 :].zero_()
+
+
 class GradReducer:
     """Owns G: the flat shard of every parameter's gradient on this rank."""
 
@@ -75,14 +86,12 @@ class GradReducer:
             inp = self._bucket[0][1].reshape(-1)
         else:
             # Row r of (N, S) is what rank r owns: its slice of every gradient, side by side.
-            inp = torch.zeros(world, sum(sp.shard_numel for sp in params), dtype=self.grads.dtype)
+            rows = torch.empty(world, sum(sp.shard_numel for sp in params), dtype=self.grads.dtype)
             col = 0
             for sp, grad in self._bucket:
-                padded = torch.zeros(sp.padded_numel, dtype=inp.dtype)
-                padded[: sp.numel] = grad.reshape(-1)
-                inp[:, col : col + sp.shard_numel] = padded.view(world, sp.shard_numel)
+                _copy_padded(rows[:, col : col + sp.shard_numel], grad.reshape(-1))
                 col += sp.shard_numel
-            inp = inp.view(-1)
+            inp = rows.view(-1)
         out = torch.empty(inp.numel() // world, dtype=inp.dtype)
         work: Waitable
         if world == 1:
@@ -99,13 +108,19 @@ class GradReducer:
         )
         self._pending.append((tracked, inp, out, params))
         self._bucket, self._bucket_size = [], 0
-        if not self.overlap_comm:
-            self.wait()
+        # Keep one bucket in flight: the older ones are (nearly always) done by now, and
+        # waiting frees their full-size inputs instead of holding every gradient of the model
+        # until the end of backward.
+        self._drain(keep=1 if self.overlap_comm else 0)
 
     def wait(self) -> None:
         """Wait for every reduce-scatter in flight and add the averaged slices into G."""
+        self._drain(keep=0)
+
+    def _drain(self, *, keep: int) -> None:
         world = self.partition.world_size
-        for tracked, _inp, out, params in self._pending:
+        while len(self._pending) > keep:
+            tracked, _inp, out, params = self._pending.pop(0)
             tracked.wait()
             out.div_(world)
             col = 0
@@ -114,7 +129,6 @@ class GradReducer:
                     col : col + sp.shard_numel
                 ]
                 col += sp.shard_numel
-        self._pending.clear()
 
     def finish(self) -> None:
         """End of backward: reduce what is left in the bucket and wait for all of it."""

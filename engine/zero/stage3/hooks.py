@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
 from .coordinator import ParameterCoordinator
+from .linear import patch_linears, unpatch_linears
 
 
 class _RunBeforeBackward(torch.autograd.Function):
@@ -85,12 +86,16 @@ class Stage3Hooks:
             root.register_forward_hook(self._end_of_forward),
         ]
         for module in root.modules():
-            self.handles.append(module.register_forward_pre_hook(self._pre_forward))
+            self.handles.append(
+                module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            )
             self.handles.append(module.register_forward_hook(self._post_forward))
+        self.linears = patch_linears(root)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        unpatch_linears(self.linears)
 
     def _start_of_forward(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
@@ -100,7 +105,7 @@ class Stage3Hooks:
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._depth -= 1
 
-    def _pre_forward(self, module: nn.Module, args: Any) -> Any:
+    def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
         if not self.coordinator.params_of(module):
             return None
         use_id, backward_id = next(self._ids), next(self._ids)
@@ -108,8 +113,11 @@ class Stage3Hooks:
         self.coordinator.fetch(module, use_id)
         if not torch.is_grad_enabled():
             return None
+        # Keyword inputs too (transformers pass hidden states by keyword), all through one node.
         return _splice(
-            _RunAfterBackward, lambda: self.coordinator.release(module, backward_id), args
+            _RunAfterBackward,
+            lambda: self.coordinator.release(module, backward_id),
+            (args, kwargs),
         )
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:

@@ -7,7 +7,8 @@ shards back to back. Between uses the module's parameter is an empty placeholder
 ``ds_tensor`` / ``ds_status``: the Parameter object (and so the optimizer's and autograd's
 references to it) survives while its storage comes and goes.
 
-Small parameters (``numel <= stage3_param_persistence_threshold``) are *persistent*: they keep
+Small parameters (``numel <= stage3_param_persistence_threshold``, while their total stays
+within ``stage3_model_persistence_threshold``) are *persistent*: they keep
 their full tensor at all times (no gather in forward or backward), but their gradient and
 optimizer state are still sharded like every other parameter's, and the full tensor is
 refreshed by one all-gather after each optimizer step (DeepSpeed stage3.py ``_post_step``).
@@ -16,6 +17,7 @@ refreshed by one all-gather after each optimizer step (DeepSpeed stage3.py ``_po
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ class CommLike(Protocol):
     group: Any
     rank: int
     world_size: int
+
+    def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable: ...
 
 
 class Done:
@@ -126,6 +130,7 @@ class Partition:
         dtype: torch.dtype,
         persistence_threshold: int,
         comm: CommLike,
+        model_persistence_threshold: int = 2**63 - 1,
     ) -> None:
         self.comm = comm
         self.group = comm.group
@@ -135,7 +140,7 @@ class Partition:
         self.telemetry = comm.tel
         self.params: list[ShardedParam] = []
         self.by_param: dict[nn.Parameter, ShardedParam] = {}
-        offset = 0
+        offset = persistent_total = 0
         # A tied parameter comes once (named_parameters() dedupes): it is partitioned once.
         for index, (name, param) in enumerate(named_params):
             s = padded_shard_numel(param.numel(), self.world_size)
@@ -148,25 +153,32 @@ class Partition:
                 shard_numel=s,
                 offset=offset,
                 world_size=self.world_size,
-                persistent=param.numel() <= persistence_threshold,
+                persistent=param.numel() <= persistence_threshold
+                and persistent_total + param.numel() <= model_persistence_threshold,
             )
             self.params.append(sp)
             self.by_param[param] = sp
+            persistent_total += param.numel() if sp.persistent else 0
             offset += s
         self.shards = torch.zeros(offset, dtype=dtype)
         self._partition_initial_values()
 
     def _partition_initial_values(self) -> None:
-        """Broadcast rank 0's initial values (ranks may have built different random inits),
-        keep this rank's slice, and free the full tensors of non-persistent parameters."""
+        """Broadcast rank 0's initial values (ranks may have built different random inits; one
+        flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
+        parameter, and free the full tensors of the non-persistent ones."""
+        if not self.params:
+            return
+        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
+        if self.world_size > 1:
+            self.comm.broadcast(flat, src=0, label="stage3 init").wait()
+        start = 0
         for sp in self.params:
-            full = sp.param.detach().to(self.dtype).reshape(-1).clone()
-            if self.world_size > 1:
-                src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-                dist.broadcast(full, src=src, group=self.group)
+            full = flat[start : start + sp.numel]
+            start += sp.numel
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
             if sp.persistent:
-                sp.param.data = full.view(sp.shape)
+                sp.param.data = full.clone().view(sp.shape)
                 sp.status = ParamStatus.AVAILABLE
             else:
                 sp.param.data = torch.empty(0, dtype=self.dtype)
@@ -179,6 +191,11 @@ class Partition:
             piece = torch.cat([piece, full.new_zeros(sp.shard_numel - piece.numel())])
         return piece
 
+    def shard_span(self, start: int, end: int) -> torch.Tensor:
+        """Elements ``[start, end)`` of the flat shard buffer (offload_param overrides this and
+        ``shard_of`` to bring the shards in from host memory or NVMe: engine/offload_param.py)."""
+        return self.shards[start:end]
+
     def shard_of(self, sp: ShardedParam) -> torch.Tensor:
         return self.shards[sp.offset : sp.offset + sp.shard_numel]
 
@@ -187,8 +204,10 @@ class Partition:
     def all_gather(self, params: Sequence[ShardedParam], *, prefetched: bool) -> Gather:
         """Issue one all-gather for ``params`` (DeepSpeed's all_gather_coalesced); returns at
         once. nbytes is the full gathered (padded) size, the nccl-tests convention."""
-        if len(params) == 1:
-            inp = self.shard_of(params[0])
+        adjacent = all(b.offset == a.offset + a.shard_numel for a, b in itertools.pairwise(params))
+        if adjacent:  # one view of the flat shard buffer, no copy (the common case)
+            end = params[-1].offset + params[-1].shard_numel
+            inp = self.shard_span(params[0].offset, end)
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
         out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)

@@ -66,6 +66,7 @@ class Stage3Strategy:
             named,
             dtype=dtype,
             persistence_threshold=zero.stage3_param_persistence_threshold,
+            model_persistence_threshold=zero.stage3_model_persistence_threshold,
             comm=comm,
         )
         self.coordinator = ParameterCoordinator(
@@ -85,8 +86,13 @@ class Stage3Strategy:
             end = start + sum(
                 sp.shard_numel for sp in self.partition.params if group_of.get(sp.param) == index
             )
-            view = self.master[start:end]
-            self._shards.append(Shard(master=view, state=AdamState.zeros_like(view), group=index))
+            # DeepSpeed's sub_group_size: the optimizer steps at most this many elements at a
+            # time, which bounds the fp32 temporaries of the step.
+            for lo in range(start, end, zero.sub_group_size):
+                view = self.master[lo : min(lo + zero.sub_group_size, end)]
+                self._shards.append(
+                    Shard(master=view, state=AdamState.zeros_like(view), group=index)
+                )
             start = end
         self._boundary = False
         self.gathered_peak_bytes = 0
@@ -145,6 +151,11 @@ class Stage3Strategy:
             gathered_params=self.gathered_peak_bytes,
             persistent_params=persistent,
         )
+
+    @property
+    def persistent_numel(self) -> int:
+        """Elements of the parameters never sharded (reported in Hello's ParamCounts)."""
+        return sum(sp.numel for sp in self.partition.params if sp.persistent)
 
     def param_counts(self) -> tuple[int, int]:
         params = self.partition.params

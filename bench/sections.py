@@ -1,0 +1,164 @@
+"""One function per bench section: run the section's script at full or quick size and turn its
+figures into tables. The scripts stay runnable alone (``python bench/<script>.py --help``)."""
+
+from __future__ import annotations
+
+from bench.harness import Table
+
+DEMO = {"vocab": 47, "block": 64, "width": 64, "layers": 2, "heads": 4, "batch": 8}
+"""examples/train_gpt.py's defaults: the tiny corpus's 47 characters, context 64, width 64,
+2 layers, 4 heads, micro-batch 8 (examples/ds_config.json)."""
+LARGER = {"vocab": 2048, "block": 64, "width": 192, "layers": 4, "heads": 4, "batch": 8}
+"""The same GPT ~25x larger (2.6 M parameters): big enough that compute, not Python, dominates
+a step, small enough for 16 contenders x 2 ranks on a 2-core box."""
+
+
+def engine(quick: bool) -> list[Table]:
+    from bench.contenders import deepspeed_available
+    from bench.engine_compare import run
+
+    families = {"torch", "zeroscope"} | ({"deepspeed"} if deepspeed_available() else set())
+    tables = [
+        run(
+            "Engine, demo model (2 ranks, CPU, gloo)",
+            DEMO,
+            families,
+            rounds=3 if quick else 10,
+            steps=1 if quick else 2,
+        )
+    ]
+    if not quick:
+        tables.append(
+            run("Engine, larger model (2 ranks, CPU, gloo)", LARGER, families, rounds=8, steps=1)
+        )
+    if "deepspeed" not in families:
+        tables[0].note += " DeepSpeed is not installed: its rows are missing."
+    return tables
+
+
+def agent(quick: bool) -> list[Table]:
+    from bench import agent_overhead
+
+    argv = ["--width", "512", "--blocks", "8" if quick else "40", "--steps", "2"]
+    result = agent_overhead.run(agent_overhead.parser().parse_args(argv))
+    t = Table(
+        title="Agent overhead: live agent on vs off (2 ranks, CPU, gloo, MLP width 512)",
+        columns=[
+            "rank",
+            "CPU ms/step off",
+            "CPU on/off",
+            "CPU A/A control",
+            "wall on/off",
+            "wall A/A control",
+            "agent calls us/step",
+            "bytes on the wire per rank-step",
+            "dropped",
+            "goal <= 1.01 (CPU)",
+        ],
+    )
+    for r in result["ranks"]:
+        ratio = r["cpu_on_off"]
+        t.add(
+            r["rank"],
+            r["cpu_off_s"] * 1e3,
+            ratio,
+            r["cpu_aa"],
+            r["wall_on_off"],
+            r["wall_aa"],
+            r["agent_calls_s"] * 1e6,
+            round(r["wire_bytes_per_step"]),
+            r["dropped"],
+            None if ratio is None else ("met" if ratio <= 1.01 else "MISSED"),
+        )
+    c = result["collector"]
+    t.note = (
+        "Blocks of 2 steps alternate on, off, off-again in the same processes; ratios are medians "
+        "of per-block pairs. CPU = process CPU time (all threads: sampler, ZeroMQ I/O, gloo), far "
+        "less sensitive to a shared machine than wall time; the off-again/off ratio (A/A) is the "
+        "noise floor. Wire bytes: token + payload frames handed to ZeroMQ per measured step "
+        f"(StepReport + heartbeats), ZMTP framing excluded. Collector accepted {c['accepted']}, "
+        f"rejected {c['rejected'] or 0}."
+    )
+    return [t]
+
+
+def ingest(quick: bool) -> list[Table]:
+    from bench import ingest as ingest_bench
+
+    argv = ["--ranks", "1024", "--steps", "3" if quick else "10"]
+    r = ingest_bench.run(ingest_bench.parser().parse_args(argv))
+    t = Table(
+        title="Collector ingest: 1024 synthetic ranks (ZeRO-3-like reports)",
+        columns=["path", "M records/s", "reports/s", "goal", "notes"],
+    )
+    per = r["records"] / r["reports"]  # type: ignore[operator]
+    cpu = float(r["core_cpu"] or 0)
+    t.add(
+        "core, per CPU-second",
+        cpu / 1e6,
+        round(cpu / per),
+        ">= 1 M: " + ("met" if cpu >= 1e6 else "MISSED"),
+        "validate, decode, SQLite, publish on one thread",
+    )
+    wall = float(r["core_wall"] or 0)
+    t.add("core, wall", wall / 1e6, round(wall / per), "", "the thread shares the machine")
+    if "socket_wall" in r:
+        sock = float(r["socket_wall"] or 0)
+        lost = "nothing lost" if r["received"] == r["sent"] else "LOST"
+        t.add(
+            "socket (PUSH, HWM 1000), wall",
+            sock / 1e6,
+            round(sock / per),
+            "",
+            f"sent {r['sent']}, sender EAGAIN drops {r['dropped']}, received {r['received']}: "
+            f"{lost}",
+        )
+    t.note = (
+        f"{r['reports']} StepReports, {per:.0f} records each (64 collectives, 2 transfers, "
+        f"memory), {float(r['report_bytes'] or 0):.0f} B each."
+    )
+    return [t]
+
+
+def tui(quick: bool) -> list[Table]:
+    from bench import tui_frame
+
+    frames = tui_frame.bench_frames(1024, 6 if quick else 20)
+    reports = 100_000 if quick else 1_000_000
+    seek = tui_frame.bench_seek_fresh(1024, reports, 8 if quick else 20)
+    t = Table(
+        title="TUI: cluster frame at 1024 ranks; replay seek",
+        columns=["what", "wall ms (median)", "wall ms (max)", "CPU ms (median)", "goal"],
+    )
+    for size, f in frames.items():
+        t.add(
+            f"cluster frame {size}, 1024 ranks",
+            f["frame_s"] * 1e3,
+            f["frame_max_s"] * 1e3,
+            f["frame_cpu_s"] * 1e3,
+            "<= 50 ms: " + ("met" if f["frame_s"] <= 0.05 else "MISSED (wall)"),
+        )
+        t.add(f"ingest of one 1024-rank step ({size} run)", f["ingest_s"] * 1e3, None, None, "")
+    t.add(
+        f"replay seek in {seek['reports']:,} step reports",
+        seek["seek_s"] * 1e3,
+        seek["seek_max_s"] * 1e3,
+        seek["seek_cpu_s"] * 1e3,
+        "<= 100 ms: " + ("met" if seek["seek_s"] <= 0.1 else "MISSED (wall)"),
+    )
+    t.add("ClusterState rebuild after a seek", seek["rebuild_s"] * 1e3, None, None, "")
+    built = "" if seek["built_s"] is None else f", built in {seek['built_s']:.0f} s"
+    t.note = (
+        f"Replay memory: a fresh process that opens the trace and seeks peaks at "
+        f"{seek['rss_peak'] / 2**20:.0f} MiB RSS ({seek['rss_base'] / 2**20:.0f} MiB after its "
+        f"imports, so {(seek['rss_peak'] - seek['rss_base']) / 2**20:.0f} MiB for the replay); "
+        "the trace file is "
+        f"{seek['file_mb']:.0f} MB{built} (cached in .bench-cache/)."
+    )
+    return [t]
+
+
+def gpu(quick: bool) -> list[Table]:
+    from bench import gpu_check
+
+    return gpu_check.table(gpu_check.run(quick=quick))

@@ -1,0 +1,235 @@
+"""ZeRO-Offload and ZeRO-Infinity as a strategy wrapper: ``offload_optimizer`` (stages 1-3) and
+``offload_param`` (stage 3) around any ZeRO strategy (zero/strategy.py's protocol).
+
+The wrapped strategy keeps doing what it does (buckets, reduce-scatters, gathers); this wrapper
+moves the optimizer step to where O lives (offload_store.py) and the 16-bit shards to where P
+lives (offload_param.py). One step, as zero-facts §6 tells it:
+
+1. the engine unscales, measures and clips the averaged gradient shards on the device;
+2. ``optimizer_step``: device -> host copy of each fp32 gradient shard (into a persistent host
+   buffer, ``host_grads``) when O is off the device;
+3. Adam on the host (or unit by unit through NVMe swap files), the same ``adam_step`` as without
+   offload, so the losses are the same losses;
+4. each updated master chunk is cast into the 16-bit parameter shard where it lives: host ->
+   device when P is on the device, host -> host (no transfer) or file when P is offloaded;
+5. ``publish_params``: the wrapped strategy's all-gather (stages 1-2) or persistent-parameter
+   refresh (stage 3).
+
+Every copy and every file read/write is timed with ``time.perf_counter_ns`` and reported with
+``Telemetry.transfer`` (direction, bytes, start, end), from the training thread. On a CPU-only
+machine "device" and "host" buffers are still separate tensors, so the same copies run and are
+measured (docs/offload.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from zeroscope.agent.schema import MemoryBytes, TransferDirection
+
+from .comm import Comm
+from .config import DeepSpeedConfig
+from .nvme import NvmeSwapper
+from .offload_param import ParamHome
+from .offload_store import DeviceStore, HostStore, HyperOf, NvmeStore, Store, host_empty
+from .optim import AdamState
+from .zero.strategy import ZeroStrategy
+
+
+def param_shard_views(strategy: Any) -> list[torch.Tensor]:
+    """The 16-bit parameter elements each of the strategy's shards updates, one view per
+    shard (same numel as ``shard.master``)."""
+    if hasattr(strategy, "partition"):  # stage 3: shards lie back to back in partition.shards
+        out, start = [], 0
+        for shard in strategy.shards:
+            n = shard.master.numel()
+            out.append(strategy.partition.shards[start : start + n])
+            start += n
+        return out
+    return [b.flat[b.start : b.end] for b in strategy._buckets]  # stages 0-2 (zero/bucketed.py)
+
+
+class OffloadStrategy:
+    """See the module docstring; implements zero/strategy.py's protocol plus
+    ``optimizer_step``, which the engine calls instead of its own Adam loop."""
+
+    def __init__(self, inner: ZeroStrategy, *, config: DeepSpeedConfig, comm: Comm) -> None:
+        zero = config.zero_optimization
+        self.inner = inner
+        self.stage = inner.stage
+        self.sharded = inner.sharded
+        self.tel = comm.tel
+        self.optimizer_device = zero.offload_optimizer.device
+        self.param_device = zero.offload_param.device
+        opt = zero.offload_optimizer
+        pin = opt.pin_memory
+        self.params: ParamHome | None = None
+        if self.param_device != "none":
+            self.params = ParamHome(
+                inner, zero.offload_param, tel=comm.tel, rank=comm.rank, pin=pin
+            )
+        shards = inner.shards
+        numels = [s.master.numel() for s in shards]
+        self.offsets = [sum(numels[:i]) for i in range(len(numels))]
+        self.views: list[torch.Tensor] | None
+        if self.params is not None:
+            self.views = self.params.views(numels)
+        else:
+            self.views = param_shard_views(inner)
+        self.store: Store
+        if self.optimizer_device == "none":
+            self.store = DeviceStore(shards)
+        elif self.optimizer_device == "cpu":
+            self.store = HostStore(shards, pin=pin)
+        else:
+            assert opt.nvme_path is not None  # checked by the config
+            swapper = NvmeSwapper(opt.nvme_path, rank=comm.rank, purpose="optim", tel=comm.tel)
+            self.store = NvmeStore(
+                shards,
+                swapper=swapper,
+                buffer_count=opt.buffer_count,
+                unit_numel=max(1, min(zero.sub_group_size, max(numels, default=1))),
+                pin=pin,
+            )
+        self.host_grads = (
+            [host_empty(n, torch.float32, pin=pin) for n in numels] if self.store.on_host else []
+        )
+        if self.store.on_host:
+            self._free_device_optimizer_state()
+
+    def _free_device_optimizer_state(self) -> None:
+        """O now lives off the device: point the wrapped strategy's masters at the 16-bit
+        shards themselves (so its ``copy_master_to_params`` is a no-op and it counts no master
+        bytes) and drop its Adam moments."""
+        # NVMe parameters have no in-memory shard: a one-element stand-in that keeps the numel
+        # (stage 3 slices its gradient buffer by ``shard.master.numel()``).
+        views = self.views or [torch.zeros(1).expand(s.master.numel()) for s in self.inner.shards]
+        for shard, view in zip(self.inner.shards, views):
+            shard.master = view
+            shard.state = AdamState(exp_avg=torch.empty(0), exp_avg_sq=torch.empty(0))
+        if hasattr(self.inner, "partition"):
+            self.inner.master = self.inner.partition.shards  # type: ignore[attr-defined]
+
+    # -- the protocol: delegated --------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[Any]:
+        return self.store.shards if isinstance(self.store, HostStore | DeviceStore) else []
+
+    def begin_micro_step(self, *, boundary: bool) -> None:
+        self.inner.begin_micro_step(boundary=boundary)
+
+    def end_micro_step(self) -> None:
+        self.inner.end_micro_step()
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        return self.inner.reduced_grads()
+
+    def zero_grads(self) -> None:
+        self.inner.zero_grads()
+
+    def param_counts(self) -> tuple[int, int]:
+        return self.inner.param_counts()
+
+    def __getattr__(self, name: str) -> Any:
+        # Stage-3 extras (register_external_parameter, save_16bit_model, ...) pass through.
+        return getattr(self.inner, name)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def _copy(
+        self, direction: TransferDirection | None, dst: torch.Tensor, src: torch.Tensor
+    ) -> None:
+        start = time.perf_counter_ns()
+        dst.copy_(src)
+        if direction is not None:
+            nbytes = src.numel() * src.element_size()
+            self.tel.transfer(direction, nbytes, start, time.perf_counter_ns(), "offload")
+
+    def _write_param(self, shard: int, start: int, master: torch.Tensor) -> None:
+        params_on_host = self.params is not None
+        if self.views is None:  # NVMe parameters: staged on the host, one file write at the end
+            assert self.params is not None
+            dst = self.params.staging(self.offsets[shard] + start, master.numel())
+        else:
+            dst = self.views[shard][start : start + master.numel()]
+        direction: TransferDirection | None = None
+        if self.store.on_host and not params_on_host:
+            direction = "h2d"
+        elif not self.store.on_host and params_on_host:
+            direction = "d2h"
+        self._copy(direction, dst, master)
+
+    def optimizer_step(self, grads: list[torch.Tensor], hyper: HyperOf) -> None:
+        """Adam where O lives, then the 16-bit parameters where P lives (module docstring)."""
+        if self.store.on_host:
+            for host, g in zip(self.host_grads, grads):
+                self._copy("d2h", host, g)
+            grads = self.host_grads
+        if self.params is not None:
+            self.params.begin_write()
+        self.store.step(grads, hyper, self._write_param)
+        if self.params is not None:
+            self.params.end_write()
+
+    def publish_params(self) -> None:
+        if hasattr(self.inner, "partition"):
+            # Stage 3: the shards are already written; refresh the persistent full tensors.
+            self.inner.coordinator.release_all()  # type: ignore[attr-defined]
+            self.inner.partition.refresh_persistent()
+        else:
+            self.inner.publish_params()
+
+    # -- accounting and checkpoints -----------------------------------------------------------
+
+    def memory(self) -> MemoryBytes:
+        m = self.inner.memory()
+        if self.params is not None and self.params.host is not None:
+            m.params -= self.params.host_bytes
+        m.host_params = self.params.host_bytes if self.params is not None else 0
+        m.host_grads = sum(g.numel() * g.element_size() for g in self.host_grads)
+        m.host_optim = self.store.host_bytes
+        m.nvme_bytes = self.store.nvme_bytes + (self.params.nvme_bytes if self.params else 0)
+        return m
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"shards": self.store.state_shards()}
+        if hasattr(self.inner, "partition"):
+            state.update(stage=3, world_size=self.inner.partition.world_size)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if hasattr(self.inner, "partition"):
+            world = self.inner.partition.world_size
+            if state.get("stage") != 3 or state.get("world_size") != world:
+                raise ValueError(
+                    f"checkpoint is stage {state.get('stage')} at world size "
+                    f"{state.get('world_size')}; this run is stage 3 at {world}"
+                )
+        self.store.load(state["shards"])
+        if self.params is not None:
+            self.params.begin_write()
+        for i, saved in enumerate(state["shards"]):
+            self._write_param(i, 0, saved["master"].to(torch.float32))
+        if self.params is not None:
+            self.params.end_write()
+        self.publish_params()
+
+    def close(self) -> None:
+        """Remove the NVMe swap files (also done at exit)."""
+        if isinstance(self.store, NvmeStore):
+            self.store.swapper.close()
+        if self.params is not None:
+            self.params.close()
+
+
+def make_offload(strategy: ZeroStrategy, *, config: DeepSpeedConfig, comm: Comm) -> ZeroStrategy:
+    """``strategy`` wrapped for offload when the config asks for it, else unchanged."""
+    zero = config.zero_optimization
+    if zero.offload_optimizer.device == "none" and zero.offload_param.device == "none":
+        return strategy
+    wrapped: ZeroStrategy = OffloadStrategy(strategy, config=config, comm=comm)
+    return wrapped

@@ -1,0 +1,119 @@
+"""Stage 3 ``offload_param``: the rank's 16-bit parameter shards live in host memory or in an
+NVMe file, and each shard is brought to the device only for its all-gather (zero-facts §6).
+
+Stage 3's partition (zero/stage3/partition.py) keeps the rank's shards in one flat buffer
+``partition.shards`` and reads a parameter's shard through ``partition.shard_of(sp)`` / ``shard_span(start, end)``
+when it gathers. This module swaps that buffer for a host one (cpu) or for an empty tensor backed by a
+file (nvme), and routes ``shard_of`` through :meth:`ParamHome.fetch`, which copies the shard in
+(host -> device, or file -> host -> device) and reports each copy. Prefetching in the stage-3
+coordinator issues gathers early, so with NVMe the file reads run ahead of need too.
+
+Updated parameters come back through :meth:`ParamHome.sink`, called by the optimizer store
+with each updated master chunk after the step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from zeroscope.agent.api import Telemetry
+
+from .config_zero import OffloadParamConfig
+from .nvme import NvmeSwapper
+from .offload_store import host_empty
+
+_UNIT = "params"
+
+
+class ParamHome:
+    """Owns the off-device 16-bit shards of a :class:`~.zero.stage3.Stage3Strategy`."""
+
+    def __init__(
+        self, strategy: Any, cfg: OffloadParamConfig, *, tel: Telemetry, rank: int, pin: bool
+    ) -> None:
+        part = strategy.partition
+        self.partition = part
+        self.tel = tel
+        self.device = part.shards.device
+        self.dtype: torch.dtype = part.dtype
+        self.numel = part.shards.numel()
+        self.element_size = part.element_size
+        self.pin = pin
+        self.swapper: NvmeSwapper | None = None
+        self.host: torch.Tensor | None = None
+        self._staging: torch.Tensor | None = None
+        if cfg.device == "cpu":
+            self.host = host_empty(self.numel, self.dtype, pin=pin)
+            self.host.copy_(part.shards)
+            part.shards = self.host
+        else:
+            assert cfg.nvme_path is not None  # checked by the config
+            self.swapper = NvmeSwapper(cfg.nvme_path, rank=rank, purpose="param", tel=tel)
+            self.swapper.allocate({_UNIT: self.numel * self.element_size})
+            self.swapper.write(_UNIT, part.shards.detach().cpu().contiguous())
+            part.shards = torch.empty(0, dtype=self.dtype, device=self.device)
+        part.shard_of = self.fetch
+        part.shard_span = self.fetch_span
+
+    @property
+    def host_bytes(self) -> int:
+        return 0 if self.host is None else self.numel * self.element_size
+
+    @property
+    def nvme_bytes(self) -> int:
+        return 0 if self.swapper is None else self.swapper.nbytes
+
+    def views(self, numels: list[int]) -> list[torch.Tensor] | None:
+        """Host views of each optimizer shard's parameters (None for NVMe: no host copy)."""
+        if self.host is None:
+            return None
+        out, start = [], 0
+        for n in numels:
+            out.append(self.host[start : start + n])
+            start += n
+        return out
+
+    def fetch(self, sp: Any) -> torch.Tensor:
+        """A device copy of parameter ``sp``'s shard, for its all-gather."""
+        return self.fetch_span(sp.offset, sp.offset + sp.shard_numel, sp.name)
+
+    def fetch_span(self, start: int, end: int, label: str = "") -> torch.Tensor:
+        """A device copy of elements ``[start, end)`` of the rank's flat shards (one read and
+        one copy for a whole bucket of adjacent parameters)."""
+        n = end - start
+        if self.host is not None:
+            src = self.host[start:end]
+        else:
+            assert self.swapper is not None
+            src = host_empty(n, self.dtype, pin=self.pin)
+            self.swapper.record(self.swapper.read(_UNIT, src, offset=start * self.element_size))
+            self.swapper.report()
+        out = torch.empty(n, dtype=self.dtype, device=self.device)
+        t0 = time.perf_counter_ns()
+        out.copy_(src)
+        self.tel.transfer("h2d", n * self.element_size, t0, time.perf_counter_ns(), label)
+        return out
+
+    # -- NVMe: the optimizer writes the new 16-bit shards through a staging buffer ------------
+
+    def begin_write(self) -> None:
+        if self.swapper is not None:
+            self._staging = host_empty(self.numel, self.dtype, pin=self.pin)
+
+    def staging(self, start: int, numel: int) -> torch.Tensor:
+        """Where the updated shard elements ``[start, start + numel)`` go before the file."""
+        assert self._staging is not None
+        return self._staging[start : start + numel]
+
+    def end_write(self) -> None:
+        if self.swapper is not None and self._staging is not None:
+            self.swapper.record(self.swapper.write(_UNIT, self._staging))
+            self.swapper.report()
+            self._staging = None
+
+    def close(self) -> None:
+        if self.swapper is not None:
+            self.swapper.close()

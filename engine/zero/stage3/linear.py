@@ -1,0 +1,62 @@
+"""A Linear whose backward keeps the *parameter*, not a view of its data.
+
+``F.linear`` records ``weight.t()`` for backward: a view with its own reference to the
+gathered storage. Releasing the parameter (``param.data = empty``) then frees nothing: every
+Linear weight gathered in forward would stay alive until backward, and stage 3 would save no
+memory on the layers that hold most of it. DeepSpeed avoids this the same way
+(``runtime/zero/linear.py``, LinearFunctionForZeroStage3, its ``memory_efficient_linear``):
+save the Parameter itself, whose data backward re-gathers, and compute the gradients by hand.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class _Zero3Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        ctx.save_for_backward(x, weight, bias)
+        out = x.matmul(weight.t())
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        x, weight, bias = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out.matmul(weight)
+        if ctx.needs_input_grad[1]:
+            grad_w = grad_out.reshape(-1, grad_out.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _forward(self: nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    # ``input``: nn.Linear.forward's own parameter name, so keyword calls keep working.
+    if not torch.is_grad_enabled():
+        return torch.nn.functional.linear(input, self.weight, self.bias)
+    return _Zero3Linear.apply(input, self.weight, self.bias)
+
+
+def patch_linears(root: nn.Module) -> list[nn.Linear]:
+    """Give every plain ``nn.Linear`` in ``root`` (not subclasses with their own forward) the
+    memory-efficient forward; returns them (for :func:`unpatch_linears`)."""
+    patched: list[nn.Linear] = []
+    for module in root.modules():
+        if not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward:
+            continue
+        if "forward" not in module.__dict__:
+            setattr(module, "forward", types.MethodType(_forward, module))  # noqa: B010
+            patched.append(module)
+    return patched
+
+
+def unpatch_linears(modules: list[nn.Linear]) -> None:
+    for module in modules:
+        module.__dict__.pop("forward", None)

@@ -1,0 +1,111 @@
+"""The bench harness's pure-Python pieces (no timing): alternation order, medians and paired
+ratios, verdicts, table rendering (markdown and JSON), the machine description, CLI parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import parse_args, update_docs
+from bench.contenders import Spec, ds_config, specs
+from bench.harness import (
+    Table,
+    cell,
+    machine_description,
+    median,
+    paired_ratio,
+    render_markdown,
+    rotated,
+    to_json,
+    verdict,
+)
+
+
+def test_rotation_puts_every_contender_in_every_position() -> None:
+    names = ["a", "b", "c"]
+    orders = [rotated(names, r) for r in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    for position in range(3):
+        assert {o[position] for o in orders} == set(names)
+    assert rotated(names, 4) == orders[1]
+    assert rotated([], 2) == []
+
+
+def test_paired_ratio_cancels_drift_that_hits_a_whole_round() -> None:
+    # The machine gets 10x slower in round 2; b is always 2x a within a round.
+    a, b = [1.0, 10.0, 1.0], [2.0, 20.0, 2.0]
+    assert paired_ratio(b, a) == 2.0
+    assert median(b) / median(a) == 2.0  # type: ignore[operator]
+    # One round where the load hit only a: the ratio of medians is fooled, the pairs are not.
+    a, b = [1.0, 10.0, 10.0], [2.0, 2.0, 20.0]
+    assert median(b) / median(a) == pytest.approx(0.2)  # type: ignore[operator]
+    assert paired_ratio(b, a) == 2.0
+    assert paired_ratio([1.1, 2.2, 3.3], [1.0, 2.0, 3.0]) == pytest.approx(1.1)
+    assert paired_ratio([], []) is None and median([]) is None
+
+
+def test_verdict_reads_the_ratio_of_zeroscope_to_the_other() -> None:
+    assert verdict(1.2).startswith("loses (+20%)")
+    assert verdict(0.5).startswith("wins (-50%)")
+    assert verdict(1.01) == "par" and verdict(None) == "NA"
+    assert verdict(1.2, tolerance=0.3) == "par (noise ±30%)"
+
+
+def test_table_renders_markdown_and_json_with_na_never_zero() -> None:
+    t = Table(title="T", columns=["name", "ms", "ok"], note="a note")
+    t.add("x|y", 1.234, True)
+    t.add("z", None, False)
+    with pytest.raises(ValueError, match="2 cells, expected 3"):
+        t.add("a", 1)
+    with pytest.raises(ValueError, match="no columns"):
+        Table(title="empty", columns=[])
+    machine = {"date": "2026-11-29", "cpu": "test cpu"}
+    md = render_markdown(machine, [t], command="python -m bench --quick")
+    assert "| x\\|y | 1.23 | yes |" in md and "| z | NA | no |" in md
+    assert "`python -m bench --quick` on 2026-11-29" in md and "| cpu | test cpu |" in md
+    doc = json.loads(to_json(machine, [t], command="python -m bench"))
+    assert doc["tables"][0]["rows"][1] == {"name": "z", "ms": None, "ok": False}
+    assert cell(0.0) == "0.00" and cell(None) == "NA"
+
+
+def test_machine_description_names_the_machine() -> None:
+    m = machine_description()
+    assert m["cores (os.cpu_count)"] and m["torch"] and m["date"]
+
+
+def test_contenders_pair_each_stage_and_share_one_config() -> None:
+    all_specs = specs({"torch", "zeroscope", "deepspeed"})
+    stages = {s.stage for s in all_specs}
+    for stage in stages:  # every comparison group has exactly one zeroscope row
+        mine = [s for s in all_specs if s.stage == stage and s.family == "zeroscope"]
+        assert len([s for s in mine if s.kind != "aa"]) == 1
+    assert {s.family for s in specs({"torch"})} == {"torch"}
+    zs, ds = Spec("z", "zeroscope", "3+offload"), Spec("d", "deepspeed", "3+offload")
+    assert ds_config(zs, 800, 8)["zero_optimization"] == ds_config(ds, 800, 8)["zero_optimization"]
+    zero = ds_config(zs, 800, 8)["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+    assert zero["reduce_bucket_size"] == 25 * 2**20 // 4  # torch DDP's bucket_cap_mb, fp32
+
+
+def test_cli_parses_sections_and_rejects_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args(["--quick", "--only", "engine,agent"])
+    assert args.quick and args.sections == ["engine", "agent"]
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "engine,nope"])
+    assert "unknown section(s) nope" in capsys.readouterr().err
+
+
+def test_update_docs_replaces_only_the_marked_results(tmp_path: Path) -> None:
+    doc = tmp_path / "bench.md"
+    doc.write_text(
+        "# B\nintro\n<!-- results:start (x) -->\nold table\n<!-- results:end -->\nreading\n"
+    )
+    update_docs(doc, "# results title\n\nnew table\n")
+    assert doc.read_text() == (
+        "# B\nintro\n<!-- results:start (x) -->\nnew table\n<!-- results:end -->\nreading\n"
+    )
+    (tmp_path / "plain.md").write_text("no markers")
+    with pytest.raises(SystemExit, match="no <!-- results:start"):
+        update_docs(tmp_path / "plain.md", "# t\nx")
