@@ -54,7 +54,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"host {units.size(p.host_bytes)}"
         )
     for alert in state.alerts():
-        if alert.kind != "silent":  # after the job, silence is its end, not a warning
+        # After the job, silence is its end, not a warning; lost ranks get their own line.
+        if alert.kind not in ("silent", "lost"):
             lines.append(f"alert: {alert.message}")
     lines += exit_lines(state)
     if trace:
