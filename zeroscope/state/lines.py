@@ -87,5 +87,6 @@ def exit_lines(state: ClusterState) -> list[str]:
         lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
     elif lost:
         last = max(lost)
-        lines.append(f"no rank said Bye: the job or its recording ended abruptly after step {last}")
+        when = f"after step {last}" if last else "before step 1"
+        lines.append(f"no rank said Bye: the job or its recording ended abruptly {when}")
     return lines
