@@ -145,3 +145,24 @@ def test_a_rank_with_a_far_off_clock_is_aligned_by_step(offset_ns: int, tmp_path
     replayed = {a.kind for a in replay.alerts()}
     assert "silent" not in replayed and "straggler" in replayed
     assert summary_lines(replay)[1:] == summary_lines(live)[1:]
+
+
+def test_a_rank_that_dies_without_a_word_is_named_with_its_last_step() -> None:
+    from zeroscope.agent.schema import Bye
+    from zeroscope.tui.rank_rows import flags_from_alerts
+
+    state = ClusterState()
+    for m in skewed_run(0, steps=5, ranks=2):
+        if not (m.rank == 1 and isinstance(m, StepReport) and m.step > 3):  # r1 dies in step 4
+            state.ingest(m)
+    state.ingest(Bye(rank=0, step=5, wall_ns=time.time_ns(), exit_code=1, message="reset"))
+    state.flush()
+    (lost,) = [a for a in state.alerts() if a.kind == "lost"]
+    assert lost.ranks == (1,) and lost.message == "r1 died without a word after step 3 (no Bye)"
+    assert flags_from_alerts(state, state.alerts()) == {0: "exited", 1: "died"}
+    lines = summary_lines(state)
+    assert "rank r1 died without a word after step 3 (killed or crashed: no Bye)" in lines
+    assert "ranks exited with errors: {0: 1}" in lines
+    # Every rank ended cleanly: nobody is lost.
+    state.ingest(Bye(rank=1, step=5, wall_ns=time.time_ns()))
+    assert "lost" not in {a.kind for a in state.alerts()}

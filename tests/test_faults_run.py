@@ -7,20 +7,27 @@
 - one rank is SIGKILLed mid-run: the job fails, the headless summary and the replayed trace
   both name the rank that died and the last step it completed, and every step before is kept.
 
-(The collector killed and restarted under a live 2-rank job is
-tests/test_agent_distributed.py::test_killing_the_collector_never_hurts_training_and_reporting_resumes.)
+- the collector SIGKILLed under the demo (bundled engine, ZeRO-2 fp16), then restarted: the
+  losses are those of a run without zeroscope, the agents reconnect and the new collector
+  records to the last step. (The agent helper's
+  tests/test_agent_distributed.py::test_killing_the_collector_never_hurts_training_and_reporting_resumes
+  does the same on a hand-written loop, comparing every loss bitwise.)
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.distributed import free_port
+from tests.test_agent_distributed import last_step, start_collector
+from zeroscope.collector import wait_for
 from zeroscope.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,3 +134,67 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
         assert got == {0: list(range(1, 8)), 1: list(range(1, last + 1))}
         errors = [m for m in trace.messages(kinds=["event"]) if m.event == "error"]
         assert [e.rank for e in errors] == [0]
+
+
+def train_gpt(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """The demo (bundled engine, ZeRO-2 fp16) on 2 gloo ranks under plain torchrun."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(ROOT / "examples" / "train_gpt.py"),
+            "--steps",
+            "41",
+            "--deepspeed_config",
+            str(ROOT / "examples" / "ds_config_stage2.json"),
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_the_demo_survives_its_collector_killed_and_restarted(tmp_path: Path) -> None:
+    """The real engine: losses identical to a run without zeroscope; after the restart the
+    agents reconnect and the new collector records through the last step."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ZEROSCOPE_")}
+    base.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    reference = train_gpt(base, tmp_path)
+    expected = reference.communicate(timeout=150)[0]
+    assert reference.returncode == 0
+    port = free_port()
+    first, address = start_collector(port, tmp_path / "a.zst")
+    second = None
+    env = {**base, "ZEROSCOPE_COLLECTOR": address, "ZEROSCOPE_JOB_ID": "demo-kill"}
+    job = train_gpt(env, tmp_path)
+    try:
+        assert wait_for(lambda: last_step(tmp_path / "a.zst") >= 5, 120)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        killed_at = last_step(tmp_path / "a.zst")
+        second, _ = start_collector(port, tmp_path / "b.zst")
+        out = job.communicate(timeout=150)[0]
+        assert job.returncode == 0
+        assert wait_for(lambda: last_step(tmp_path / "b.zst") == 41, 20)
+    finally:
+        for proc in (job, first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    losses = [ln for ln in out.splitlines() if ln.startswith("[train_gpt] step")]
+    assert losses == [ln for ln in expected.splitlines() if ln.startswith("[train_gpt] step")]
+    assert len(losses) == 3  # steps 0, 20, 40
+    assert killed_at < 41
+    with TraceReader(tmp_path / "b.zst") as trace:
+        assert [h.rank for h in trace.hellos()] == [0, 1]  # re-announced to the new collector
+        for rank in (0, 1):
+            steps = [m.step for m in trace.messages(ranks=[rank], kinds=["step"])]
+            assert steps[-1] == 41 and steps == list(range(steps[0], 42))

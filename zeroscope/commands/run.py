@@ -95,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
     )
     state = ClusterState()
     collector.on_recording_stopped = lambda reason: setattr(state, "recording_error", reason)
+    state.recording_error = collector.recording_error  # in case it stopped already
     job: Job | None = None
 
     def hang_up(signum: int, frame: FrameType | None) -> None:

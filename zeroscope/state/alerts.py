@@ -161,6 +161,27 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
+    # The job is ending (some rank said Bye) and a rank never will: killed or crashed with no
+    # word (SIGKILL, the OOM killer). When a peer failed, it is the likely first failure.
+    ended = any(rs.bye for rs in state.ranks.values())
+    lost = sorted(
+        r
+        for r, rs in state.ranks.items()
+        if ended
+        and rs.bye is None
+        and (failed or (rs.last_seen_s is not None and now_s - rs.last_seen_s > rules.silent_s))
+    )
+    if lost:
+        last = min((rs.latest.step for r in lost if (rs := state.ranks[r]).latest), default=0)
+        alerts.append(
+            Alert(
+                kind="lost",
+                severity="critical",
+                ranks=tuple(lost),
+                message=f"{_ranks_text(lost)} died without a word after step {last} (no Bye)",
+            )
+        )
+
     if state.recording_error:
         alerts.append(Alert(kind="recording", severity="critical", message=state.recording_error))
 

@@ -110,6 +110,9 @@ class ClusterState:
         self.last_complete: int | None = None
         self.recording_error = ""
         """Set by the collector's owner when the trace stopped recording (an alert)."""
+        self.steps_completed = 0
+        """Steps closed since the start (``steps`` keeps only the last ``history_steps``)."""
+        """Set by the collector's owner when the trace stopped recording (an alert)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -184,6 +187,7 @@ class ClusterState:
                 break
             if not agg.complete:
                 agg.complete = True
+                self.steps_completed += 1
                 self._judge_stragglers(agg)
                 closed.append(agg)
                 self.last_complete = s

@@ -33,14 +33,17 @@ def step_line(agg: StepAggregate) -> str:
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     """The final summary: totals, the worst figures of the run, and the alerts still standing."""
     done = state.complete_steps()
-    lines = [f"job {state.job_id or 'NA'}: {len(done)} steps on {len(state.ranks)} ranks"]
+    lines = [
+        f"job {state.job_id or 'NA'}: {state.steps_completed} steps on {len(state.ranks)} ranks"
+    ]
     if done:
         times = [a.step_time for a in done]
         skipped = sum(1 for a in done if a.skipped)
         last = done[-1]
         steps_s, samples_s = state.throughput()
+        span = "" if len(done) == state.steps_completed else f" (last {len(done)} steps)"
         lines.append(
-            f"time per step: mean {units.seconds(sum(times) / len(times))}, "
+            f"time per step{span}: mean {units.seconds(sum(times) / len(times))}, "
             f"max {units.seconds(max(times))}; {skipped} skipped; "
             f"final loss {units.number(last.loss, '.4f')}, loss scale {units.scale(last.loss_scale)}; "
             f"{units.number(steps_s, '.2f')} steps/s, {units.number(samples_s, '.1f')} samples/s"
@@ -54,7 +57,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"host {units.size(p.host_bytes)}"
         )
     for alert in state.alerts():
-        if alert.kind != "silent":  # after the job, silence is its end, not a warning
+        # After the job, silence is its end, not a warning; lost ranks get their own line.
+        if alert.kind not in ("silent", "lost"):
             lines.append(f"alert: {alert.message}")
     lines += exit_lines(state)
     if trace:
@@ -86,5 +90,6 @@ def exit_lines(state: ClusterState) -> list[str]:
         lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
     elif lost:
         last = max(lost)
-        lines.append(f"no rank said Bye: the job or its recording ended abruptly after step {last}")
+        when = f"after step {last}" if last else "before step 1"
+        lines.append(f"no rank said Bye: the job or its recording ended abruptly {when}")
     return lines

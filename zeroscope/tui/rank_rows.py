@@ -61,6 +61,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
 def flags_from_alerts(state: ClusterState, alerts: list) -> dict[int, str]:
     """Rank -> the word its worst alert puts in the table's last column."""
     words = {
+        "lost": "died",
         "silent": "silent",
         "exited": "exited",
         "memory": "mem!",
