@@ -71,9 +71,10 @@ def activations_every() -> int:
     return value if value >= 1 else ACTIVATIONS_EVERY_DEFAULT
 
 
-CONNECT_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 5.0
 """At start-up only: how long a rank waits for its collector connection before going on (the
-collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds)."""
+collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds; on a
+heavily loaded 2-core machine 2 s was once too short and step 1's report was lost)."""
 
 _PHASES = ("data", "forward", "backward", "optimizer")
 
