@@ -19,8 +19,9 @@ renamed aside and removed after), and only then replaces ``latest`` (tmp file, f
 ``os.replace``, fsync of the folder). A kill before the final renames leaves ``latest``
 pointing at the previous tag, whose files were never touched.
 
-No pickle on disk: the files hold only tensors and plain Python values, and are read with
-``torch.load(weights_only=True)``. ``client_state`` must be such values too.
+No pickle on disk: each file is a tree of tensors and plain Python values stored as safetensors
+(engine/tensor_tree.py), so opening a checkpoint can never run code. ``client_state`` must be
+such values too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint_layout import strategy_layout
+from .tensor_tree import load_tree, save_tree
 
 log = logging.getLogger("zeroscope.engine")
 
@@ -65,10 +67,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write(path: Path, obj: Any) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    save_tree(path, obj, fsync=True)
     pause = float(os.environ.get(SLEEP_ENV, "0") or 0)
     if pause > 0:
         time.sleep(pause)
@@ -176,7 +175,7 @@ def resolve(load_dir: str, tag: str | None) -> Path | None:
 def _load(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file {path} is missing (incomplete checkpoint?)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return load_tree(path)
 
 
 def load_checkpoint(

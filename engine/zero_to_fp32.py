@@ -20,6 +20,7 @@ import torch
 
 from .checkpoint_files import MODEL_FILE, optim_file, resolve
 from .checkpoint_layout import consolidate
+from .tensor_tree import load_tree
 
 
 def get_fp32_state_dict_from_zero_checkpoint(
@@ -29,14 +30,14 @@ def get_fp32_state_dict_from_zero_checkpoint(
     path = resolve(checkpoint_dir, tag)
     if path is None:
         raise FileNotFoundError(f"{checkpoint_dir} has no 'latest' file: pass a tag")
-    model = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+    model = load_tree(path / MODEL_FILE)
     world = model["dp_world_size"]
     ranks = []
     for r in range(world):
         file = path / optim_file(r, model["precision"])
         if not file.is_file():
             raise FileNotFoundError(f"{file} is missing: the checkpoint has {world} ranks")
-        optim = torch.load(file, map_location="cpu", weights_only=True)
+        optim = load_tree(file)
         ranks.append([s["master"] for s in optim["optimizer_state_dict"]["shards"]])
     layout = model["layout"]
     full = consolidate(layout, ranks)

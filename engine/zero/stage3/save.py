@@ -24,11 +24,14 @@ import torch
 logger = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {
+    torch.float64: "F64",
     torch.float32: "F32",
     torch.float16: "F16",
     torch.bfloat16: "BF16",
     torch.int64: "I64",
     torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
@@ -41,10 +44,15 @@ NOT_GATHERED = (
 )
 
 
-def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor]) -> None:
+def write_safetensors(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+    fsync: bool = False,
+) -> None:
     """Write ``tensors`` (name -> tensor, any of the dtypes above) as one safetensors file,
-    atomically (a temporary file renamed into place)."""
-    header: dict[str, object] = {}
+    atomically (a temporary file renamed into place), with optional string ``metadata``."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     blobs: list[bytes] = []
     offset = 0
     for name, tensor in tensors.items():
@@ -67,21 +75,33 @@ def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.
         f.write(raw)
         for data in blobs:
             f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def load_16bit_model(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Read a safetensors file written by :func:`write_safetensors` (or anyone else)."""
+    return read_safetensors(path)[0]
+
+
+def read_safetensors(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and the string metadata of a safetensors file."""
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
         body = f.read()
     tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = header.pop("__metadata__", None) or {}
     for name, meta in header.items():
-        if name == "__metadata__":
-            continue
         start, end = meta["data_offsets"]
         dtype = _NAME_DTYPES[meta["dtype"]]
+        if start == end:  # an empty tensor: no bytes to reinterpret
+            tensors[name] = torch.empty(meta["shape"], dtype=dtype)
+            continue
         raw = torch.from_numpy(np.frombuffer(body[start:end], dtype=np.uint8).copy())
         tensors[name] = raw.view(dtype).reshape(meta["shape"])
-    return tensors
+    return tensors, metadata
