@@ -44,7 +44,10 @@ TORCHRUN_SWITCHES = ("--standalone",)
 def add_torchrun_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("torchrun (passed through to torch.distributed.run)")
     for ours, _ in TORCHRUN_FLAGS:
-        group.add_argument(ours, ours.replace("-", "_").replace("__", "--"), default=None)
+        # torchrun accepts both spellings (--nproc-per-node and --nproc_per_node); so do we.
+        underscored = "--" + ours[2:].replace("-", "_")
+        names = (ours,) if underscored == ours else (ours, underscored)
+        group.add_argument(*names, default=None)
     for switch in TORCHRUN_SWITCHES:
         group.add_argument(switch, action="store_true")
 
