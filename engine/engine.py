@@ -145,7 +145,7 @@ class ZeroEngine:
         if save is not None:
             return bool(save(save_dir, save_filename))
         if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
-            from .zero.stage3.save import write_safetensors
+            from .safetensors_file import write_safetensors
 
             os.makedirs(save_dir, exist_ok=True)
             write_safetensors(os.path.join(save_dir, save_filename), self.module.state_dict())

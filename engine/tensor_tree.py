@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .zero.stage3.save import read_safetensors, write_safetensors
+from .safetensors_file import read_safetensors, write_safetensors
 
 _TREE_KEY = "zeroscope.tree"
 
