@@ -5,14 +5,21 @@ BIN := $(VENV)/bin
 # The CPU build of torch is installed only when the venv has no torch yet, so a user who put
 # their own CUDA torch in $(VENV) (or set TORCH_SPEC) keeps it.
 TORCH_SPEC ?= torch==2.13.0
+# DeepSpeed is the test oracle for the engine. Its sdist imports torch in setup.py, so it is built
+# against the venv's torch (no build isolation, which would fetch a second, CUDA torch) and with
+# DS_BUILD_OPS=0: its CPU ops are JIT-built on first use into TORCH_EXTENSIONS_DIR (kept in the venv).
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch-extensions
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast lint bench
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(BIN)/pip install --no-build-isolation "$(DEEPSPEED_SPEC)"
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/python -c "import torch, numpy, deepspeed; print('torch', torch.__version__, 'numpy', numpy.__version__, 'deepspeed', deepspeed.__version__)"
 	touch $@
 
 demo: setup
@@ -25,6 +32,10 @@ lint: setup
 
 test: lint
 	$(BIN)/pytest
+
+# For your own loop: lint, then everything but the slow end-to-end and fault tests.
+test-fast: lint
+	$(BIN)/pytest -m "not slow" -x -q
 
 bench: setup
 	$(BIN)/python -m bench

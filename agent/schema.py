@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped on any incompatible change; a Hello with another version is rejected."""
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
