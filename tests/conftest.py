@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
+
+# DeepSpeed JIT-builds its CPU ops (cpu_adam, shm_comm) on first use, for minutes; keep them in the
+# venv (as the Makefile does) so a second run, and every rank of a run, reuses them.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
