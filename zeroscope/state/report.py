@@ -64,7 +64,8 @@ def _peak(rows: list[dict[str, Any]], key: str) -> int | None:
 
 def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``all`` row, combined as TOTAL_AGGREGATION says."""
-    sums = [s for rs in state.ranks.values() if (s := rs.totals.sums()) is not None]
+    ranks = [state.ranks[r] for r in sorted(state.ranks)]  # a fixed order: identical sums
+    sums = [s for rs in ranks if (s := rs.totals.sums()) is not None]
     per_step = [r["comm_bytes_per_step"] for r in rows if r["comm_bytes_per_step"] is not None]
     offload_s = sum(s.offload_s for s in sums)
     return {
