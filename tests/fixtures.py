@@ -77,6 +77,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
         dp_world_size=s.ranks,
         offload_optimizer=s.offload_optimizer,  # type: ignore[arg-type]
         overlap_comm=True,
+        max_reuse_distance=0,  # forward's gathers are not kept: backward gathers again
         micro_batch_size=4,
         train_batch_size=4 * s.ranks,
     )

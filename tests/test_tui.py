@@ -56,7 +56,7 @@ async def test_cluster_screen_lists_every_rank_with_its_figures() -> None:
             assert f"r{r} " in text
         assert "ZeRO-3 fp16 offload cpu" in text and "step 39" in text
         assert "straggler r3" in text and "agent dropped 3 messages on r1" in text
-        assert "1.36x" in text  # rank 3's slowness vs the median
+        assert "1.37x" in text  # rank 3's compute vs the median of the others'
 
 
 @sync
@@ -70,8 +70,8 @@ async def test_cursor_sort_filter_and_drill_down() -> None:
         assert table.sort_key == "memory" and table.descending
         totals = [app.state.ranks[r].summary.device_total for r in table.shown_ranks]  # type: ignore[union-attr]
         assert totals == sorted(totals, reverse=True)
-        await pilot.press("s")  # step time, slowest first: the straggler leads
-        assert table.shown_ranks[0] == 3
+        await pilot.press("s", "s")  # slowness (compute vs the others'): the straggler leads
+        assert table.sort_key == "slowness" and table.shown_ranks[0] == 3
         await pilot.press("slash", "3", "enter")
         assert table.shown_ranks == [3]
         await pilot.press("escape")
@@ -111,7 +111,7 @@ async def test_rank_detail_panes_and_tab() -> None:
     ("key", "screen", "needle"),
     [
         ("m", MemoryScreen, "measured / predicted"),
-        ("c", CommScreen, "formula 3Ψ"),
+        ("c", CommScreen, "predicted 72.0M (1.00x)"),
         ("l", LossScaleScreen, "5 of 40 steps skipped"),
     ],
 )

@@ -209,10 +209,9 @@ def _lag_alerts(state: ClusterState) -> list[Alert]:
     out = []
     findings = state.findings()
     for kind, what in (
-        ("straggler", "computes {ms} more per step than the others{ratio}"),
-        ("slow_link", "spends {ms} more per step in collectives than the others"
-         " (not waiting for a slower rank: its link)"),
-    ):  # fmt: skip
+        ("straggler", "+{ms} compute per step vs the others{ratio}"),
+        ("slow_link", "+{ms} per step in its own collectives vs the others'"),
+    ):
         found = [f for f in findings if f.kind == kind]
         if not found:
             continue

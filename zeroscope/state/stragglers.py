@@ -8,11 +8,11 @@ into compute and waiting. For rank r in one step:
 - compute_r = step_r - wait_r (``StepSummary.compute_s``; wait = time inside collectives)
 - compute excess = compute_r - median of the *other* ranks' compute [s]. A straggler has a
   positive excess; the ranks waiting for it have the same excess as waiting time.
-- link excess = busy_r - median of the other ranks' busy - peer lag [s], where busy is the
-  time with a collective in flight (``StepSummary.busy_s``) and peer lag = max(0, the slowest
-  other rank's compute - compute_r): the part of r's collective time spent waiting for a rank
-  that was still computing. What is left is collective time r spent for reasons of its own: a
-  slow link. (Inside one synchronous group a slow link slows every member's collectives alike
+- own collective time_r = busy_r - peer lag_r, where busy is the time with a collective in
+  flight (``StepSummary.busy_s``) and peer lag = max(0, the slowest other rank's compute -
+  compute_r): the part of r's collective time spent waiting for a rank still computing. What
+  is left is collective time r spent for reasons of its own.
+- link excess = own collective time_r - median of the other ranks' [s]: a slow link. (Inside one synchronous group a slow link slows every member's collectives alike
   and no rank can be singled out; a rank is named when its own collectives are slower than its
   peers', e.g. the members of the one group that crosses a slow link.)
 
@@ -65,18 +65,20 @@ def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
     if len(summaries) < 2:
         return {}
     compute = {r: s.compute_s for r, s in summaries.items()}
-    busy = {r: s.busy_s for r, s in summaries.items()}
-    cs, bs = sorted(compute.values()), sorted(busy.values())
+    cs = sorted(compute.values())
     top, second = cs[-1], cs[-2]
+    own = {}
+    for r, s in summaries.items():
+        slowest_other = second if compute[r] == top else top
+        own[r] = s.busy_s - max(0.0, slowest_other - compute[r])
+    links = sorted(own.values())
     out = {}
     for r in summaries:
         c = compute[r]
         others = _median_without(cs, c)
-        slowest_other = second if c == top else top
-        peer_lag = max(0.0, slowest_other - c)
         out[r] = Standing(
             compute_excess_s=c - others,
-            link_excess_s=busy[r] - _median_without(bs, busy[r]) - peer_lag,
+            link_excess_s=own[r] - _median_without(links, own[r]),
             slowness=c / others if others > 0 else None,
         )
     return out
