@@ -107,6 +107,44 @@ async def test_rank_detail_panes_and_tab() -> None:
         assert isinstance(app.focused, Pane) and app.focused is not first
 
 
+def test_every_collected_figure_has_a_place_na_where_absent() -> None:
+    from zeroscope.tui.rank_figures import rank_figures
+
+    state = fixture_state()
+    text = rank_figures(state.ranks[3], 200).plain
+    # The fixture's stage-3 gathered parameters, prefetches, grad norm, host sampler figures.
+    report = state.ranks[3].latest
+    assert report is not None
+    prefetched = sum(c.prefetched for c in report.collectives)
+    for needle in (
+        "gathered P   8.0M",
+        f"prefetched   {prefetched} ",
+        "grad norm    1.01",
+        "rss          1.1G",
+        "cpu          ",
+        "host O       36.0M",
+        "NVMe         0B",
+    ):
+        assert needle in text, needle
+    # Measured nowhere in the fixture (CPU, no NVML): NA, never 0.
+    for needle in ("dev peak     NA", "gpu util     NA", "gpu power    NA", "pcie tx      NA"):
+        assert needle in text, needle
+
+
+def test_the_phase_row_draws_each_span_where_it_ran() -> None:
+    from zeroscope.agent.schema import PhaseSpan, StepReport
+    from zeroscope.tui.rank_screen import _phase_row
+
+    # Accumulation: forward, backward, forward, backward, then the optimizer, on a 1 s axis.
+    spans = [("forward", 0.0, 0.2), ("backward", 0.2, 0.2), ("forward", 0.4, 0.2),
+             ("backward", 0.6, 0.2), ("optimizer", 0.8, 0.2)]  # fmt: skip
+    report = StepReport(
+        rank=0, step=1, wall_ns=0, duration_s=1.0,
+        phase_spans=[PhaseSpan(name=n, start_s=a, duration_s=d) for n, a, d in spans],
+    )  # fmt: skip
+    assert _phase_row(report, 1.0, 10).plain == "FFBBFFBBOO"
+
+
 @pytest.mark.parametrize(
     ("key", "screen", "needle"),
     [

@@ -43,14 +43,26 @@ class StepAggregate:
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
 
+    _closed: tuple[int, float, float | None] | None = None
+    """(wall_ns, step_time, exposed_s) frozen when the step closed (its reports are final)."""
+
+    def close(self) -> None:
+        self.complete = True
+        self._closed = None
+        self._closed = (self.wall_ns, self.step_time, self.exposed_s)
+
     @property
     def wall_ns(self) -> int:
         """The step's end: the latest rank's step-end instant [ns, that rank's clock]."""
+        if self._closed is not None:
+            return self._closed[0]
         return max(s.wall_ns for s in self.summaries.values())
 
     @property
     def step_time(self) -> float:
         """The step takes as long as its slowest rank (they meet at the next collective) [s]."""
+        if self._closed is not None:
+            return self._closed[1]
         return max(s.duration_s for s in self.summaries.values())
 
     _median: float | None = None
@@ -100,6 +112,8 @@ class StepAggregate:
         """The cluster's exposed time: the least-exposed rank's wait in collectives [s]. The
         other ranks' extra wait is waiting for slower peers (a straggler), not communication
         cost; NA when no rank reported a collective."""
+        if self._closed is not None:
+            return self._closed[2]
         waits = [s.exposed_s for s in self.summaries.values() if s.ops]
         return min(waits) if waits else None
 
@@ -215,7 +229,7 @@ class ClusterState:
             if s > step:
                 break
             if not agg.complete:
-                agg.complete = True
+                agg.close()
                 self.steps_completed += 1
                 self._judge(agg)
                 closed.append(agg)

@@ -46,19 +46,20 @@ class OpTotals:
 def busy_seconds(collectives: list[Collective]) -> float:
     """Time with at least one collective in flight [s]: the union of their [start, end)
     intervals, so overlapping collectives (prefetch, bucketed reduce-scatters) count once."""
-    spans = sorted((c.start_s, c.start_s + c.duration_s) for c in collectives)
+    spans = [(c.start_s, c.start_s + c.duration_s) for c in collectives]
+    if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
+        spans.sort()  # reports list them in issue order, so this is rare
+    if not spans:
+        return 0.0
     total = 0.0
-    lo = hi = None
+    lo, hi = spans[0]
     for a, b in spans:
-        if hi is None or a > hi:
-            if hi is not None and lo is not None:
-                total += hi - lo
+        if a > hi:
+            total += hi - lo
             lo, hi = a, b
         elif b > hi:
             hi = b
-    if hi is not None and lo is not None:
-        total += hi - lo
-    return total
+    return total + (hi - lo)
 
 
 @dataclass(slots=True)
@@ -97,6 +98,8 @@ class StepSummary:
     samples: int
     prefetched: int
     """Collectives issued ahead of need (stage-3 prefetch)."""
+    collectives: int
+    """Collectives reported in the step."""
     ops: dict[str, OpTotals]
 
     @property
@@ -137,31 +140,39 @@ class StepSummary:
 
 def summarize(report: StepReport) -> StepSummary:
     """Fold one StepReport into the figures the views need."""
-    ops: dict[str, OpTotals] = {}
-    total_volume = prefetched = 0
-    comm_s = exposed = bus_total = 0.0
-    factors: dict[tuple[str, int], float] = {}
+    # Per (op, group size): count, S, time, exposed; volume and bus bytes are linear in S, so
+    # they are applied once per group rather than per collective (1024 ranks x hundreds of
+    # collectives per report arrive at the collector).
+    groups: dict[tuple[str, int], list[float]] = {}
+    prefetched = 0
     for c in report.collectives:
-        op = c.op
+        g = groups.get((c.op, c.group_size))
+        if g is None:
+            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0]
+        g[0] += 1
+        g[1] += c.nbytes
+        g[2] += c.duration_s
+        g[3] += c.exposed_s
+        prefetched += c.prefetched
+    ops: dict[str, OpTotals] = {}
+    total_volume = 0
+    comm_s = exposed = bus_total = 0.0
+    for (op, size), (count, nbytes, seconds, waited) in groups.items():
         totals = ops.get(op)
         if totals is None:
             totals = ops[op] = OpTotals()
-        key = (op, c.group_size)
-        factor = factors.get(key)
-        if factor is None:
-            factor = factors[key] = bus_factor(op, max(1, c.group_size))
-        v = volume(op, c.nbytes)
-        totals.count += 1
-        totals.nbytes += c.nbytes
+        v = volume(op, int(nbytes))
+        bus = nbytes * bus_factor(op, max(1, size))
+        totals.count += int(count)
+        totals.nbytes += int(nbytes)
         totals.volume += v
-        totals.seconds += c.duration_s
-        totals.exposed_s += c.exposed_s
-        totals.bus_bytes += c.nbytes * factor
+        totals.seconds += seconds
+        totals.exposed_s += waited
+        totals.bus_bytes += bus
         total_volume += v
-        comm_s += c.duration_s
-        exposed += c.exposed_s
-        bus_total += c.nbytes * factor
-        prefetched += c.prefetched
+        comm_s += seconds
+        exposed += waited
+        bus_total += bus
     m = report.memory
     return StepSummary(
         step=report.step,
@@ -189,6 +200,7 @@ def summarize(report: StepReport) -> StepSummary:
         overflow=report.overflow,
         samples=report.samples,
         prefetched=prefetched,
+        collectives=len(report.collectives),
         ops=ops,
     )
 

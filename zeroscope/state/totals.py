@@ -44,7 +44,7 @@ class _Sums:
         self.comm_volume += s.comm_volume
         self.comm_s += s.comm_s
         self.bus_bytes += s.bus_bytes
-        self.collectives += sum(t.count for t in s.ops.values())
+        self.collectives += s.collectives
         self.offload_bytes += s.offload_bytes
         self.offload_s += s.offload_s
 

@@ -43,7 +43,7 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
         ("dev peak", units.size(m.device_peak if m else None)),
     ]
     comm = [
-        ("collectives", str(sum(t.count for t in s.ops.values())) if s else "NA"),
+        ("collectives", str(s.collectives) if s else "NA"),
         ("prefetched", str(s.prefetched) if s else "NA"),
         ("unfinished", str(report.collectives_unfinished) if report else "NA"),
         ("volume", units.size(s.comm_volume if s else None)),
