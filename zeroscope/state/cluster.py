@@ -297,7 +297,7 @@ class ClusterState:
 
     def findings(self) -> list[Finding]:
         """Ranks flagged now as stragglers or slow links, largest excess first."""
-        return self.lags.findings({r: rs.slowness for r, rs in self.ranks.items()})
+        return self.lags.findings()
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)

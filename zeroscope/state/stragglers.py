@@ -94,12 +94,14 @@ class Finding:
     excess_s: float
     """Median excess over the judged window [s]."""
     slowness: float | None
+    """Median compute / the others' median over the same window [ratio] (stragglers)."""
 
 
 @dataclass(slots=True)
 class _Track:
-    window: deque[tuple[int, float, float, bool, bool]]
-    """(step, compute excess, link excess, compute over, link over) of recent judged steps."""
+    window: deque[tuple[int, float, float, bool, bool, float | None]]
+    """(step, compute excess, link excess, compute over, link over, slowness) of recent judged
+    steps."""
     since: dict[str, int] = field(default_factory=dict)
     """kind -> first step of the current flag."""
 
@@ -120,7 +122,9 @@ class LagBook:
             if track is None:
                 track = self._tracks[r] = _Track(deque(maxlen=rules.straggler_window))
             over_c, over_l = st.compute_excess_s > limit, st.link_excess_s > limit
-            track.window.append((step, st.compute_excess_s, st.link_excess_s, over_c, over_l))
+            track.window.append(
+                (step, st.compute_excess_s, st.link_excess_s, over_c, over_l, st.slowness)
+            )
             for kind, index in (("straggler", 3), ("slow_link", 4)):
                 overs = [entry[0] for entry in track.window if entry[index]]
                 if len(overs) >= rules.straggler_steps:
@@ -130,12 +134,14 @@ class LagBook:
             if "straggler" in track.since:  # a slow-compute rank is not also a slow link
                 track.since.pop("slow_link", None)
 
-    def findings(self, slowness: dict[int, float | None]) -> list[Finding]:
+    def findings(self) -> list[Finding]:
         """Flagged ranks, the largest excess first."""
         out = []
         for r, track in self._tracks.items():
             for kind, since in track.since.items():
-                index = 1 if kind == "straggler" else 2
-                median = statistics.median(entry[index] for entry in track.window)
-                out.append(Finding(kind, r, since, median, slowness.get(r)))  # type: ignore[arg-type]
+                excesses = [e[1] if kind == "straggler" else e[2] for e in track.window]
+                median = statistics.median(excesses)
+                ratios = [e[5] for e in track.window if e[5] is not None]
+                ratio = statistics.median(ratios) if ratios and kind == "straggler" else None
+                out.append(Finding(kind, r, since, median, ratio))  # type: ignore[arg-type]
         return sorted(out, key=lambda f: (-f.excess_s, f.rank))
