@@ -265,3 +265,18 @@ def test_predicted_traffic_follows_the_engine_not_only_the_paper() -> None:
     predicted = predicted_traffic(state)
     assert predicted is not None
     assert predicted.volume == 3000 * 2 and predicted.paper == 2000 * 2  # bf16: 2 bytes
+
+
+def test_series_take_the_median_rank_of_each_step() -> None:
+    from zeroscope.state.history import busbw_series, median_rank_series, rank_series
+
+    # r1 waits 100 ms for r2 at 3 ranks: durations per rank 0.32 (r0, r1) and 0.32 (r2).
+    state = state_of(sync_run(3, 4, compute={2: 0.1}, jitter=0.0))
+    waits = median_rank_series(state, lambda s: s.exposed_s)
+    assert waits == pytest.approx([0.12] * 4)  # the median of 0.12, 0.12, 0.02
+    assert rank_series(state, 2, lambda s: s.exposed_s) == [
+        (step, pytest.approx(0.02)) for step in (1, 2, 3, 4)
+    ]
+    # all-reduce of 4000 B among 3 ranks in 0.12 s: busbw = 4000 / 0.12 x 2 x 2/3.
+    assert busbw_series(state, "all_reduce")[0] == pytest.approx(4000 / 0.12 * 4 / 3)
+    assert busbw_series(state, "all_gather") == [None] * 4

@@ -3,8 +3,8 @@
 This package is the only place a derived figure is computed: throughput, busbw and volume
 (``bandwidth``), exposed share, per-rank and run aggregates (``rank``, ``totals``), stragglers
 and slow links (``stragglers``), predicted memory and traffic (``prediction``), alerts
-(``alerts``) and the run report (``report``). Screens, headless lines, ``summary``, ``export``
-and ``replay`` only format what it returns.
+(``alerts``), per-step series (``history``) and the run report (``report``). Screens, headless
+lines, ``summary``, ``export`` and ``replay`` only format what it returns.
 """
 
 from . import bandwidth, units

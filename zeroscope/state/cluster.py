@@ -262,8 +262,9 @@ class ClusterState:
     # The API views, summary, export and later screens (history plots, the advisor) read:
     # per step: ``steps`` / ``complete_steps()`` / ``latest()`` (StepAggregate); per rank:
     # ``ranks[r]`` (RankState: summary, history, totals, host); the run: ``totals``
-    # (ClusterTotals); ``throughput()``, ``findings()``, ``alerts()``; predictions in
-    # zeroscope.state.prediction; all of it as one dict in zeroscope.state.report.
+    # (ClusterTotals); ``throughput()``, ``findings()``, ``alerts()``; per-step series in
+    # zeroscope.state.history; predictions in zeroscope.state.prediction; all of it as one
+    # dict in zeroscope.state.report.
 
     def latest(self) -> StepAggregate | None:
         """The newest complete step (or the newest step at all before any completed)."""

@@ -72,6 +72,18 @@ class TrafficPrediction:
     label: str
     """How the volume is made up, e.g. "2 reduce-scatters + all-gather"."""
 
+    def ratio(self, measured: float | None) -> float | None:
+        """Measured / predicted volume [ratio]; NA without both."""
+        return measured / self.volume if measured is not None and self.volume else None
+
+
+def deviation(measured: float | None, predicted: float | None) -> float | None:
+    """Measured / predicted - 1 [fraction] (the Memory screen's +x%); NA when either is
+    missing or the prediction is 0."""
+    if measured is None or not predicted:
+        return None
+    return measured / predicted - 1
+
 
 def reuse_fraction(config: ConfigSummary, nonpersistent: float) -> float:
     """k of the module docstring: the share of forward's gathered elements kept for backward."""

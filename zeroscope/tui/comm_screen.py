@@ -5,14 +5,13 @@ zeroscope.state; this screen only formats them."""
 
 from __future__ import annotations
 
-import statistics
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state import ClusterState, units
+from zeroscope.state import units
+from zeroscope.state.history import busbw_series, volume_series
 from zeroscope.state.prediction import predicted_traffic
 
 from .base import StateScreen
@@ -20,24 +19,6 @@ from .charts import sparkline
 from .header import ClusterHeader
 from .pane import Pane
 from .rank_screen import LANES
-
-
-def volume_series(state: ClusterState) -> list[float | None]:
-    """Per complete step: the median rank's communication volume (StepSummary.comm_volume)."""
-    return [
-        statistics.median(s.comm_volume for s in a.summaries.values()) if a.summaries else None
-        for a in state.complete_steps()
-    ]
-
-
-def busbw_series(state: ClusterState, op: str) -> list[float | None]:
-    """Per complete step: the median rank's busbw for ``op`` (OpTotals.busbw)."""
-    out: list[float | None] = []
-    for agg in state.complete_steps():
-        values = [s.ops[op].busbw for s in agg.summaries.values() if op in s.ops]
-        known = [v for v in values if v is not None]
-        out.append(statistics.median(known) if known else None)
-    return out
 
 
 class CommScreen(StateScreen):
@@ -74,8 +55,8 @@ class CommScreen(StateScreen):
             text.append("prediction NA")
         else:
             text.append(f"predicted {units.size(expected.volume)}")
-            if last is not None and expected.volume:
-                ratio = last / expected.volume
+            ratio = expected.ratio(last)
+            if ratio is not None:
                 text.append(f" ({ratio:.2f}x)", style="green" if 0.9 <= ratio <= 1.1 else "yellow")
             text.append(f"\n{expected.label}; paper {units.size(expected.paper)}", style="dim")
         text.append("\n")

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from zeroscope.state import units
-from zeroscope.state.prediction import predicted_memory
+from zeroscope.state.prediction import deviation, predicted_memory
 
 from .base import StateScreen
 from .charts import PART_STYLES
@@ -21,8 +21,8 @@ from .pane import Pane
 def _cell(measured: float | None, expected: float | None) -> Text:
     """'measured/predicted' with the deviation colored when over 10 %."""
     text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
-    if measured is not None and expected:
-        dev = measured / expected - 1
+    dev = deviation(measured, expected)
+    if dev is not None:
         text.append(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
     elif measured is not None and expected == 0:
         text.append(" new" if measured else "  ok", style="red" if measured else "green")
