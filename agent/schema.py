@@ -101,11 +101,13 @@ class Hello(_Base, tag="hello"):
 
 class MemoryBytes(msgspec.Struct, omit_defaults=True):
     """Bytes this rank holds, by part. P/G/O are exact engine accounting; A is the peak of bytes
-    saved for backward within the step (saved-tensor hooks). Allocator figures sit beside them."""
+    saved for backward within the step (saved-tensor hooks). Allocator figures sit beside them.
+    P/G/O left out (None) mean "not reported" (an agent-API user who does not count them) and
+    show as NA; 0 means "holds none"."""
 
-    params: int = 0
-    grads: int = 0
-    optim: int = 0
+    params: int | None = None
+    grads: int | None = None
+    optim: int | None = None
     activations: int | None = None
     activations_step: int = 0
     """The step whose forward/backward ``activations`` was counted on (the agent samples every
@@ -120,8 +122,13 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     """Offloaded parts, in host memory or staged for NVMe (not included in params/grads/optim)."""
     nvme_bytes: int = 0
     device_allocated: int | None = None
+    """CUDA: ``torch.cuda.memory_allocated`` of the rank's device at the step's end."""
     device_reserved: int | None = None
     device_peak: int | None = None
+    """CUDA: the highest allocated bytes within this step. Exact when the process's allocator
+    peak (``max_memory_allocated``, which zeroscope never resets) rose during the step; else
+    the highest ``memory_allocated`` sample taken at the step's phase boundaries (a lower
+    bound)."""
 
 
 class Phases(msgspec.Struct, omit_defaults=True):
@@ -131,6 +138,16 @@ class Phases(msgspec.Struct, omit_defaults=True):
     forward: float | None = None
     backward: float | None = None
     optimizer: float | None = None
+
+
+class PhaseSpan(msgspec.Struct, array_like=True, gc=False):
+    """One entry into a phase, on the step's time axis (the one ``Collective.start_s`` uses):
+    seconds since this rank's step start. Gradient accumulation gives one span per phase per
+    micro-batch, in order; ``Phases`` holds their sums."""
+
+    name: str
+    start_s: float
+    duration_s: float
 
 
 class Collective(msgspec.Struct, array_like=True, gc=False):
@@ -143,7 +160,8 @@ class Collective(msgspec.Struct, array_like=True, gc=False):
     nbytes: int
     group_size: int
     start_s: float
-    """Issue instant, seconds since this rank's step start."""
+    """Issue instant, seconds since this rank's step start (the step the collective was issued
+    in, which is the report that carries it)."""
     duration_s: float
     """Issue to completion."""
     exposed_s: float
@@ -177,12 +195,16 @@ class HostSample(msgspec.Struct, omit_defaults=True):
 
 
 class StepReport(_Base, tag="step"):
-    """Everything measured on one rank in one optimizer step, sent once at the step's end."""
+    """Everything measured on one rank in one optimizer step, sent once at the step's end (or
+    a little later: it waits for the collectives issued in the step to complete, so that each
+    report covers its own step's phases and collectives, on one time axis)."""
 
     rank: int
     step: int
     wall_ns: int
     duration_s: float
+    """From the previous step's end (or the first phase / collective of step 1) to this one's:
+    the axis ``phase_spans`` and ``collectives`` are placed on."""
     phases: Phases = msgspec.field(default_factory=Phases)
     memory: MemoryBytes = msgspec.field(default_factory=MemoryBytes)
     collectives: list[Collective] = msgspec.field(default_factory=list)
@@ -194,9 +216,18 @@ class StepReport(_Base, tag="step"):
     overflow: bool = False
     skipped: bool = False
     samples: int = 0
+    """Samples this rank consumed in this step: its data-parallel share (micro-batch size x
+    gradient accumulation steps), never the global batch. The viewer adds the ranks up. Ranks
+    that share one data-parallel replica (tensor or pipeline peers) report it on one of them
+    and 0 on the others; 0 everywhere means "not reported" (samples/s shows NA)."""
     host: HostSample | None = None
     dropped: int = 0
     """Messages this rank's publisher dropped (back-pressure) since its previous report."""
+    phase_spans: list[PhaseSpan] = msgspec.field(default_factory=list)
+    """Where each phase ran within the step (empty from reporters that only give sums)."""
+    collectives_unfinished: int = 0
+    """Collectives issued in this step still incomplete when the report had to leave (they
+    are not in ``collectives``)."""
 
 
 class Event(_Base, tag="event"):

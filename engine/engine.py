@@ -269,7 +269,8 @@ class ZeroEngine:
             loss_scale=scale if fp16 else None,
             overflow=overflow,
             skipped=overflow,
-            samples=self.train_batch_size(),
+            # This rank's share of the batch, not the global batch: the viewer adds ranks up.
+            samples=self.config.micro_batch * self.config.accumulation_steps,
         )
         every = self.config.steps_per_print
         if self.comm.rank == 0 and every > 0 and self.global_steps % every == 0:
