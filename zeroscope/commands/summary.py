@@ -117,6 +117,7 @@ def summarize(path: Path) -> dict[str, Any]:
         job_id = reader.job_id
         steps = reader.steps()
         events = reader.count("event")
+        missing = missing_ranks(hellos, set(ranks), reader.admissions())
     total = RankSummary(rank=None)
     for r in ranks.values():
         total.merge(r)
@@ -134,9 +135,25 @@ def summarize(path: Path) -> dict[str, Any]:
         "world_size": hellos[0].world_size if hellos else len(per_rank),
         "step_range": list(steps) if steps else None,
         "events": events,
+        "missing_ranks": missing,
         "ranks": [r.public() for r in per_rank],
         "total": total.public(),
     }
+
+
+def missing_ranks(hellos: list[Any], reported: set[int], admissions: list[Any]) -> list[dict]:
+    """Every rank of the job that never reported, with the reason (zeroscope/state/roster.py):
+    ``{"rank", "node", "reason", "message"}``, in rank order."""
+    from zeroscope.state.roster import missing_groups
+
+    world = max((h.world_size for h in hellos), default=0)
+    groups = missing_groups(world, reported, hellos, admissions)
+    rows = [
+        {"rank": r, "node": g.node, "reason": g.reason, "message": g.explanation}
+        for g in groups
+        for r in g.ranks
+    ]
+    return sorted(rows, key=lambda row: row["rank"])
 
 
 def _bytes(v: float | None) -> str:
@@ -190,11 +207,25 @@ def format_table(summary: dict[str, Any]) -> str:
         f"trace {summary['trace']}  job {summary['job_id'] or '?'}  "
         f"world {summary['world_size']}  steps {summary['step_range']}  events {summary['events']}"
     ]
+    lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):
         if i == len(rows) - 1:
             lines.append("  ".join("-" * w for w in widths))
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     return "\n".join(lines)
+
+
+def _missing_lines(missing: list[dict]) -> list[str]:
+    """``missing r8-15 (node 1): <reason>``: one line per node and reason."""
+    from zeroscope.state.roster import MissingGroup
+
+    grouped: dict[tuple[Any, str, str], list[int]] = {}
+    for row in missing:
+        grouped.setdefault((row["node"], row["reason"], row["message"]), []).append(row["rank"])
+    return [
+        "missing " + MissingGroup(tuple(ranks), node, reason, message).text
+        for (node, reason, message), ranks in grouped.items()
+    ]
 
 
 def main(args: argparse.Namespace) -> int:

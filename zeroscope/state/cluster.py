@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import (
+    Admission,
     Bye,
     ConfigSummary,
     Event,
@@ -25,6 +26,7 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .rank import HISTORY_STEPS, RankState, StepSummary
+from .roster import MissingGroup, Roster, missing_of
 
 
 @dataclass(slots=True)
@@ -112,6 +114,8 @@ class ClusterState:
         """Set by the collector's owner when the trace stopped recording (an alert)."""
         self.steps_completed = 0
         """Steps closed since the start (``steps`` keeps only the last ``history_steps``)."""
+        self.roster = Roster()
+        """The collector's Admission records: who was turned away (state/roster.py)."""
         """Set by the collector's owner when the trace stopped recording (an alert)."""
 
     # ----------------------------------------------------------------- ingest
@@ -123,6 +127,13 @@ class ClusterState:
 
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
         """Fold one message in; returns the steps it completed (oldest first)."""
+        if isinstance(message, Admission):
+            # The collector's record, not a rank's: it names no reporting rank and moves no
+            # clock (replay reads these before the steps, with the Hellos).
+            self.messages += 1
+            self.version += 1
+            self.roster.note(message, message.wall_ns / 1e9 if received_s is None else received_s)
+            return []
         if received_s is None:
             # Replay: no receiver clock. Ranks' clocks can be far apart, so a message arrives
             # at the newest instant seen so far, never earlier on its own rank's clock (a rank
@@ -138,6 +149,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
             self.config = self.config or message.config
@@ -242,6 +254,10 @@ class ClusterState:
             return None
         median = agg.median_time
         return state.summary.duration_s / median if median > 0 else None
+
+    def missing(self) -> list[MissingGroup]:
+        """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
+        return missing_of(self)
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)
