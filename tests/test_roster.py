@@ -24,6 +24,7 @@ from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.lines import summary_lines
 from zeroscope.state.roster import headcount, node_of, rank_ranges
 from zeroscope.trace import TraceReader
+from zeroscope.tui.feed import ReplayFeed
 from zeroscope.tui.header import header_segments
 
 T0 = 1_700_000_000.0
@@ -179,6 +180,14 @@ def test_a_wrong_token_is_refused_named_recorded_summarized_and_replayed(
     assert cli_main(["replay", "--headless", str(trace)]) == 0
     replayed = capsys.readouterr().out.splitlines()
     assert f"  missing r1 (node 1): {group.explanation}" in replayed
+    # The TUI's replay feed: a seek rebuilds the state with the refusal, as live.
+    with TraceReader(trace) as reader:
+        batch = ReplayFeed(reader).poll(0.01)
+        assert batch is not None and batch.reset
+        again = ClusterState()
+        again.ingest_all(batch.messages)
+    assert again.missing() == state.missing()
+    assert ("ranks 1/2", "bold red") in header_segments(again)
 
 
 def test_rejected_messages_are_attributed_to_the_claimed_rank() -> None:

@@ -39,6 +39,10 @@ QUIET_ADMITTED_S = 10.0
 """A rank admitted this long ago without a Hello gets a record (it connects, sends nothing
 valid). Ranks that report are never recorded, so a healthy job's trace holds no such rows."""
 
+MAX_RECORDS = 1024
+"""Records handed out per call at most (4 calls a second): a whole misconfigured node group
+is said within a second, a flood of made-up senders cannot swamp the trace."""
+
 MAX_SENDERS = 4096
 """Distinct senders tracked; past it, new ones are counted under one anonymous entry, so memory
 stays bounded whatever a stranger on the network sends."""
@@ -177,8 +181,10 @@ class Gate:
         (``reported(rank)`` false) and has been quiet for QUIET_ADMITTED_S (or at the end); an
         admitted sender that claims no rank never (it has nothing to be missing as)."""
         now = time.monotonic()
-        out = []
+        out: list[Admission] = []
         for s in self._senders.values():
+            if len(out) >= MAX_RECORDS and not final:
+                break  # the rest stay due for the next call
             if s.count == s.emitted or (not final and now - s.last_emit_s < EMIT_INTERVAL_S):
                 continue
             if s.reason == "admitted" and s.claim.role != "launcher":
