@@ -260,8 +260,10 @@ class Collector:
             except zmq.Again:
                 return
             frames = [first.bytes]
-            while pull.getsockopt(zmq.RCVMORE):
+            more = first.more  # (cheaper than asking the socket: as fast as recv_multipart)
+            while more:
                 frames.append(pull.recv())
+                more = bool(pull.getsockopt(zmq.RCVMORE))
             try:
                 self.ingest(frames, pub, first)
             except Exception as exc:  # e.g. the trace's disk is full: count, keep serving

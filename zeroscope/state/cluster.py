@@ -114,9 +114,9 @@ class ClusterState:
         """Set by the collector's owner when the trace stopped recording (an alert)."""
         self.steps_completed = 0
         """Steps closed since the start (``steps`` keeps only the last ``history_steps``)."""
+        """Set by the collector's owner when the trace stopped recording (an alert)."""
         self.roster = Roster()
         """The collector's Admission records: who was turned away (state/roster.py)."""
-        """Set by the collector's owner when the trace stopped recording (an alert)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
