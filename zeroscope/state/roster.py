@@ -12,8 +12,8 @@ say what its door saw, most telling first:
 2. a record of its node's launcher (``zeroscope run`` on that node): refused, or admitted while
    the node's ranks sent nothing (a script that does not report through zeroscope);
 3. senders turned away that named no rank (ZeroMQ handshakes of a non-zeroscope sender);
-4. otherwise nothing was heard at all: the node was not launched under zeroscope, or it cannot
-   reach the collector.
+4. otherwise nothing was heard at all: the node was not launched under zeroscope, it cannot
+   reach the collector, or the rank ended before its first report.
 
 Ranks are grouped by node (torchrun places a node's ranks contiguously: node = rank // ranks per
 node, learned from the Hellos) and by reason, so 1024 missing ranks read as a few lines.
@@ -196,7 +196,8 @@ def missing_groups(
     out = []
     for (node, reason, _), (ranks, recs) in groups.items():
         text = (
-            "nothing heard from it: not launched under zeroscope, or it cannot reach the collector"
+            "nothing heard from it: not launched under zeroscope, cannot reach the collector, "
+            "or ended before its first report"
             if reason == UNHEARD
             else _explain(reason, recs, node)
         )
