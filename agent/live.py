@@ -47,6 +47,7 @@ from .schema import (
     HostSample,
     MemoryBytes,
     ParamCounts,
+    SenderClaim,
     StepReport,
     Transfer,
     TransferDirection,
@@ -97,10 +98,12 @@ class LiveTelemetry(Telemetry):
         job_id: str = "",
         engine: str = "zeroscope",
         sample_interval: float = 0.5,
+        local_world_size: int = 0,
     ) -> None:
         self.publisher = publisher
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.node_rank = local_rank, node_rank
+        self.local_world_size = local_world_size
         self.job_id = job_id
         self.engine = engine
         self.errors = 0
@@ -162,6 +165,7 @@ class LiveTelemetry(Telemetry):
                 config=config,
                 params=params,
                 engine=self.engine,
+                local_world_size=self.local_world_size,
             )
         )
 
@@ -391,14 +395,21 @@ def start_agent() -> Telemetry:
     try:
         env = os.environ
         rank = int(env.get("RANK", "0"))
-        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode())
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        node_rank = int(env.get("GROUP_RANK", "0"))
+        # The handshake says who this is, so a collector that refuses it can still name it.
+        claim = SenderClaim(
+            rank=rank, world_size=world_size, node_rank=node_rank, hostname=socket.gethostname()
+        )
+        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode(), claim=claim)
         publisher.wait_connected(CONNECT_TIMEOUT_S)
         agent = LiveTelemetry(
             publisher,
             rank=rank,
-            world_size=int(env.get("WORLD_SIZE", "1")),
+            world_size=world_size,
             local_rank=int(env.get("LOCAL_RANK", "0")),
-            node_rank=int(env.get("GROUP_RANK", "0")),
+            node_rank=node_rank,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
             job_id=env.get(JOB_ID_ENV)
             or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
             engine=env.get(ENGINE_ENV, "zeroscope"),

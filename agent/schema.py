@@ -97,6 +97,9 @@ class Hello(_Base, tag="hello"):
     params: ParamCounts | None = None
     engine: str = "zeroscope"
     """Which engine reports (ours, or another through the public agent API)."""
+    local_world_size: int = 0
+    """Ranks on this rank's node (torchrun's LOCAL_WORLD_SIZE; 0 = not said): lets a viewer tell
+    which node a rank that never reported belongs to."""
 
 
 class MemoryBytes(msgspec.Struct, omit_defaults=True):
@@ -261,7 +264,83 @@ class Bye(_Base, tag="bye"):
     message: str = ""
 
 
-Message = Hello | StepReport | Event | Heartbeat | Bye
+class Admission(_Base, tag="admission"):
+    """The collector's own record, never an agent's (the collector rejects one from a sender):
+    what its door saw of one sender, so that every view can name a rank that never reports and
+    say why, live and in replay. ``reason`` is ``"unauthenticated"`` (handshake refused: wrong
+    token), ``"handshake"`` (a sender without zeroscope's credentials), a rejected message's
+    reason (``"malformed"``, ``"oversize"``, ``"schema_version"``, ``"framing"``), or
+    ``"admitted"`` (a connection with the right token: a node's launcher, or a rank that
+    connected and sent nothing valid). Re-sent with running totals while it goes on; the
+    newest record of a (reason, peer, claim) holds the totals.
+
+    ``rank``, ``node_rank``, ``world_size``, ``hostname`` and ``role`` are what the sender
+    *claimed* in its handshake (see :class:`SenderClaim`): -1 / 0 / "" when not said. A claim
+    names a suspect; it is never proof and never makes a rank count as reporting."""
+
+    wall_ns: int
+    """The collector's clock."""
+    reason: str
+    count: int = 1
+    unit: str = "message"
+    """``"message"`` or ``"connection"`` (what ``count`` counts)."""
+    peer: str = ""
+    """The IP address the sender connected from ("" when ZeroMQ did not say)."""
+    rank: int = -1
+    node_rank: int = -1
+    world_size: int = 0
+    hostname: str = ""
+    role: str = ""
+    """``"rank"`` (a training rank's agent) or ``"launcher"`` (``zeroscope run`` on a node)."""
+    detail: str = ""
+    """The last rejection's one-line reason."""
+
+
+Message = Hello | StepReport | Event | Heartbeat | Bye | Admission
+
+
+class SenderClaim(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who a sender says it is, carried in its ZeroMQ handshake (the PLAIN user name; the
+    password is the job token): the collector learns it even from a sender it refuses, so it
+    can name the rank a wrong token belongs to. Text ``key=value`` pairs, at most 255 bytes."""
+
+    role: str = "rank"
+    rank: int = -1
+    world_size: int = 0
+    node_rank: int = -1
+    hostname: str = ""
+
+    def username(self) -> bytes:
+        host = "".join(c for c in self.hostname if c.isprintable() and c not in " =")[:120]
+        pairs = [
+            ("role", "".join(c for c in self.role if c.isalnum())[:16] or "rank"),
+            ("rank", str(self.rank)),
+            ("world", str(self.world_size)),
+            ("node", str(self.node_rank)),
+            ("host", host),
+        ]
+        return " ".join(f"{k}={v}" for k, v in pairs).encode()[:255]
+
+    @classmethod
+    def parse(cls, text: bytes | str) -> SenderClaim:
+        """The claim in a handshake user name; never raises (junk claims nothing)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
+
+        def number(key: str, default: int) -> int:
+            value = fields.get(key, "")
+            digits = value[1:] if value.startswith("-") else value
+            return int(value) if digits.isdigit() and len(digits) < 10 else default
+
+        return cls(
+            role=fields.get("role", "")[:16],
+            rank=number("rank", -1),
+            world_size=max(0, number("world", 0)),
+            node_rank=number("node", -1),
+            hostname=fields.get("host", "")[:120],
+        )
+
 
 _encoder = msgspec.msgpack.Encoder()
 _INT64 = 1 << 63
@@ -299,7 +378,9 @@ def decode(data: bytes | memoryview) -> Message:
     # Indexed trace columns are SQLite int64s; a rank or step outside sane ranges is garbage.
     step = getattr(message, "step", 0)
     instant = message.started_ns if isinstance(message, Hello) else message.wall_ns
-    if not (0 <= message.rank < _MAX_RANK and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
+    lowest = -1 if isinstance(message, Admission) else 0  # a claim may name no rank
+    rank_ok = lowest <= message.rank < _MAX_RANK
+    if not (rank_ok and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
         raise SchemaError(
             f"malformed message: rank {message.rank}, step {step} or instant out of range",
             "malformed",

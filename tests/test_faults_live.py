@@ -21,6 +21,7 @@ import zmq
 from tests.fixtures import write_trace
 from zeroscope import collector as collector_module
 from zeroscope.agent import schema
+from zeroscope.agent.publish import set_credentials
 from zeroscope.agent.schema import SCHEMA_VERSION, Collective, Hello, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.sources import LiveSource, TraceSource
@@ -71,6 +72,7 @@ def test_a_viewer_that_stops_reading_never_blocks_and_catches_up(
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
+        set_credentials(push)
         push.connect(col.ingest_address)
         try:
             hello = Hello(schema_version=SCHEMA_VERSION, job_id="j", rank=0, world_size=2)

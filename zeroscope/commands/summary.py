@@ -37,6 +37,8 @@ def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
     with TraceReader(path) as reader:
         for hello in reader.hellos():
             state.ingest(hello)
+        for admission in reader.admissions():
+            state.ingest(admission)
         for message in reader.messages():
             state.ingest(message)
         state.flush()
@@ -114,6 +116,7 @@ def format_table(summary: dict[str, Any]) -> str:
         f"{'NA' if samples_s is None else f'{samples_s:.2f}'} samples/s  "
         "(per-step figures over steady steps: the first step's one-off traffic left out)",
     ]
+    lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):
         if i == len(rows) - 1:
             lines.append("  ".join("-" * w for w in widths))
@@ -124,6 +127,19 @@ def format_table(summary: dict[str, Any]) -> str:
     )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     return "\n".join(lines)
+
+
+def _missing_lines(missing: list[dict]) -> list[str]:
+    """``missing r8-15 (node 1): <reason>``: one line per node and reason."""
+    from zeroscope.state.roster import MissingGroup
+
+    grouped: dict[tuple[Any, str, str], list[int]] = {}
+    for row in missing:
+        grouped.setdefault((row["node"], row["reason"], row["message"]), []).append(row["rank"])
+    return [
+        "missing " + MissingGroup(tuple(ranks), node, reason, message).text
+        for (node, reason, message), ranks in grouped.items()
+    ]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .roster import headcount, missing_summary
+
 if TYPE_CHECKING:
     from .cluster import ClusterState
 
@@ -35,6 +37,10 @@ class AlertRules:
     """The cluster's exposed share (the least-exposed rank's) above this, averaged over the
     last straggler_window steps, is an alert."""
     silent_s: float = 2.0
+    missing_after_s: float = 10.0
+    """A rank of the job (world size from the Hellos) that has not reported this long after the
+    first Hello is named, with the reason (state/roster.py). Nodes start within seconds of each
+    other: torchrun's rendezvous waits for all of them."""
 
     def __post_init__(self) -> None:
         if self.storm_overflows < 1 or self.storm_window < self.storm_overflows:
@@ -184,6 +190,19 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 severity="critical",
                 ranks=tuple(lost),
                 message=f"{_ranks_text(lost)} died without a word after step {last} (no Bye)",
+            )
+        )
+
+    missing = state.missing()
+    since = state.roster.since_s
+    if missing and since is not None and now_s - since > rules.missing_after_s:
+        reported, world = headcount(state)
+        alerts.append(
+            Alert(
+                kind="missing",
+                severity="critical",
+                ranks=tuple(r for g in missing for r in g.ranks),
+                message=missing_summary(missing, reported, world),
             )
         )
 

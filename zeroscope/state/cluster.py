@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import (
+    Admission,
     Bye,
     ConfigSummary,
     Event,
@@ -25,6 +26,7 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .rank import HISTORY_STEPS, RankState, StepSummary
+from .roster import MissingGroup, Roster, missing_of
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
 
@@ -154,6 +156,8 @@ class ClusterState:
         """The whole run's cluster figures (steps/s, samples/s, mean step, exposed %)."""
         self.lags = LagBook(self.rules)
         """Stragglers and slow links (zeroscope.state.stragglers)."""
+        self.roster = Roster()
+        """The collector's Admission records: who was turned away (state/roster.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -164,6 +168,13 @@ class ClusterState:
 
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
         """Fold one message in; returns the steps it completed (oldest first)."""
+        if isinstance(message, Admission):
+            # The collector's record, not a rank's: it names no reporting rank and moves no
+            # clock (replay reads these before the steps, with the Hellos).
+            self.messages += 1
+            self.version += 1
+            self.roster.note(message, message.wall_ns / 1e9 if received_s is None else received_s)
+            return []
         if received_s is None:
             # Replay: no receiver clock. Ranks' clocks can be far apart, so a message arrives
             # at the newest instant seen so far, never earlier on its own rank's clock (a rank
@@ -179,6 +190,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
             self.config = self.config or message.config
@@ -299,6 +311,10 @@ class ClusterState:
     def findings(self) -> list[Finding]:
         """Ranks flagged now as stragglers or slow links, largest excess first."""
         return self.lags.findings()
+
+    def missing(self) -> list[MissingGroup]:
+        """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
+        return missing_of(self)
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import units
 from .cluster import ClusterState, StepAggregate
+from .roster import headcount
 
 
 def step_line(agg: StepAggregate) -> str:
@@ -36,6 +37,7 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     done = state.complete_steps()
     t = state.totals
     lines = [f"job {state.job_id or 'NA'}: {t.steps} steps on {len(state.ranks)} ranks"]
+    lines += missing_lines(state)
     if done:
         last = done[-1]
         lines.append(
@@ -55,13 +57,26 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"host {units.size(p.host_bytes)}"
         )
     for alert in state.alerts():
-        # After the job, silence is its end, not a warning; lost ranks get their own line.
-        if alert.kind not in ("silent", "lost"):
+        # After the job, silence is its end, not a warning; lost and missing ranks get their
+        # own lines.
+        if alert.kind not in ("silent", "lost", "missing"):
             lines.append(f"alert: {alert.message}")
     lines += exit_lines(state)
     if trace:
         lines.append(f"trace: {trace}")
     return lines
+
+
+def missing_lines(state: ClusterState) -> list[str]:
+    """Ranks of the job that never reported, one line per node and reason, with the reason
+    (state/roster.py): a view of half the cluster must say so. No grace period here: the job
+    has ended."""
+    groups = state.missing()
+    if not groups:
+        return []
+    reported, world = headcount(state)
+    head = f"missing ranks: {world - reported} of {world} never reported"
+    return [head, *(f"  missing {g.text}" for g in groups)]
 
 
 def exit_lines(state: ClusterState) -> list[str]:

@@ -84,6 +84,19 @@ def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]
     }
 
 
+def missing_rows(state: ClusterState) -> list[dict[str, Any]]:
+    """Every rank of the job that never reported, with the reason (zeroscope.state.roster):
+    ``{"rank", "node", "reason", "message"}``, in rank order."""
+    from .roster import missing_of
+
+    rows = [
+        {"rank": r, "node": g.node, "reason": g.reason, "message": g.explanation}
+        for g in missing_of(state)
+        for r in g.ranks
+    ]
+    return sorted(rows, key=lambda row: row["rank"])
+
+
 def run_report(state: ClusterState) -> dict[str, Any]:
     """Cluster figures, alerts and the per-rank table of a run (after ``state.flush()``).
     Alerts about silence or lost ranks are left out: after a run, silence is its end."""
@@ -98,6 +111,7 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "mean_step_s": t.mean_step_s,
         "exposed_percent": _percent(t.exposed_share),
         "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
+        "missing_ranks": missing_rows(state),
         "ranks": rows,
         "total": total_row(state, rows),
         "total_aggregation": TOTAL_AGGREGATION,
