@@ -111,7 +111,7 @@ def save_checkpoint(
         "rng_state": torch.get_rng_state(),
         "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
-    _write(tmp / optim_file(rank, engine.config.precision), optim)
+    _write(tmp / optim_file(rank, engine._config.precision), optim)
     if rank == 0:
         scheduler = engine.lr_scheduler
         _write(
@@ -130,7 +130,7 @@ def save_checkpoint(
                 },
                 "dp_world_size": engine.comm.world_size,
                 "zero_stage": engine.zero_optimization_stage(),
-                "precision": engine.config.precision,
+                "precision": engine._config.precision,
                 "client_state": dict(client_state),
             },
         )
@@ -206,7 +206,7 @@ def load_checkpoint(
     engine.module.load_state_dict(model["module"], strict=strict)
     inner = getattr(engine.strategy, "inner", engine.strategy)
     if with_optimizer:
-        optim = _load(path / optim_file(engine.comm.rank, engine.config.precision))
+        optim = _load(path / optim_file(engine.comm.rank, engine._config.precision))
         engine.strategy.load_state_dict(optim["optimizer_state_dict"])
         torch.set_rng_state(optim["rng_state"])
         if optim.get("cuda_rng_state") is not None and torch.cuda.is_available():
