@@ -276,7 +276,13 @@ def initialize(
 
 
 def training_loader(
-    dataset: Any, cfg: DeepSpeedConfig, *, rank: int, world_size: int, collate_fn: Any = None
+    dataset: Any,
+    cfg: DeepSpeedConfig,
+    *,
+    rank: int,
+    world_size: int,
+    collate_fn: Any = None,
+    batch_size: int | None = None,
 ) -> Any:
     """DeepSpeed's ``deepspeed_io`` loader: micro-batches of ``train_micro_batch_size_per_gpu``
     through a ``DistributedSampler`` over the data-parallel ranks (shuffled with seed 0 and never
@@ -289,7 +295,7 @@ def training_loader(
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
     return DataLoader(
         dataset,
-        batch_size=cfg.micro_batch,
+        batch_size=batch_size or cfg.micro_batch,
         sampler=sampler,
         collate_fn=collate_fn,
         drop_last=cfg.dataloader_drop_last,

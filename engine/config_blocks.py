@@ -17,6 +17,7 @@ from .config_parse import (
     Refused,
     ignored,
     read_block,
+    refused,
     suggest,
 )
 
@@ -96,7 +97,7 @@ class AdamParams(Block):
     torch_adam: bool = ignored(
         False, "chooses torch.optim's Adam over DeepSpeed's fused kernel: the same math"
     )
-    bias_correction: bool = True
+    bias_correction: bool = refused(True, "Adam without bias correction is not built")
 
     KEYS: ClassVar[dict[str, KeyStatus]] = {
         "amsgrad": Refused("AMSGrad is not built", (False,)),
@@ -118,8 +119,6 @@ class AdamParams(Block):
             raise ValueError(f"betas must be in [0, 1), got {list(self.betas)}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
-        if not self.bias_correction:
-            raise ValueError("bias_correction=false is not supported yet")
 
 
 _OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
@@ -271,9 +270,15 @@ def read_scheduler(raw: Mapping[str, Any], notes: Notes | None = None) -> Schedu
 class ActivationCheckpointingConfig(Block):
     """``activation_checkpointing`` (takes effect where the model calls checkpointing)."""
 
-    partition_activations: bool = False
-    contiguous_memory_optimization: bool = False
-    cpu_checkpointing: bool = False
+    partition_activations: bool = refused(
+        False, "partitioning checkpointed activations across ranks is not built"
+    )
+    contiguous_memory_optimization: bool = refused(
+        False, "DeepSpeed's contiguous activation buffer is not built"
+    )
+    cpu_checkpointing: bool = refused(
+        False, "moving checkpointed activations to the CPU is not built"
+    )
     number_checkpoints: int | None = ignored(
         None, "sizes DeepSpeed's contiguous activation buffer, which is not built"
     )
@@ -281,15 +286,6 @@ class ActivationCheckpointingConfig(Block):
         False, "a device synchronize at each checkpoint boundary (timing only)"
     )
     profile: bool = ignored(False, "DeepSpeed's checkpointing timers")
-
-    def __post_init__(self) -> None:
-        for name in (
-            "partition_activations",
-            "contiguous_memory_optimization",
-            "cpu_checkpointing",
-        ):
-            if getattr(self, name):
-                raise ValueError(f"activation_checkpointing.{name}=true is not supported yet")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -299,7 +295,7 @@ class CheckpointConfig(Block):
     tag_validation: Literal["Ignore", "Warn", "Fail", "ignore", "warn", "fail"] = ignored(
         "Warn", "tags are not compared across ranks: every rank saves under the same tag"
     )
-    load_universal: bool = False
+    load_universal: bool = refused(False, "loading universal checkpoints is not built")
     use_node_local_storage: bool = ignored(
         False, "every rank writes its own files into the one save_dir"
     )
@@ -311,10 +307,6 @@ class CheckpointConfig(Block):
             "torch.save's zip serialization; checkpoint files here are safetensors"
         ),
     }
-
-    def __post_init__(self) -> None:
-        if self.load_universal:
-            raise ValueError("checkpoint.load_universal=true is not supported yet")
 
 
 @dataclass(kw_only=True, slots=True)

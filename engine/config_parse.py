@@ -140,7 +140,7 @@ _BOOL_WORDS = {
 
 def _pydantic_lax(value: Any, hint: Any) -> Any:
     """The spellings pydantic's lax mode accepts that msgspec does not: boolean words and
-    0.0/1.0, and numbers written with surrounding spaces."""
+    0.0/1.0, booleans as numbers, and numbers written with surrounding spaces."""
     if hint is bool:
         if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.strip().lower()]
@@ -148,6 +148,8 @@ def _pydantic_lax(value: Any, hint: Any) -> Any:
             return bool(value)
     if hint in (int, float) and isinstance(value, str):
         return value.strip()
+    if hint in (int, float) and isinstance(value, bool):
+        return hint(value)
     return value
 
 
@@ -200,6 +202,12 @@ def ignored(default: Any, reason: str) -> Any:
     return dataclasses.field(default=default, metadata={"ignored": reason})
 
 
+def refused(default: Any, reason: str) -> Any:
+    """A field whose only accepted value is ``default``: any other value would need a feature
+    that is not built (``reason``), so it is an error naming the key."""
+    return dataclasses.field(default=default, metadata={"refused": reason})
+
+
 class Block:
     """Mixin for block dataclasses: the tables read by :func:`read_block`.
 
@@ -248,9 +256,11 @@ def read_block(
             kwargs[name] = read_block(hint, value, where, notes)
         else:
             kwargs[name] = convert(value, hint, where)
-            reason = fields[name].metadata.get("ignored")
-            if reason and kwargs[name] != fields[name].default:
-                notes.ignored[where] = reason
+            meta, default = fields[name].metadata, fields[name].default
+            if meta.get("refused") and kwargs[name] != default:
+                raise ConfigError(f"{where}={_short(kwargs[name])}: {meta['refused']}")
+            if meta.get("ignored") and kwargs[name] != default:
+                notes.ignored[where] = meta["ignored"]
         given_as[name] = where[len(prefix) :]
 
     for key, value in raw.items():

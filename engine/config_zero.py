@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from .config_parse import Block, Deprecated, Ignored, KeyStatus, Refused, ignored
+from .config_parse import Block, Deprecated, Ignored, KeyStatus, Refused, ignored, refused
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -87,7 +87,9 @@ class ZeroConfig(Block):
     """Average gradients with reduce-scatter (False: all-reduce, then keep this rank's part)."""
     reduce_bucket_size: int = 500_000_000
     """Elements per gradient-reduction bucket."""
-    allgather_partitions: bool = True
+    allgather_partitions: bool = refused(
+        True, "gathering parameters by broadcasting each partition is not built"
+    )
     allgather_bucket_size: int = 500_000_000
     """Elements per parameter all-gather after the step (stages 1-2 gather per reduce bucket)."""
     overlap_comm: bool | None = None
@@ -198,10 +200,6 @@ class ZeroConfig(Block):
         if self.allgather_bucket_size < 0:
             raise ValueError(
                 f"allgather_bucket_size must be >= 0, got {self.allgather_bucket_size}"
-            )
-        if not self.allgather_partitions:
-            raise ValueError(
-                "allgather_partitions=false (broadcast per partition) is not supported yet"
             )
         if self.offload_param.device != "none" and self.stage != 3:
             # DeepSpeed documents offload_param as "Valid only with stage 3" yet silently

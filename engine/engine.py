@@ -19,7 +19,6 @@ Unlike DeepSpeed 0.19 at stage 0 with bf16/fp16, no optimizer step is taken at s
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from .config import DeepSpeedConfig
 from .engine_accessors import EngineAccessors
+from .engine_calls import EngineCalls
 from .optim import ZeroOptimizer, adam_step
 from .precision import LossScaleAtMinimum, LossScaler, local_overflow
 from .process_group import Comm
@@ -36,13 +36,14 @@ from .zero.strategy import ZeroStrategy
 log = logging.getLogger("zeroscope.engine")
 
 
-class ZeroEngine(EngineAccessors):
+class ZeroEngine(EngineAccessors, EngineCalls):
     """Wraps the user's module; see the module docstring for one optimizer step.
 
     ``config`` is the ds_config as a dict (DeepSpeed's ``engine.config``, read with ``.get`` by
     the Hugging Face integration); ``_config`` is the typed, resolved :class:`DeepSpeedConfig`
     (DeepSpeed's own name for its config object). DeepSpeed's read-only accessors live in
-    :class:`~.engine_accessors.EngineAccessors`."""
+    :class:`~.engine_accessors.EngineAccessors`, its calls around the loop (saving, no_sync,
+    ...) in :class:`~.engine_calls.EngineCalls`."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class ZeroEngine(EngineAccessors):
         self.skipped_steps = 0
         self.training_dataloader: Any = None
         self._boundary_override: bool | None = None
+        self._inside_no_sync = False
         self._step_applied = False
         self._loss_sum: torch.Tensor | None = None
         self._grad_norm: torch.Tensor | None = None
@@ -98,93 +100,6 @@ class ZeroEngine(EngineAccessors):
         on an fp16 overflow)."""
         return self._step_applied
 
-    def zero_grad(self) -> None:
-        """DeepSpeed's ``zero_grad``: drop the module's ``param.grad`` (the strategies keep
-        their own reduced-gradient buffers, which the optimizer step already cleared)."""
-        for param in self.module.parameters():
-            param.grad = None
-
-    def train(self, mode: bool = True) -> ZeroEngine:
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> ZeroEngine:
-        self.module.eval()
-        return self
-
-    def parameters(self, recurse: bool = True) -> Any:
-        return self.module.parameters(recurse)
-
-    # -- checkpoints (engine/checkpoint_files.py) and clean-up --------------------------------
-
-    def save_checkpoint(
-        self,
-        save_dir: str,
-        tag: str | None = None,
-        client_state: dict[str, Any] | None = None,
-        save_latest: bool = True,
-    ) -> bool:
-        from .checkpoint_files import save_checkpoint
-
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
-
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, **options: Any) -> Any:
-        from .checkpoint_files import load_checkpoint
-
-        return load_checkpoint(self, load_dir, tag, **options)
-
-    def destroy(self) -> None:
-        """Release what the strategy holds outside the process (NVMe swap files)."""
-        close = getattr(self.strategy, "close", None)
-        if close is not None:
-            close()
-
-    def save_16bit_model(
-        self,
-        save_dir: str,
-        save_filename: str = "pytorch_model.bin",
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """DeepSpeed's ``save_16bit_model``: the full 16-bit weights in one file written by
-        rank 0 (``torch.save``, or safetensors for a ``.safetensors`` name: engine/model_save.py);
-        every rank must call it. At stage 3 it needs ``stage3_gather_16bit_weights_on_model_save``
-        (else it logs why and returns False)."""
-        save = getattr(self.strategy, "save_16bit_model", None)
-        if save is not None:
-            return bool(save(save_dir, save_filename, exclude_frozen_parameters))
-        if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
-            from .model_save import write_model_file
-
-            os.makedirs(save_dir, exist_ok=True)
-            write_model_file(
-                os.path.join(save_dir, save_filename),
-                self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
-            )
-        return True
-
-    save_fp16_model = save_16bit_model
-    """DeepSpeed's older name."""
-
-    def module_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, Any]:
-        """The module's ``state_dict`` (stage 3: its buffers and empty placeholders; use
-        :meth:`_zero3_consolidated_16bit_state_dict`)."""
-        state = self.module.state_dict()
-        if exclude_frozen_parameters:
-            for name, param in self.module.named_parameters():
-                if not param.requires_grad:
-                    state.pop(name, None)
-        return state
-
-    def _zero3_consolidated_16bit_state_dict(
-        self, exclude_frozen_parameters: bool = False
-    ) -> dict[str, torch.Tensor] | None:
-        """Stage 3: the full weights on rank 0 (None on the others); every rank must call it.
-        The name is DeepSpeed's; accelerate and the Hugging Face Trainer call it to save."""
-        consolidate = getattr(self.strategy, "consolidated_16bit_state_dict", None)
-        if consolidate is None:
-            raise ValueError("this function requires ZeRO-3 mode")
-        return consolidate(exclude_frozen_parameters)
-
     # -- the loop ------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -202,7 +117,8 @@ class ZeroEngine(EngineAccessors):
         loss scale. Returns the loss divided by the accumulation steps, as DeepSpeed does."""
         gas = self._config.accumulation_steps if scale_wrt_gas else 1
         with self.reporter.phase("backward"):
-            self.strategy.begin_micro_step(boundary=self.is_gradient_accumulation_boundary())
+            boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
+            self.strategy.begin_micro_step(boundary=boundary)
             detached = loss.detach().float()
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
             factor = self.scaler.loss_scale / gas
@@ -214,6 +130,10 @@ class ZeroEngine(EngineAccessors):
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """At an accumulation boundary: the optimizer step; always: count the micro-batch.
         ``lr_kwargs`` are passed to the LR scheduler's ``step`` (DeepSpeed's signature)."""
+        if self._inside_no_sync:
+            raise AssertionError(
+                "It is illegal to call Engine.step() inside no_sync context manager"
+            )
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             with self.reporter.phase("optimizer"):
@@ -231,6 +151,7 @@ class ZeroEngine(EngineAccessors):
             if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
                 self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
             overflow = bool(flag.item())
+        self.optimizer.overflow = overflow
         if overflow:
             self._skip(scale)
             return

@@ -9,6 +9,7 @@ Kept apart from engine/engine.py, which holds the training loop.
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -106,6 +107,36 @@ class EngineAccessors:
         full weights (accelerate asks before calling ``_zero3_consolidated_16bit_state_dict``)."""
         return self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save
 
+    def zero_prefetch_bucket_size(self) -> int:
+        return self._config.zero_optimization.stage3_prefetch_bucket_size
+
+    def zero_max_live_parameters(self) -> int:
+        return self._config.zero_optimization.stage3_max_live_parameters
+
+    def zero_max_reuse_distance(self) -> int:
+        return self._config.zero_optimization.stage3_max_reuse_distance
+
+    def zero_model_persistence_threshold(self) -> int:
+        return self._config.zero_optimization.stage3_model_persistence_threshold
+
+    def zero_allgather_partitions(self) -> bool:
+        return self._config.zero_optimization.allgather_partitions
+
+    def zero_elastic_checkpoint(self) -> bool:
+        return self._config.zero_optimization.elastic_checkpoint
+
+    def zero_ignore_unused_parameters(self) -> bool:
+        return self._config.zero_optimization.ignore_unused_parameters
+
+    def zero_load_from_fp32_weights(self) -> bool:
+        return self._config.zero_optimization.load_from_fp32_weights
+
+    def zero_nvme_offload_optimizer(self) -> bool:
+        return self._config.zero_optimization.offload_optimizer.device == "nvme"
+
+    def zero_use_cpu_optimizer(self) -> bool:
+        return self._config.zero_optimization.offload_optimizer.device in ("cpu", "nvme")
+
     def zero_allow_untested_optimizer(self) -> bool:
         return self._config.zero_allow_untested_optimizer
 
@@ -126,6 +157,75 @@ class EngineAccessors:
     def initial_dynamic_scale(self) -> float:
         return float(2**self._config.fp16.initial_scale_power)
 
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
+        """(model dtype, gradient-accumulation dtype): the training dtype for both here."""
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(
+            self._config.precision, torch.float32
+        )
+        return dtype, dtype
+
+    def dynamic_loss_scale_args(self) -> dict[str, float] | None:
+        fp16 = self._config.fp16
+        if not (self._config.precision == "fp16" and fp16.dynamic):
+            return None
+        return {
+            "init_scale": float(2**fp16.initial_scale_power),
+            "scale_window": fp16.loss_scale_window,
+            "delayed_shift": fp16.hysteresis,
+            "consecutive_hysteresis": fp16.consecutive_hysteresis,
+            "min_scale": fp16.min_loss_scale,
+        }
+
+    # -- features not built: what DeepSpeed answers when they are off --------------------------
+
+    def communication_data_type(self) -> torch.dtype | None:
+        return None
+
+    def postscale_gradients(self) -> bool:
+        return True
+
+    def gradient_predivide_factor(self) -> float:
+        return 1.0
+
+    def managed_gradient_accumulation(self) -> bool:
+        return True
+
+    def memory_breakdown(self) -> bool:
+        return False
+
+    def flops_profiler_enabled(self) -> bool:
+        return False
+
+    def autotuning_enabled(self) -> bool:
+        return False
+
+    def torch_autocast_enabled(self) -> bool:
+        return False
+
+    def fp16_auto_cast(self) -> bool:
+        return False
+
+    def data_efficiency_enabled(self) -> bool:
+        return False
+
+    def curriculum_learning_enabled(self) -> bool:
+        return False
+
+    def random_ltd_enabled(self) -> bool:
+        return False
+
+    def zero_legacy_stage1(self) -> bool:
+        return False
+
+    def zero_quantized_weights(self) -> bool:
+        return False
+
+    def zero_quantized_nontrainable_weights(self) -> bool:
+        return False
+
+    def zero_quantized_gradients(self) -> bool:
+        return False
+
     # -- optimizer and schedule ----------------------------------------------------------------
 
     def optimizer_name(self) -> str | None:
@@ -143,6 +243,20 @@ class EngineAccessors:
 
     def get_lr(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def scheduler_params(self) -> dict[str, Any] | None:
+        sched = self._config.scheduler
+        if sched is None:
+            return None
+        return {f.name: getattr(sched.params, f.name) for f in fields(sched.params)}
+
+    def get_batch_info(self) -> tuple[int, int, int]:
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)."""
+        return (
+            self.train_batch_size(),
+            self.train_micro_batch_size_per_gpu(),
+            self.gradient_accumulation_steps(),
+        )
 
     def get_mom(self) -> list[tuple[float, float]]:
         """Adam's betas per param group (DeepSpeed's momentum for Adam-type optimizers)."""

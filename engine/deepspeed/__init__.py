@@ -42,6 +42,7 @@ _MODULES = {
     "utils": "zeroscope.engine.deepspeed.utils",
     "checkpoint": "zeroscope.engine.deepspeed.checkpoint",
     "accelerator": "zeroscope.engine.deepspeed.accelerator",
+    "ops": "zeroscope.engine.deepspeed.ops",
     "checkpointing": "zeroscope.engine.checkpointing",
 }
 _RENAMED = {"DeepSpeedConfigError": "ConfigError"}
