@@ -1,9 +1,9 @@
-"""``initialize``: DeepSpeed's entry point, so a DeepSpeed script ports by changing its import::
+"""``initialize``: DeepSpeed's entry point, and ``add_config_arguments`` / ``init_distributed``.
+A DeepSpeed script ports by changing its import (the package forwards DeepSpeed's names, see
+engine/deepspeed/)::
 
-    from zeroscope.engine.api import initialize   # was: from deepspeed import initialize
-    # or: import zeroscope.engine.api as deepspeed  (initialize, add_config_arguments,
-    #     init_distributed)
-    engine, optimizer, dataloader, lr_scheduler = initialize(
+    import zeroscope.engine as deepspeed   # was: import deepspeed
+    engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config="ds_config.json")
 
 docs/engine.md lists the DeepSpeed calls that are supported.
@@ -20,6 +20,7 @@ import torch
 from zeroscope.agent.api import telemetry
 
 from .config import ConfigError, DeepSpeedConfig, load_config, read_raw, report_ignored
+from .dataloader import training_loader
 from .engine import ZeroEngine
 from .lr_schedules import schedule_from_config
 from .offload import make_offload
@@ -273,30 +274,3 @@ def initialize(
             training_data, cfg, rank=comm.rank, world_size=comm.world_size, collate_fn=collate_fn
         )
     return engine, zero_opt, engine.training_dataloader, scheduler
-
-
-def training_loader(
-    dataset: Any,
-    cfg: DeepSpeedConfig,
-    *,
-    rank: int,
-    world_size: int,
-    collate_fn: Any = None,
-    batch_size: int | None = None,
-) -> Any:
-    """DeepSpeed's ``deepspeed_io`` loader: micro-batches of ``train_micro_batch_size_per_gpu``
-    through a ``DistributedSampler`` over the data-parallel ranks (shuffled with seed 0 and never
-    re-seeded, so every epoch has DeepSpeed's order), ``dataloader_drop_last`` as configured.
-    Loading runs in the training process (DeepSpeed starts 2 worker processes per device)."""
-    from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
-
-    sampler: Any = None
-    if not isinstance(dataset, IterableDataset):
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size or cfg.micro_batch,
-        sampler=sampler,
-        collate_fn=collate_fn,
-        drop_last=cfg.dataloader_drop_last,
-    )

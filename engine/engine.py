@@ -221,7 +221,8 @@ class ZeroEngine(EngineAccessors, EngineCalls):
             raise
         self.reporter.scale_change(scale, self.scaler.loss_scale)
         self.skipped_steps += 1
-        self._grad_norm = None
+        # DeepSpeed's optimizers report an infinite norm for a step skipped on inf/NaN
+        self._grad_norm = torch.tensor(float("inf"))
         self._finish_step(
             memory=memory, lr=self.get_lr()[0], grad_norm=None, scale=scale, overflow=True
         )

@@ -266,8 +266,8 @@ class EngineAccessors:
         return [type(self.optimizer).__name__ for _ in self.optimizer.param_groups]
 
     def get_global_grad_norm(self) -> float | None:
-        """The global L2 norm of the last applied step's gradients (before clipping); None
-        before the first step and after an overflowing one."""
+        """The global L2 norm of the last step's gradients (before clipping); None before the
+        first step, ``inf`` after a step skipped for inf/NaN gradients (as DeepSpeed)."""
         return None if self._grad_norm is None else float(self._grad_norm)
 
     # -- ranks and devices ---------------------------------------------------------------------

@@ -50,7 +50,7 @@ class EngineCalls:
         self, dataset: Any, batch_size: int | None = None, collate_fn: Any = None, **_: Any
     ) -> Any:
         """DeepSpeed's ``deepspeed_io``: the engine's data loader for ``dataset``."""
-        from .api import training_loader
+        from .dataloader import training_loader
 
         return training_loader(
             dataset,
@@ -96,7 +96,10 @@ class EngineCalls:
         tag: str | None = None,
         client_state: dict[str, Any] | None = None,
         save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
     ) -> bool:
+        """DeepSpeed's ``save_checkpoint`` (engine/checkpoint_files.py). Frozen parameters are
+        saved whatever ``exclude_frozen_parameters`` says (the checkpoint must reload whole)."""
         from .checkpoint_files import save_checkpoint
 
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
