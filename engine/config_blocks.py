@@ -89,14 +89,16 @@ class AdamParams(Block):
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
+    """None: DeepSpeed's default for the optimizer it would build (see ``torch_adam``)."""
     adam_w_mode: bool = True
     """Decoupled weight decay (AdamW). DeepSpeed's ADAM_W_MODE_DEFAULT is True, so type "Adam"
     with weight_decay is AdamW-style unless adam_w_mode is false (runtime/config.py, engine.py
     _configure_basic_optimizer); type "AdamW" is AdamW-style always."""
-    torch_adam: bool = ignored(
-        False, "chooses torch.optim's Adam over DeepSpeed's fused kernel: the same math"
-    )
+    torch_adam: bool = False
+    """DeepSpeed builds torch.optim.AdamW (AdamW mode) or Adam instead of its fused kernel: the
+    same update, but torch's defaults, so an unset weight_decay is torch.optim.AdamW's 0.01
+    (FusedAdam's and DeepSpeedCPUAdam's is 0)."""
     bias_correction: bool = refused(True, "Adam without bias correction is not built")
 
     KEYS: ClassVar[dict[str, KeyStatus]] = {
@@ -169,10 +171,14 @@ def read_optimizer(raw: Mapping[str, Any], notes: Notes | None = None) -> Optimi
             "optimizer.params.max_grad_norm is not an optimizer parameter: use the top-level "
             "gradient_clipping"
         )
-    return OptimizerConfig(
+    config = OptimizerConfig(
         type=_OPTIMIZERS[name.lower()],  # type: ignore[arg-type]
         params=read_block(AdamParams, params, "optimizer.params", notes),
     )
+    p = config.params
+    if p.weight_decay is None:  # runtime/engine.py get_optimizer_configuration
+        p.weight_decay = 0.01 if p.torch_adam and config.decoupled_weight_decay else 0.0
+    return config
 
 
 WarmupType = Literal["log", "linear"]

@@ -47,6 +47,11 @@ def _config(stage: int, precision: str = "fp32", **zero: Any) -> dict[str, Any]:
     }
 
 
+def _number(value: Any) -> float | None:
+    """A plain float (DeepSpeed answers some of these with 0-d tensors)."""
+    return None if value is None else float(value)
+
+
 def _rows(rank: int) -> slice:
     return slice(2 * rank, 2 * rank + 2)
 
@@ -69,10 +74,10 @@ def boundary(ds: Any, rank: int) -> dict[str, Any]:
             out["losses"].append(float(loss))
         engine.step()
         out["applied"].append(engine.was_step_applied())
-        out.setdefault("lr", []).append(engine.get_lr()[0])
-        out.setdefault("norm", []).append(engine.get_global_grad_norm())
-    out["counters"] = [engine.global_steps, engine.global_samples, engine.skipped_steps]
-    out["config_get"] = engine.config.get("gradient_clipping")
+        out.setdefault("lr", []).append(_number(engine.get_lr()[0]))
+        out.setdefault("norm", []).append(_number(engine.get_global_grad_norm()))
+    out["counters"] = [int(engine.global_steps), int(engine.global_samples), engine.skipped_steps]
+    out["config_get"] = _number(engine.config.get("gradient_clipping"))
     engine.zero_grad()
     out["grads_after_zero_grad"] = [p.grad for p in engine.module.parameters()].count(None)
     return out
@@ -92,7 +97,7 @@ def overflow(ds: Any, rank: int) -> dict[str, Any]:
             engine.backward(loss * float("inf") if step == 1 and micro == 0 else loss)
             engine.step()
         out["applied"].append(engine.was_step_applied())
-        out["norm"].append(engine.get_global_grad_norm())
+        out["norm"].append(_number(engine.get_global_grad_norm()))
         out["skipped"].append(engine.skipped_steps)
         out.setdefault("unchanged", []).append(
             all(torch.equal(a, b.float()) for a, b in zip(before, engine.module.parameters()))
@@ -108,7 +113,8 @@ def _load(path: Path) -> dict[str, Any]:
             return {"format": "safetensors", "tensors": load_file(path)}
         except Exception:
             pass
-    return {"format": "torch.save", "tensors": torch.load(path, weights_only=True)}
+    with open(path, "rb") as f:  # a file object: torch.load picks its reader by the file name
+        return {"format": "torch.save", "tensors": torch.load(f, weights_only=True)}
 
 
 def save16(ds: Any, rank: int, folder: str) -> dict[str, Any]:

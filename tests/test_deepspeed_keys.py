@@ -327,3 +327,26 @@ def test_docs_hold_the_generated_tables() -> None:
     assert section.strip() == keys.markdown().strip(), (
         "docs/engine.md is stale: `python -m zeroscope.engine.keys --update docs/engine.md`"
     )
+
+
+def test_unset_weight_decay_is_the_default_of_the_optimizer_deepspeed_builds() -> None:
+    """Bug fixed: ``torch_adam`` was taken as "same math", but DeepSpeed then builds
+    torch.optim.AdamW, whose weight_decay default (0.01) is not FusedAdam's (0); found by the
+    differential test (tests/test_deepspeed_dropin.py)."""
+    import inspect
+
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+    def default(cls: type) -> float:
+        return float(inspect.signature(cls).parameters["weight_decay"].default)
+
+    def ours(**params: Any) -> float:
+        opt = {"type": params.pop("type"), "params": params}
+        return float(_load({**BATCH, "optimizer": opt}).optimizer.params.weight_decay)
+
+    assert ours(type="AdamW", torch_adam=True) == default(torch.optim.AdamW) == 0.01
+    assert ours(type="Adam", torch_adam=True) == default(torch.optim.AdamW)  # adam_w_mode
+    assert ours(type="Adam", torch_adam=True, adam_w_mode=False) == default(torch.optim.Adam)
+    assert ours(type="AdamW") == default(FusedAdam) == default(DeepSpeedCPUAdam) == 0.0
+    assert ours(type="AdamW", torch_adam=True, weight_decay=0.3) == 0.3

@@ -12,7 +12,6 @@ tensors as a one-rank job would, where DeepSpeed asserts that its backend is ini
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ __all__ = [
     "get_rank",
     "get_world_group",
     "get_world_size",
-    "init_distributed",
+    "init_distributed",  # noqa: F822 (resolved by __getattr__: it lives in zeroscope.engine.api)
     "irecv",
     "is_available",
     "is_initialized",
@@ -51,12 +50,6 @@ __all__ = [
     "scatter",
     "send",
 ]
-
-_LOGGING = ("prof", "log_name", "debug")
-
-
-def _torch_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in kwargs.items() if k not in _LOGGING}
 
 
 def _one_rank() -> bool:
@@ -80,33 +73,12 @@ def _result(async_op: bool) -> Any:
 # -- process group ------------------------------------------------------------------------------
 
 
-def init_distributed(
-    dist_backend: str | None = None,
-    auto_mpi_discovery: bool = True,
-    distributed_port: int = 29500,
-    verbose: bool = True,
-    timeout: timedelta | None = None,
-    init_method: str | None = None,
-    dist_init_required: bool | None = None,
-    config: Any = None,
-    rank: int = -1,
-    world_size: int = -1,
-) -> None:
-    """DeepSpeed's ``init_distributed`` (see zeroscope.engine.api.init_distributed)."""
-    from zeroscope.engine.api import init_distributed as init
+def __getattr__(name: str) -> Any:
+    if name == "init_distributed":  # DeepSpeed's, the same function as deepspeed.init_distributed
+        from zeroscope.engine.api import init_distributed
 
-    init(
-        dist_backend=dist_backend,
-        auto_mpi_discovery=auto_mpi_discovery,
-        distributed_port=distributed_port,
-        verbose=verbose,
-        timeout=timeout,
-        init_method=init_method,
-        dist_init_required=dist_init_required,
-        config=config,
-        rank=rank,
-        world_size=world_size,
-    )
+        return init_distributed
+    raise AttributeError(f"module 'deepspeed.comm' (zeroscope's engine) has no attribute {name!r}")
 
 
 def is_available() -> bool:

@@ -154,9 +154,11 @@ def _dtype_from(config: Any, dtype: torch.dtype | None) -> torch.dtype | None:
     if dtype is not None:
         return dtype
     if config is not None:
-        from zeroscope.engine.config import read_config
+        from zeroscope.engine.config import read_config, read_raw
 
-        cfg = read_config(config)
+        raw = read_raw(config)  # only the precision matters here (batch keys may be "auto")
+        precision_only = {k: raw[k] for k in ("fp16", "bf16", "bfloat16") if k in raw}
+        cfg = read_config(precision_only)
         return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
     return torch.float16 if torch.cuda.is_available() else torch.bfloat16
 
