@@ -153,7 +153,7 @@ import importlib.machinery, sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name == "deepspeed" or name.startswith("deepspeed."):
-            raise ModuleNotFoundError(name, name=name)
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 find = importlib.machinery.PathFinder.find_distributions
 importlib.machinery.PathFinder.find_distributions = staticmethod(
     lambda *a, **k: [d for d in find(*a, **k) if d.metadata["Name"] != "deepspeed"])
