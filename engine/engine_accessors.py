@@ -17,6 +17,7 @@ import torch
 if TYPE_CHECKING:
     from .config import DeepSpeedConfig
     from .optim import ZeroOptimizer
+    from .precision import LossScaler
     from .process_group import Comm
 
 
@@ -32,6 +33,7 @@ class EngineAccessors:
     optimizer: ZeroOptimizer
     lr_scheduler: Any
     _grad_norm: torch.Tensor | None
+    scaler: LossScaler
 
     # -- batch ---------------------------------------------------------------------------------
 
@@ -150,6 +152,12 @@ class EngineAccessors:
 
     def bfloat16_enabled(self) -> bool:
         return self._config.precision == "bf16"
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without fp16). DeepSpeed's ``loss_scale()`` is a method
+        returning the configured static scale; its current scale is this one."""
+        return self.scaler.loss_scale
 
     def dynamic_loss_scale(self) -> bool:
         return self._config.fp16.dynamic

@@ -36,9 +36,13 @@ def write_model_file(path: str | os.PathLike[str], state_dict: Mapping[str, torc
 
 
 def load_16bit_model(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """Read a file written by ``save_16bit_model`` (either format) as a ``state_dict``, without
-    running pickled code (``weights_only=True``)."""
-    if is_safetensors(path):
-        return read_safetensors(path)[0]
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return dict(state)
+    """Read a file written by ``save_16bit_model`` (either format, whatever its name: the
+    content says which) as a ``state_dict``, without running pickled code
+    (``weights_only=True``)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+        if len(head) == 9 and head[8:9] == b"{":  # 8-byte header length, then JSON
+            return read_safetensors(path)[0]
+        f.seek(0)
+        # a file object: torch.load would pick its reader by a ".safetensors" name
+        return dict(torch.load(f, map_location="cpu", weights_only=True))

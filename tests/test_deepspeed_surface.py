@@ -131,7 +131,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 from deepspeed import DeepSpeedEngine, comm
 import deepspeed.comm as dist
-out["same_module"] = comm is dist is sys.modules["zeroscope.engine.deepspeed.comm"]
+out["same_module"] = comm is dist is sys.modules.get("zeroscope.engine.deepspeed.comm")
 out["init"] = pp.Init is deepspeed.zero.Init
 try:
     import deepspeed.pipe

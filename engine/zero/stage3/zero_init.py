@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 _ids = itertools.count()
+# torch >= 2.13 names it all_gather_single; older releases only have all_gather_into_tensor.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class ZeroParamStatus(enum.Enum):
@@ -107,7 +109,7 @@ class InitShards:
             out = shard
         else:
             out = shard.new_empty(shard.numel() * self.world_size)
-            dist.all_gather_into_tensor(out, shard.contiguous(), group=self.group)
+            _all_gather(out, shard.contiguous(), group=self.group)
         return out[: param.ds_numel].view(param.ds_shape).clone()  # type: ignore[attr-defined]
 
     # -- the owner protocol of zero/stage3/gathered.py --------------------------------------
