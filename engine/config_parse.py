@@ -283,7 +283,7 @@ def read_block(
             if new is not None:
                 take(aliases.get(status.new_key, status.new_key), new, where)
         elif isinstance(status, Ignored):
-            if not is_off(value):
+            if not is_off(value, (False,)):  # `"wall_clock_breakdown": false` says nothing
                 notes.ignored[where] = status.reason
         elif isinstance(status, Refused):
             if not status.accepts(value):

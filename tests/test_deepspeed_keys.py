@@ -258,6 +258,8 @@ def test_issue_13_configs_deepspeed_accepts_load() -> None:
         "zero_optimization.allgather_bucket_size", "fp16.enabled",
     } == ignored  # fmt: skip
     assert "wandb" not in ignored  # switched off: nothing to say
+    quiet = _load({**BATCH, "wall_clock_breakdown": False, "memory_breakdown": 0, "timers": {}})
+    assert quiet.notes.ignored == {}
 
 
 def test_ignored_keys_are_reported_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
