@@ -30,12 +30,12 @@ import torch
 
 from zeroscope.agent.schema import MemoryBytes, TransferDirection
 
-from .comm import Comm
 from .config import DeepSpeedConfig
 from .nvme import NvmeSwapper
 from .offload_param import ParamHome
 from .offload_store import DeviceStore, HostStore, HyperOf, NvmeStore, Store, host_empty
 from .optim import AdamState
+from .process_group import Comm
 from .zero.strategy import ZeroStrategy
 
 

@@ -88,6 +88,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._optimizer_step_post_hooks: Any = {}
         self.name = name
         self.decoupled = decoupled
+        self.overflow = False
+        """Whether the last optimizer step was skipped for inf/NaN gradients (DeepSpeed's ZeRO
+        optimizers carry it; accelerate reads it to skip the LR schedule's step)."""
 
     def hyper(self, group: int) -> AdamHyper:
         g = self.param_groups[group]

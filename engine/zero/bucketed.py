@@ -33,9 +33,9 @@ import torch
 
 from zeroscope.agent.api import Waitable
 from zeroscope.agent.schema import MemoryBytes
-from zeroscope.engine.comm import Comm
 from zeroscope.engine.optim import AdamState
 from zeroscope.engine.precision import copy_master_to_params, master_copy
+from zeroscope.engine.process_group import Comm
 
 from .partition import FlatLayout, make_layout, split_buckets, views_of
 from .strategy import Shard

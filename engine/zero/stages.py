@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from zeroscope.engine.comm import Comm
 from zeroscope.engine.config import ConfigError, DeepSpeedConfig
+from zeroscope.engine.process_group import Comm
 
 from .bucketed import BucketedStrategy, Policy
 from .strategy import ZeroStrategy

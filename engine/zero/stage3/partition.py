@@ -29,6 +29,8 @@ from torch import nn
 
 from zeroscope.agent.api import Telemetry, Waitable
 
+from .zero_init import forget, full_shape, is_zero_init_param, next_param_id
+
 # torch >= 2.13 names it all_gather_single; older releases only have all_gather_into_tensor.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -143,22 +145,24 @@ class Partition:
         offset = persistent_total = 0
         # A tied parameter comes once (named_parameters() dedupes): it is partitioned once.
         for index, (name, param) in enumerate(named_params):
-            s = padded_shard_numel(param.numel(), self.world_size)
+            shape = full_shape(param)
+            numel = shape.numel()
+            s = padded_shard_numel(numel, self.world_size)
             sp = ShardedParam(
                 param=param,
                 name=name,
                 index=index,
-                shape=param.shape,
-                numel=param.numel(),
+                shape=shape,
+                numel=numel,
                 shard_numel=s,
                 offset=offset,
                 world_size=self.world_size,
-                persistent=param.numel() <= persistence_threshold
-                and persistent_total + param.numel() <= model_persistence_threshold,
+                persistent=numel <= persistence_threshold
+                and persistent_total + numel <= model_persistence_threshold,
             )
             self.params.append(sp)
             self.by_param[param] = sp
-            persistent_total += param.numel() if sp.persistent else 0
+            persistent_total += numel if sp.persistent else 0
             offset += s
         self.shards = torch.zeros(offset, dtype=dtype)
         self._partition_initial_values()
@@ -166,14 +170,22 @@ class Partition:
     def _partition_initial_values(self) -> None:
         """Broadcast rank 0's initial values (ranks may have built different random inits; one
         flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
-        parameter, and free the full tensors of the non-persistent ones."""
-        if not self.params:
+        parameter, and free the full tensors of the non-persistent ones. Parameters that
+        ``zero.Init`` partitioned already are adopted as they are (zero/stage3/zero_init.py)."""
+        for sp in self.params:
+            sp.param.ds_id = getattr(sp.param, "ds_id", None) or next_param_id()  # type: ignore[attr-defined]
+            sp.param.ds_numel, sp.param.ds_shape = sp.numel, sp.shape  # type: ignore[attr-defined]
+        adopted = [sp for sp in self.params if is_zero_init_param(sp.param)]
+        fresh = [sp for sp in self.params if not is_zero_init_param(sp.param)]
+        if adopted:
+            self._adopt(adopted)
+        if not fresh:
             return
-        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
+        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in fresh])
         if self.world_size > 1:
             self.comm.broadcast(flat, src=0, label="stage3 init").wait()
         start = 0
-        for sp in self.params:
+        for sp in fresh:
             full = flat[start : start + sp.numel]
             start += sp.numel
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
@@ -183,6 +195,20 @@ class Partition:
             else:
                 sp.param.data = torch.empty(0, dtype=self.dtype)
                 sp.status = ParamStatus.NOT_AVAILABLE
+
+    def _adopt(self, adopted: list[ShardedParam]) -> None:
+        """Take over ``zero.Init`` shards (same layout: ``ceil(numel/N)`` per rank, padded at
+        the end); persistent ones get their full tensor back with one all-gather."""
+        for sp in adopted:
+            self.shard_of(sp).copy_(sp.param.ds_tensor)  # type: ignore[attr-defined]
+            forget(sp.param)
+            sp.param.data = torch.empty(0, dtype=self.dtype)
+            sp.status = ParamStatus.NOT_AVAILABLE
+        persistent = [sp for sp in adopted if sp.persistent]
+        for sp in persistent:
+            sp.param.data = torch.empty(sp.shape, dtype=self.dtype)
+        if persistent:
+            self.all_gather(persistent, prefetched=False).wait()
 
     def _slice_of_rank(self, full: torch.Tensor, sp: ShardedParam) -> torch.Tensor:
         start = self.rank * sp.shard_numel

@@ -29,10 +29,11 @@ from zeroscope.engine.precision import DTYPES, copy_master_to_params, master_cop
 from zeroscope.engine.zero.strategy import Shard
 
 from .coordinator import ParameterCoordinator
+from .gathered import EngineParams
 from .grads import GradReducer
 from .hooks import Stage3Hooks
 from .partition import CommLike, Partition
-from .save import NOT_GATHERED, write_safetensors
+from .save import NOT_GATHERED, write_model_file
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ class Stage3Strategy:
             max_live_parameters=zero.stage3_max_live_parameters,
             max_reuse_distance=zero.stage3_max_reuse_distance,
         )
+        owner = EngineParams(self)  # GatheredParameters finds the engine through the parameter
+        for sp in self.partition.params:
+            sp.param._zs_owner = owner  # type: ignore[attr-defined]
         self.hooks = Stage3Hooks(module, self.coordinator)
         self.reducer = GradReducer(
             self.partition, bucket_numel=zero.reduce_bucket_size, overlap_comm=zero.overlap
@@ -197,10 +201,12 @@ class Stage3Strategy:
         """``param`` is used inside ``module``'s forward though another module owns it."""
         self.coordinator.register_external_parameter(module, param)
 
-    def consolidated_16bit_state_dict(self) -> dict[str, torch.Tensor] | None:
+    def consolidated_16bit_state_dict(
+        self, exclude_frozen_parameters: bool = False
+    ) -> dict[str, torch.Tensor] | None:
         """Every parameter gathered whole, in the module's ``state_dict`` names (a tied weight
         under each of its names); returned on rank 0, None elsewhere. Collective: every rank
-        must call it."""
+        must call it. ``exclude_frozen_parameters`` leaves out parameters without grad."""
         self.coordinator.release_all()
         full: dict[nn.Parameter, torch.Tensor] = {}
         for sp in self.partition.params:
@@ -215,10 +221,17 @@ class Stage3Strategy:
         by_id = {id(p): t for p, t in full.items()}
         out: dict[str, torch.Tensor] = {}
         for name, value in self.module.state_dict(keep_vars=True).items():
+            if exclude_frozen_parameters and id(value) in by_id and not value.requires_grad:
+                continue
             out[name] = by_id.get(id(value), value.detach())
         return out
 
-    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+    def save_16bit_model(
+        self,
+        save_dir: str,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
         """DeepSpeed's ``save_16bit_model``: consolidated 16-bit weights written by rank 0 when
         ``stage3_gather_16bit_weights_on_model_save`` is true; otherwise nothing is saved, the
         reason is logged and False returned. Every rank must call it."""
@@ -227,8 +240,8 @@ class Stage3Strategy:
             if self.partition.rank == 0:
                 logger.warning(NOT_GATHERED.format(path=path, world=self.partition.world_size))
             return False
-        state = self.consolidated_16bit_state_dict()
+        state = self.consolidated_16bit_state_dict(exclude_frozen_parameters)
         if state is not None:
             os.makedirs(save_dir, exist_ok=True)
-            write_safetensors(path, state)
+            write_model_file(path, state)
         return True
