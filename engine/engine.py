@@ -246,7 +246,7 @@ class ZeroEngine(EngineAccessors, EngineCalls):
             overflow=overflow,
             skipped=overflow,
             # This rank's share of the batch, not the global batch: the viewer adds ranks up.
-            samples=self.config.micro_batch * self.config.accumulation_steps,
+            samples=self._config.micro_batch * self._config.accumulation_steps,
         )
         every = self._config.steps_per_print
         if self.comm.rank == 0 and every > 0 and self.global_steps % every == 0:
