@@ -29,7 +29,7 @@ from .activations import ActivationCounter
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker
 from .publish import TOKEN_ENV, Publisher
-from .sampler import Sampler
+from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
 from .schema import (
     SCHEMA_VERSION,
@@ -105,6 +105,9 @@ class LiveTelemetry(Telemetry):
         self.step = 1
         """The step in progress (the first StepReport is step 1)."""
         self.cuda = False
+        self.device_index: int | None = None
+        """The GPU named in Hello: allocator figures are read for it, not the current device
+        (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
         self._hello_sent = False
         self._step_start_ns: int | None = None
@@ -133,10 +136,13 @@ class LiveTelemetry(Telemetry):
             if self.cuda:
                 index = torch.device(device).index
                 index = torch.cuda.current_device() if index is None else index
-                uuid = None
+                self.device_index = index
+                uuid = pci_bus = None
                 with contextlib.suppress(Exception):
-                    uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-                self.sampler.set_device(index, uuid)
+                    props = torch.cuda.get_device_properties(index)
+                    uuid = f"GPU-{props.uuid}"
+                    pci_bus = pci_bus_id(props)
+                self.sampler.set_device(index, uuid, pci_bus)
             self._send_hello(config, params, device)
         except Exception:
             self.errors += 1
@@ -283,10 +289,11 @@ class LiveTelemetry(Telemetry):
         else:
             mem = msgspec.structs.replace(memory)
         if self.cuda:
-            mem.device_allocated = torch.cuda.memory_allocated()
-            mem.device_reserved = torch.cuda.memory_reserved()
-            mem.device_peak = torch.cuda.max_memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            dev = self.device_index
+            mem.device_allocated = torch.cuda.memory_allocated(dev)
+            mem.device_reserved = torch.cuda.memory_reserved(dev)
+            mem.device_peak = torch.cuda.max_memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
         report = StepReport(
             rank=self.rank,
             step=self.step,

@@ -127,13 +127,9 @@ def add_config_arguments(parser: Any) -> Any:
 
 def init_distributed(dist_backend: str | None = None, **_: Any) -> None:
     """DeepSpeed's ``init_distributed``: torch.distributed from torchrun's environment (nccl on
-    CUDA, gloo on CPU, or ``dist_backend``); a no-op without that environment or when done."""
-    import torch.distributed as dist
-
-    if dist_backend is not None and not dist.is_initialized() and "RANK" in os.environ:
-        dist.init_process_group(backend=dist_backend)
-        return
-    _init_distributed(pick_device())
+    CUDA, gloo on CPU, or ``dist_backend``), with this rank's GPU made current and bound to the
+    group; a no-op without that environment or when done."""
+    _init_distributed(pick_device(), backend=dist_backend)
 
 
 def initialize(
@@ -172,7 +168,7 @@ def initialize(
     if dist_init_required is not False:
         _init_distributed(device)
     tel = telemetry()
-    comm = Comm.data_parallel(tel)
+    comm = Comm.data_parallel(tel, device)
     cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
 
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)

@@ -92,7 +92,8 @@ class ZeroEngine:
 
     @property
     def local_rank(self) -> int:
-        return self.device.index or 0
+        # torchrun's LOCAL_RANK (ranks may share a GPU: engine/comm.py pick_device).
+        return int(os.environ.get("LOCAL_RANK", self.device.index or 0))
 
     @property
     def world_size(self) -> int:
@@ -186,7 +187,7 @@ class ZeroEngine:
         # 2. overflow, agreed by every rank
         overflow = False
         if self.config.precision == "fp16":
-            flag = local_overflow(grads).to(grads[0].device if grads else self.device)
+            flag = local_overflow(grads, device=self.device)
             if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
                 self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
             overflow = bool(flag.item())

@@ -40,6 +40,8 @@ class CommLike(Protocol):
     group: Any
     rank: int
     world_size: int
+    device: torch.device
+    force: bool
 
     def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable: ...
 
@@ -136,6 +138,9 @@ class Partition:
         self.group = comm.group
         self.world_size = comm.world_size
         self.rank = comm.rank
+        self.device = comm.device
+        """Where the shards, gathers and placeholders live (the engine's device)."""
+        self.skip_collectives = comm.world_size == 1 and not comm.force
         self.dtype = dtype
         self.telemetry = comm.tel
         self.params: list[ShardedParam] = []
@@ -160,29 +165,35 @@ class Partition:
             self.by_param[param] = sp
             persistent_total += param.numel() if sp.persistent else 0
             offset += s
-        self.shards = torch.zeros(offset, dtype=dtype)
+        self.shards = torch.zeros(offset, dtype=dtype, device=self.device)
         self._partition_initial_values()
 
     def _partition_initial_values(self) -> None:
-        """Broadcast rank 0's initial values (ranks may have built different random inits; one
-        flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
-        parameter, and free the full tensors of the non-persistent ones."""
-        if not self.params:
-            return
-        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
-        if self.world_size > 1:
-            self.comm.broadcast(flat, src=0, label="stage3 init").wait()
-        start = 0
+        """Broadcast rank 0's initial values (ranks may have built different random inits, as
+        DeepSpeed's _broadcast_model), keep this rank's slice of each parameter, and free the
+        full tensors of the non-persistent ones. One parameter at a time, in place: the device
+        never holds a second full copy of the model (a flat copy of every parameter would
+        double the model's footprint at the worst moment, before anything is sharded)."""
         for sp in self.params:
-            full = flat[start : start + sp.numel]
-            start += sp.numel
+            full = sp.param.detach()
+            if full.dtype != self.dtype or full.device != self.device or not full.is_contiguous():
+                full = full.to(
+                    device=self.device, dtype=self.dtype, memory_format=torch.contiguous_format
+                )
+            full = full.reshape(-1)
+            if not self.skip_collectives:
+                self.comm.broadcast(full, src=0, label="stage3 init").wait()
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
             if sp.persistent:
-                sp.param.data = full.clone().view(sp.shape)
+                sp.param.data = full.view(sp.shape)
                 sp.status = ParamStatus.AVAILABLE
             else:
-                sp.param.data = torch.empty(0, dtype=self.dtype)
+                sp.param.data = self._placeholder()
                 sp.status = ParamStatus.NOT_AVAILABLE
+
+    def _placeholder(self) -> torch.Tensor:
+        """What a released parameter's ``.data`` is: empty, on the engine's device."""
+        return torch.empty(0, dtype=self.dtype, device=self.device)
 
     def _slice_of_rank(self, full: torch.Tensor, sp: ShardedParam) -> torch.Tensor:
         start = self.rank * sp.shard_numel
@@ -210,9 +221,9 @@ class Partition:
             inp = self.shard_span(params[0].offset, end)
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
-        out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)
+        out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype, device=self.device)
         work: Waitable
-        if self.world_size == 1:
+        if self.skip_collectives:
             out.copy_(inp)
             work = Done()
         else:
@@ -232,7 +243,7 @@ class Partition:
     def release(self, sp: ShardedParam) -> None:
         """Drop the full data of a gathered parameter; the shard stays (DeepSpeed partition())."""
         assert not sp.persistent, "persistent parameters are never released"
-        sp.param.data = torch.empty(0, dtype=self.dtype)
+        sp.param.data = self._placeholder()
         sp.status = ParamStatus.NOT_AVAILABLE
 
     def refresh_persistent(self) -> None:
@@ -248,7 +259,7 @@ class Partition:
 
     @property
     def element_size(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
+        return torch.empty(0, dtype=self.dtype, device="cpu").element_size()
 
     @property
     def persistent_bytes(self) -> int:

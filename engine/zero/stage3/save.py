@@ -16,11 +16,11 @@ import os
 
 import torch
 
-from zeroscope.engine.safetensors_file import read_safetensors, write_safetensors
+from zeroscope.engine.safetensors_file import SafetensorsWriter, read_safetensors, write_safetensors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NOT_GATHERED", "load_16bit_model", "write_safetensors"]
+__all__ = ["NOT_GATHERED", "SafetensorsWriter", "load_16bit_model", "write_safetensors"]
 
 NOT_GATHERED = (
     "did not save the model {path} because stage3_gather_16bit_weights_on_model_save is false: "
