@@ -100,19 +100,19 @@ class GradReducer:
                 col += sp.shard_numel
             inp = rows.view(-1)
         out = torch.empty(inp.numel() // world, dtype=inp.dtype, device=inp.device)
-        work: Waitable
-        if self.partition.skip_collectives:
+        tracked: Waitable
+        if self.partition.skip_collectives:  # one rank: a copy, not reported (engine/comm.py)
             out.copy_(inp)
-            work = Done()
+            tracked = Done()
         else:
             work = _reduce_scatter(out, inp, group=self.partition.group, async_op=True)
-        tracked = self.telemetry.collective(
-            work,
-            op="reduce_scatter",
-            nbytes=inp.numel() * inp.element_size(),
-            group_size=world,
-            label=params[0].name if len(params) == 1 else f"{params[0].name}+{len(params) - 1}",
-        )
+            tracked = self.telemetry.collective(
+                work,
+                op="reduce_scatter",
+                nbytes=inp.numel() * inp.element_size(),
+                group_size=world,
+                label=params[0].name if len(params) == 1 else f"{params[0].name}+{len(params) - 1}",
+            )
         self._pending.append((tracked, inp, out, params))
         self._bucket, self._bucket_size = [], 0
         # Keep one bucket in flight: the older ones are (nearly always) done by now, and
