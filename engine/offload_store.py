@@ -8,14 +8,14 @@ master chunk to a *param sink* (``write_param(shard, start, master_chunk)``), wh
 - :class:`DeviceStore`: the strategy's own shards (used when only the parameters are offloaded).
 - :class:`HostStore`: ZeRO-Offload. Masters and moments in host memory (page-locked when
   ``pin_memory`` and a GPU exist), ``12 Psi / N`` bytes per rank.
-
-The host stores build O on the host from the strategy's 16-bit shards (the strategies make no
-fp32 master or moments on the device when O is offloaded): each shard comes to the host in its
-16-bit dtype and is widened there, so the device never holds a 4-byte copy to be thrown away.
 - :class:`NvmeStore`: ZeRO-Infinity. The same bytes in swap files, cut into units of at most
   ``sub_group_size`` elements (DeepSpeed swaps per sub-group too); one step reads every unit
   ahead of need into a pool of ``buffer_count`` host buffers, steps it, writes it behind.
   Adam is elementwise, so stepping a shard unit by unit changes no bit.
+
+The host stores build O on the host from the strategy's 16-bit shards (the strategies make no
+fp32 master or moments on the device when O is offloaded): each shard comes to the host in its
+16-bit dtype and is widened there, so the device never holds a 4-byte copy to be thrown away.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ hooks during backward (in bucket order on every rank, as collectives must match)
 most one reduction stays in flight: launching a bucket waits for the one before it and frees
 that one's full-size buffer (DeepSpeed double-buffers its ``ipg`` buckets the same way), so the
 gradient peak during backward is ``Psi/N`` plus about two buckets, not ``Psi``; the rest is
-waited for at the boundary. ``contiguous_gradients`` makes ``param.grad`` views into one persistent flat
-buffer (stages 0-1); without it gradients are packed into a transient buffer at reduction.
+waited for at the boundary. ``contiguous_gradients`` makes ``param.grad`` views into one
+persistent flat buffer (stages 0-1); without it gradients are packed into a transient buffer at
+reduction.
 """
 
 from __future__ import annotations
@@ -332,7 +333,8 @@ class BucketedStrategy:
         out.div_(self.comm.world_size)
         if self.policy.reduce_every_micro_step:
             if b.grad_shard is None:  # first reduction since release_grads (offload)
-                b.grad_shard = out
+                # (a view into the full bucket, from the all-reduce fallback, must not keep it)
+                b.grad_shard = out if out._base is None else out.clone()
             elif b.accumulated:
                 b.grad_shard.add_(out)
             else:
