@@ -54,12 +54,14 @@ def force_collectives() -> bool:
 
 def init_distributed(device: torch.device, backend: str | None = None) -> None:
     """Initialize torch.distributed from torchrun's environment, once (nccl on CUDA, gloo on the
-    CPU, unless ``backend``), bound to ``device`` on CUDA. Without torchrun's environment, a
+    CPU, unless ``backend``), an NCCL group bound to ``device``. Without torchrun's environment, a
     one-rank group (in-process store) only when world-1 collectives are forced."""
     if not dist.is_available() or dist.is_initialized():
         return
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    bound: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    # Bound to the rank's GPU for NCCL (eager communicator, no guessing from the current device).
+    nccl = device.type == "cuda" and "nccl" in backend
+    bound: dict[str, Any] = {"device_id": device} if nccl else {}
     if "RANK" in os.environ:
         dist.init_process_group(backend=backend, **bound)
     elif force_collectives():

@@ -66,8 +66,10 @@ def test_engine_init_binds_nccl_to_the_rank_gpu_and_gloo_to_nothing(
     monkeypatch.setenv("RANK", "0")
     comm.init_distributed(torch.device("cuda", 3))
     comm.init_distributed(torch.device("cpu"))
+    comm.init_distributed(torch.device("cuda", 3), backend="gloo")  # the user's choice
     assert cuda["init"] == [
         {"backend": "nccl", "device_id": torch.device("cuda", 3)},
+        {"backend": "gloo"},
         {"backend": "gloo"},
     ]
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.models import TinyGPT, batches
+from tests.models import LinearStack, TinyGPT, batches
 from tests.offload_support import ds_config
 from tests.recorder import RecordingTelemetry
 
@@ -150,22 +150,11 @@ def test_stage3_init_and_save_hold_no_second_model(nccl_world1: None, tmp_path: 
     assert saved and peak <= 2 * 2 * largest + 4 * MiB, peak / largest
 
 
-class _Layers(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(2048, 2048, bias=False) for _ in range(8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x.square().mean()
-
-
 def test_stage2_overlap_gradient_peak_is_a_few_buckets(nccl_world1: None) -> None:
     bucket = 2048 * 2048
     cfg = ds_config(2, "fp32", overlap_comm=True, reduce_bucket_size=bucket)
     torch.manual_seed(0)
-    engine = _initialize(_Layers().cuda(), cfg)
+    engine = _initialize(LinearStack(2048).cuda(), cfg)
     peaks = []
     for _ in range(3):
         loss = engine(torch.randn(1, 2048, device="cuda"))

@@ -34,11 +34,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from tests.distributed import run_ranks
 from tests.memtrack import LiveBytes
-from tests.models import TinyGPT, batches
+from tests.models import LinearStack, TinyGPT, batches
 from tests.offload_support import ds_config
 
 WORLD = 2
@@ -116,19 +115,6 @@ def _init_case(stage: int, offload: str, root: str) -> dict[str, Any]:
     return out
 
 
-class Layers(nn.Module):
-    """Eight bias-free 256x256 layers: gradients dwarf activations (batch of one row)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(256, 256, bias=False) for _ in range(8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x.square().mean()
-
-
 BUCKET = 256 * 256
 
 
@@ -139,7 +125,7 @@ def _grad_peak_case(overlap: bool) -> dict[str, Any]:
 
     set_telemetry(RecordingTelemetry())
     torch.manual_seed(0)
-    model = Layers()
+    model = LinearStack(256)
     cfg = ds_config(2, "fp32", overlap_comm=overlap, reduce_bucket_size=BUCKET)
     peaks = []
     with LiveBytes() as mem:
