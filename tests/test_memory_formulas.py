@@ -90,7 +90,7 @@ def _init_case(stage: int, offload: str, root: str) -> dict[str, Any]:
         engine, *_ = initialize(model=model, config=ds_config(stage, "bf16", **zero))
         out["init_peak"], out["init_live"] = mem.peak, mem.live
         out["init_accounted"] = _accounted(engine.strategy.memory())
-        data = batches(2, 2 * WORLD, seed=0)
+        data = batches(1, 2 * WORLD, seed=0)
         rank = engine.comm.rank
         for x, y in data:
             loss = engine(x[2 * rank : 2 * rank + 2], y[2 * rank : 2 * rank + 2])
@@ -131,7 +131,7 @@ def _grad_peak_case(overlap: bool) -> dict[str, Any]:
     with LiveBytes() as mem:
         engine, *_ = initialize(model=model, config=cfg)
         torch.manual_seed(1)
-        for _ in range(3):
+        for _ in range(2):
             loss = engine(torch.randn(1, 256))
             start = mem.reset_peak()
             engine.backward(loss)

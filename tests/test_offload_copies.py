@@ -30,10 +30,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.distributed import run_ranks
 from tests.models import TinyGPT
 from tests.offload_support import build, ds_config, padded_shard_elements, train
-from zeroscope.agent.api import Telemetry
+from zeroscope.agent.api import Telemetry, set_telemetry
 from zeroscope.engine import host_memory, offload_copy
 from zeroscope.engine.nvme import NvmeSwapper
 from zeroscope.engine.offload_copy import Copier
@@ -56,7 +55,7 @@ class CopyLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bf16_offload_step(rank: int, world: int) -> dict[str, Any]:
+def _bf16_offload_step(rank: int = 0, world: int = 1) -> dict[str, Any]:
     run = build(ds_config(2, "bf16", offload_optimizer={"device": "cpu"}))
     train(run, rank, world, range(1))  # the first step makes the staging buffers
     flat = id(run.engine.strategy.inner._buckets[0].flat.untyped_storage())
@@ -73,13 +72,21 @@ def _bf16_offload_step(rank: int, world: int) -> dict[str, Any]:
     }
 
 
-def test_16bit_parameters_are_cast_on_the_host_into_staging_then_copied() -> None:
-    shard = padded_shard_elements(TinyGPT(), 2, 2)
-    for r in run_ranks(_bf16_offload_step, 2):
-        assert r["into_params_from"] == [(True, torch.bfloat16)]
-        assert r["casts_into_staging"] and all(r["casts_into_staging"])
-        assert r["h2d"] == 2 * shard  # the bf16 bytes that cross the link
-        assert r["d2h"] == 4 * shard  # fp32 gradients down
+def test_16bit_parameters_are_cast_on_the_host_into_staging_then_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One rank in this process (no torchrun environment): the offload path is the same at N.
+    for name in ("RANK", "WORLD_SIZE", "ZEROSCOPE_WORLD1_COLLECTIVES"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        r = _bf16_offload_step()
+    finally:
+        set_telemetry(None)
+    shard = padded_shard_elements(TinyGPT(), 2, 1)
+    assert r["into_params_from"] == [(True, torch.bfloat16)]
+    assert r["casts_into_staging"] and all(r["casts_into_staging"])
+    assert r["h2d"] == 2 * shard  # the bf16 bytes that cross the link
+    assert r["d2h"] == 4 * shard  # fp32 gradients down
 
 
 class _Transfers(Telemetry):
