@@ -143,18 +143,25 @@ def init_distributed(
     world_size: int = -1,
 ) -> None:
     """DeepSpeed's ``init_distributed``: torch.distributed from torchrun's environment (nccl on
-    CUDA, gloo on CPU, or ``dist_backend``), or from explicit ``rank``/``world_size`` and
-    ``init_method``; a no-op without that environment (one rank, no process group) or when it
+    CUDA, gloo on CPU, or ``dist_backend``) with this rank's GPU made current and bound to the
+    group, or from explicit ``rank``/``world_size`` and ``init_method``; a no-op without that
+    environment (one rank, no process group, unless world-1 collectives are forced) or when it
     is initialized already. MPI discovery is not done (launch with torchrun)."""
     import torch.distributed as dist
 
     if dist_init_required is False or dist.is_initialized():
         return
+    device = pick_device()
     explicit = rank >= 0 and world_size > 0
+    if not explicit and timeout is None and init_method is None:
+        _init_distributed(device, backend=dist_backend)
+        return
     if not explicit and "RANK" not in os.environ:
         return
-    backend = dist_backend or ("nccl" if pick_device().type == "cuda" else "gloo")
+    backend = dist_backend or ("nccl" if device.type == "cuda" else "gloo")
     kwargs: dict[str, Any] = {"backend": backend}
+    if device.type == "cuda" and "nccl" in backend:
+        kwargs["device_id"] = device  # an eager NCCL communicator bound to this rank's GPU
     if timeout is not None:
         kwargs["timeout"] = timeout
     if init_method is not None:
@@ -219,7 +226,7 @@ def initialize(
     if dist_init_required is not False:
         _init_distributed(device)
     tel = telemetry()
-    comm = Comm.data_parallel(tel)
+    comm = Comm.data_parallel(tel, device)
     cfg = load_config(raw, dp_world_size=comm.world_size, auto_values=auto_values)
     report_ignored(cfg, rank=comm.rank)
 

@@ -147,7 +147,7 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         # 2. overflow, agreed by every rank
         overflow = False
         if self._checks_overflow():
-            flag = local_overflow(grads).to(grads[0].device if grads else self.device)
+            flag = local_overflow(grads, device=self.device)
             if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
                 self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
             overflow = bool(flag.item())

@@ -41,6 +41,7 @@ def make_strategy(
         reduce_scatter=zero.reduce_scatter,
         overlap=zero.overlap,
         contiguous=zero.contiguous_gradients,
+        offload_optimizer=zero.offload_optimizer.device != "none",
     )
     return BucketedStrategy(
         groups=groups, comm=comm, policy=policy, bucket_size=zero.reduce_bucket_size

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 
-from zeroscope.engine.model_save import load_16bit_model, write_model_file
+from zeroscope.engine.model_save import is_safetensors, load_16bit_model, write_model_file
+from zeroscope.engine.safetensors_file import SafetensorsWriter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NOT_GATHERED", "load_16bit_model", "write_model_file"]
+__all__ = [
+    "NOT_GATHERED",
+    "SafetensorsWriter",
+    "is_safetensors",
+    "load_16bit_model",
+    "write_model_file",
+]
 
 NOT_GATHERED = (
     "did not save the model {path} because stage3_gather_16bit_weights_on_model_save is false: "
