@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from zeroscope.state import Alert, ClusterState
+from zeroscope.state.history import StepSeries
 
 from .base import StateScreen
 from .cluster_screen import ClusterScreen
@@ -53,7 +54,8 @@ class ZeroscopeApp(App[str]):
         Binding("1", "show('cluster')", "cluster", show=False),
         Binding("m", "show('memory')", "memory"),
         Binding("c", "show('comm')", "comm"),
-        Binding("l", "show('loss_scale')", "loss scale"),
+        Binding("l", "show('loss_scale')", "scale"),
+        Binding("o", "show('log')", "log"),
         Binding("escape", "go_back", "back", show=False),
         Binding("space", "pause", "pause", show=False),
         # Replay's step keys win over a focused heatmap's cursor (check_action lets them through
@@ -84,6 +86,8 @@ class ZeroscopeApp(App[str]):
         self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
+        self.run_series: StepSeries | None = None
+        """Replay: the whole run's history series (read in the background); None until then."""
 
     @property
     def replay(self) -> ReplayFeed | None:
@@ -130,6 +134,9 @@ class ZeroscopeApp(App[str]):
         if batch.final:
             self.state.flush()
             self.state.version += 1
+        if batch.overview is not None:
+            self.run_series = batch.overview
+            self.state.version += 1
 
     def _tick(self) -> None:
         # Live: redraw at least once a second so "silent for 2 s" appears without new data.
@@ -145,6 +152,14 @@ class ZeroscopeApp(App[str]):
     # -- what screens ask --------------------------------------------------------------------
     def alerts(self) -> list[Alert]:
         return self.state.alerts(time.time() if self.live_clock else None)
+
+    @property
+    def cursor(self) -> int | None:
+        """Replay: the step on screen (the plots' cursor); None live."""
+        if self.replay is None:
+            return None
+        latest = self.state.latest()
+        return latest.step if latest is not None else None
 
     def status_text(self) -> str:
         if self.replay is not None:

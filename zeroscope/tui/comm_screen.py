@@ -35,7 +35,7 @@ class CommScreen(StateScreen):
                 self._exposed,
                 id="exposed",
             )
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#volume", Pane).focus()

@@ -50,7 +50,7 @@ class RankHeatmap(Widget, can_focus=True):
         Binding("right,l", "move(1)", show=False),
         Binding("up,k", "move_row(-1)", show=False),
         Binding("down,j", "move_row(1)", show=False),
-        Binding("enter", "select", "drill in"),
+        Binding("enter", "select", "rank"),
         Binding("s", "cycle_metric", "metric"),
     ]
 

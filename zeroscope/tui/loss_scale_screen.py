@@ -29,7 +29,7 @@ class LossScaleScreen(StateScreen):
                 "loss scale per step (log2 axis; ✗ overflow, step skipped)", self._chart, id="chart"
             )
             yield Pane("overflow / skip / scale events (newest first)", self._events, id="events")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#chart", Pane).focus()

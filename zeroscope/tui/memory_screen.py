@@ -39,7 +39,7 @@ class MemoryScreen(StateScreen):
         yield ClusterHeader()
         with VerticalScroll():
             yield Pane("model states per rank: measured / predicted", self._table, id="table")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one(Pane).focus()

@@ -52,7 +52,7 @@ class RankScreen(StateScreen):
             yield Pane("collectives by op (last step)", self._ops, id="ops")
             yield Pane("offload bandwidth over time", self._offload, id="offload")
             yield Pane("every figure (last step, newest sample)", self._figures, id="figures")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#memory", Pane).focus()

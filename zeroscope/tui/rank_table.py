@@ -28,7 +28,7 @@ class RankTable(Widget, can_focus=True):
         Binding("pagedown", "move(10)", show=False),
         Binding("home", "move(-1000000)", show=False),
         Binding("end", "move(1000000)", show=False),
-        Binding("enter", "select", "drill in"),
+        Binding("enter", "select", "rank"),
         Binding("s", "cycle_sort", "sort"),
     ]
 
