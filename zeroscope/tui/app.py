@@ -161,6 +161,19 @@ class ZeroscopeApp(App[str]):
         latest = self.state.latest()
         return latest.step if latest is not None else None
 
+    @property
+    def log_path(self) -> str | None:
+        """The job's own output: the live job's log, or the one recorded beside the trace."""
+        log = getattr(self.job, "log", None) if self.job is not None else None
+        if log:
+            return str(log)
+        if self.trace:
+            from pathlib import Path
+
+            beside = Path(self.trace).with_suffix(".log")
+            return str(beside) if beside.is_file() else None
+        return None
+
     def status_text(self) -> str:
         if self.replay is not None:
             r = self.replay
@@ -246,7 +259,13 @@ class ZeroscopeApp(App[str]):
             self.replay.goto(step)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        """zeroscope's own commands only: its screens, its ranks, replay's controls, help and
+        quit. Textual's generic entries (themes, screenshots, maximize) are left out: they do
+        not help read a training job and crowd the list (issue 19)."""
+        yield SystemCommand("Help: keys", "every key and what the columns mean", self.action_help)
+        yield SystemCommand(
+            "Quit", "leave zeroscope (asks while the job runs)", self.action_quit_app
+        )
         for name, (title, help_text) in SCREENS.items():
             yield SystemCommand(title, help_text, lambda n=name: self.action_show(n))
         for rank in sorted(self.state.ranks)[:64]:

@@ -92,7 +92,7 @@ class ClusterScreen(StateScreen):
         width = max(1, self.size.width)
         shown = len(table.shown_ranks) if table.filter_text else len(self.state.ranks)
         table_rows = max(2, shown + 1)
-        heat_rows = 3 + -(-2 * max(1, shown) // width)  # title, cells at 2 a rank, legend
+        heat_rows = 2 + -(-2 * max(1, shown) // width)  # title, cells at 2 a rank, legend
         fits = table_rows + MIN_HEIGHT <= room or table_rows <= room // 2
         heat = self._view == "heatmap" or (self._view is None and not fits)
         rows = heat_rows if heat else table_rows

@@ -84,7 +84,7 @@ def cluster_charts(
                 "yellow",
                 marker="x",
                 scatter=True,
-                legend="x",
+                legend="x ",
             )
         )
     out["step"] = step
