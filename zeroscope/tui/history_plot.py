@@ -129,7 +129,7 @@ def build(plt: Plot, chart: Chart, width: int, height: int) -> Text:
         y_hi = max(y_hi, chart.hline)
     if y_hi <= y_lo:
         y_hi = y_lo + (abs(y_lo) or 1.0)
-    else:
+    elif chart.y_max is None:
         y_hi += (y_hi - y_lo) * 0.05  # headroom: the top line is not drawn on the frame
     for line in chart.lines:
         for xs, ys in _runs(line.xs, line.ys):
