@@ -80,7 +80,7 @@ async def test_cursor_sort_filter_and_drill_down() -> None:
         await pilot.press("enter")
         assert isinstance(app.screen, RankScreen) and app.screen.rank == 1
         text = screen_text(app)
-        assert "rank 1" in text and "memory by part over time" in text
+        assert "rank 1" in text and "rank 1 beside the cluster over steps" in text
         await pilot.press("escape")
         assert isinstance(app.screen, ClusterScreen)
 

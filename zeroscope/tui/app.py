@@ -120,6 +120,7 @@ class ZeroscopeApp(App[str]):
                     messages[start : start + CHUNK],
                     reset=batch.reset and start == 0,
                     final=batch.final and start + CHUNK >= len(messages),
+                    overview=batch.overview if start == 0 else None,
                 )
                 self.call_from_thread(self.apply_batch, part)
 
