@@ -56,6 +56,7 @@ def test_the_charts_are_the_state_series_with_the_straggler_steps_marked() -> No
     charts = cluster_charts(state.series, state.rules.exposed_max)
     step = charts["step"]
     slowest, median, marks = step.lines
+    assert median.ys == pytest.approx([p.median_time * 1e3 for p in state.series.points])
     # Plotted in ms: the state's step times, point for point.
     assert slowest.ys == pytest.approx([p.step_time * 1e3 for p in state.series.points])
     # The fixture's r3 straggles from step 20: exactly those steps carry the mark.

@@ -72,8 +72,8 @@ class RankHeatmap(Widget, can_focus=True):
     RankHeatmap { height: 1fr; min-height: 3; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left,h", "move(-1)", show=False),
-        Binding("right,l", "move(1)", show=False),
+        Binding("left", "move(-1)", show=False),
+        Binding("right", "move(1)", show=False),  # l is the loss-scale screen
         Binding("up,k", "move_row(-1)", show=False),
         Binding("down,j", "move_row(1)", show=False),
         Binding("enter", "select", "rank"),
