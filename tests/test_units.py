@@ -72,7 +72,7 @@ def test_the_headless_line_shows_what_offload_moved_to_host_memory() -> None:
     state = ClusterState()
     line = step_line(state.ingest_all(synthetic_run(shape))[-1])
     host = 16 * shape.psi / shape.ranks
-    assert f"O 0B A " in line and f" host {units.size(host)} " in line
+    assert "O 0B A " in line and f" host {units.size(host)} " in line
     plain = ClusterState()
     line = step_line(
         plain.ingest_all(synthetic_run(RunShape(ranks=2, steps=2, offload_optimizer="none")))[-1]

@@ -140,9 +140,7 @@ def paper_differences(config: ConfigSummary, params: ParamCounts) -> list[str]:
         nonpersistent = max(psi - float(params.persistent), 0.0)
         k = reuse_fraction(config, nonpersistent)
         if k > 0:
-            out.append(
-                f"backward reuses {k:.0%} of forward's gathers (stage3_max_reuse_distance)"
-            )
+            out.append(f"backward reuses {k:.0%} of forward's gathers (stage3_max_reuse_distance)")
         if params.persistent:
             out.append("persistent parameters are gathered once per step, not per micro-batch")
     if (params.padded_total or params.total) != params.total:

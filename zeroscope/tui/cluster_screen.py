@@ -9,10 +9,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input
 
+from zeroscope.state.history import StepSeries
+
 from .alerts_strip import AlertsStrip
 from .base import StateScreen
 from .header import ClusterHeader
 from .heatmap import RankHeatmap
+from .history_plot import Chart
 from .history_plots import MIN_HEIGHT, HistoryPlots
 from .plots import cluster_charts
 from .rank_rows import flags_from_alerts, rank_rows
@@ -67,7 +70,7 @@ class ClusterScreen(StateScreen):
     def on_resize(self) -> None:
         self._choose_view()
 
-    def _charts(self) -> dict:
+    def _charts(self) -> dict[str, Chart]:
         return cluster_charts(self.plot_series, self.state.rules.exposed_max, self.zapp.cursor)
 
     def _plot_key(self) -> object:
@@ -75,7 +78,7 @@ class ClusterScreen(StateScreen):
         return (id(series), series.version, self.zapp.cursor)
 
     @property
-    def plot_series(self):  # type: ignore[no-untyped-def]
+    def plot_series(self) -> StepSeries:
         """The whole run's series in replay (once read), else the state's own."""
         return self.zapp.run_series or self.state.series
 

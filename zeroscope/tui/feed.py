@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -108,7 +108,8 @@ class ReplayFeed:
         state = ClusterState()
         state.series = StepSeries(OVERVIEW_STEPS)
         state.ingest_all(self.hellos)
-        for i, message in enumerate(self.trace.messages()):  # type: ignore[attr-defined]
+        messages: Iterable[Message] = self.trace.messages()  # type: ignore[assignment]
+        for i, message in enumerate(messages):
             state.ingest(message)
             if i % OVERVIEW_SLICE == OVERVIEW_SLICE - 1:
                 yield None

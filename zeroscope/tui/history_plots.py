@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -55,10 +56,11 @@ class HistoryPlots(Widget):
 
     def compose(self) -> ComposeResult:
         for name in ORDER:
-            yield HistoryPlot(
-                lambda n=name: self.chart(n), lambda: self._shown_key, id=f"plot-{name}"
-            )
+            yield HistoryPlot(partial(self.chart, name), self._shown, id=f"plot-{name}")
         yield Static(id="plots-more")
+
+    def _shown(self) -> object:
+        return self._shown_key
 
     def chart(self, name: str) -> Chart:
         key = self._shown_key

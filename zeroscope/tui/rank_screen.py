@@ -19,6 +19,7 @@ from zeroscope.state import RankState, units
 from .base import StateScreen
 from .charts import timeline
 from .header import ClusterHeader
+from .history_plot import Chart
 from .history_plots import HistoryPlots
 from .pane import Pane
 from .plots import rank_charts
@@ -75,7 +76,7 @@ class RankScreen(StateScreen):
         self.query_one("#timeline", Pane).focus(scroll_visible=False)
         self.refresh_view()
 
-    def _charts(self) -> dict:
+    def _charts(self) -> dict[str, Chart]:
         series = self.zapp.run_series or self.state.series
         return rank_charts(self.state, self.rank, series, self.zapp.cursor)
 
