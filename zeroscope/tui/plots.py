@@ -53,7 +53,15 @@ def _stack(xs: list[int], parts: dict[str, Sequence[float | None]], div: float) 
     for name in ("P", "G", "O", "A"):
         running.append(parts[name])
         bands.append(
-            Line(name, xs, _div(_add(*running), div), PART_COLORS[name], fill=True, legend="█")
+            Line(
+                name,
+                xs,
+                _div(_add(*running), div),
+                PART_COLORS[name],
+                fill=True,
+                marker="█",
+                legend="█",
+            )
         )
     return bands[::-1]
 
