@@ -22,8 +22,11 @@ def test_step_time_median_and_slowest_with_the_straggler_steps_marked() -> None:
     # Synchronous collectives: every rank's step ends with the slowest: 200 (+100) + 20 ms.
     assert [p.step_time for p in points] == pytest.approx([0.22] * 5 + [0.32] * 5)
     assert [p.median_time for p in points] == pytest.approx([0.22] * 5 + [0.32] * 5)
-    # The straggler's excess (100 ms) is over max(10 ms, 10 % of 320 ms) from step 6 on.
+    # The straggler's excess (100 ms) is over max(10 ms, 10 % of 320 ms) from step 6 on; the
+    # flag stands from its third over-step (3 of 5), and marks the streak back to step 6.
     assert [p.straggler for p in points] == [None] * 5 + [2] * 5
+    state = state_of(sync_run(3, 7, compute={2: 0.1}, from_step=6, jitter=0.0))
+    assert [p.straggler for p in state.series.points] == [None] * 7  # 2 over-steps: no flag
     # Exposed: the cluster's is the least-exposed rank's wait (r2: 20 ms of 320); the median
     # rank waited 100 + 20 ms.
     assert points[-1].exposed == pytest.approx(0.02 / 0.32)

@@ -263,8 +263,11 @@ class ClusterState:
             if rs.summary is not None and rs.summary.step == agg.step:
                 rs.slowness = st.slowness
         self.lags.add(agg.step, agg.standings, agg.median_time)
-        limit = max(self.rules.straggler_min_s, self.rules.straggler_rel * agg.median_time)
-        self.series.add(step_point(agg, limit))
+        flagged = next((f for f in self.lags.findings() if f.kind == "straggler"), None)
+        self.series.add(
+            step_point(agg, flagged.rank if flagged else None),
+            flagged.first_step if flagged else None,
+        )
         self.totals.add(
             step=agg.step,
             wall_ns=agg.wall_ns,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,8 +68,9 @@ class StepPoint:
     median_time: float
     """The median rank's step time (StepAggregate.median_time) [s]."""
     straggler: int | None
-    """The rank whose compute exceeded the others' by more than the straggler margin in this
-    step (stragglers.py: max(straggler_min_s, straggler_rel x the median step)); None if none."""
+    """The rank flagged as a straggler in this step (the straggler alert stood: its compute was
+    over the others' by the margin in ``straggler_steps`` of its last ``straggler_window`` steps,
+    stragglers.py), from the first over-step of that streak on; None if none."""
     loss: float | None
     """The ranks' mean loss (StepAggregate.loss)."""
     loss_scale: float | None
@@ -98,17 +99,16 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def step_point(agg: StepAggregate, straggler_limit_s: float) -> StepPoint:
-    """The history figures of one closed (and judged) step."""
+def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
+    """The history figures of one closed (and judged) step; ``straggler``: the rank flagged."""
     worst = agg.worst_memory_rank
     w = agg.summaries[worst]
-    over = agg.slowest_excess
     summaries = agg.summaries.values()
     return StepPoint(
         step=agg.step,
         step_time=agg.step_time,
         median_time=agg.median_time,
-        straggler=agg.slowest_rank if over is not None and over > straggler_limit_s else None,
+        straggler=straggler,
         loss=agg.loss,
         loss_scale=agg.loss_scale,
         overflow=agg.overflow,
@@ -135,7 +135,15 @@ class StepSeries:
         self.version = 0
         """Bumped when a point is added: a plot redraws only when its series moved."""
 
-    def add(self, point: StepPoint) -> None:
+    def add(self, point: StepPoint, flagged_since: int | None = None) -> None:
+        """Append a step; a straggler flagged from an earlier step (``flagged_since``) marks
+        the kept points back to that step: the streak that raised the flag."""
+        if point.straggler is not None and flagged_since is not None:
+            for i in range(len(self.points) - 1, -1, -1):
+                p = self.points[i]
+                if p.step < flagged_since or p.straggler is not None:
+                    break
+                self.points[i] = replace(p, straggler=point.straggler)
         self.points.append(point)
         self.version += 1
 

@@ -41,7 +41,11 @@ class LogScreen(StateScreen):
     def on_mount(self) -> None:
         path = self.zapp.log_path
         self.query_one("#log-path", Static).update(
-            f"the job's output: {path} (followed live)"
+            (
+                f"the job's output: {path} (followed live)"
+                if self.zapp.replay is None
+                else f"the job's output, recorded beside the trace: {path}"
+            )
             if path
             else "no log here: the job's output goes to the terminal that started it "
             "(headless, serve) or was not recorded beside this trace"
