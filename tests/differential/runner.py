@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
 import time
 import traceback
 from typing import Any
@@ -164,6 +163,7 @@ def run_cell(eng: _Engine, cell: Cell, rank: int, world: int, tmp: str) -> dict[
             _read_model_file(os.path.join(folder, "pytorch_model.bin"))
         )
         ckpt = os.path.join(folder, "final")
+        out["checkpoint"] = ckpt  # kept (the test's temporary folder) for the CLI test
         out["files"] = sorted(os.listdir(os.path.join(ckpt, "final")))
         if cell.stage > 0 or eng.name == "ours":  # DeepSpeed's script has no stage 0
             out["fp32"], _ = _tensors(eng.fp32_weights(ckpt))
@@ -171,7 +171,6 @@ def run_cell(eng: _Engine, cell: Cell, rank: int, world: int, tmp: str) -> dict[
             from zeroscope.engine.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             out["ours_on_ds_fp32"], _ = _tensors(get_fp32_state_dict_from_zero_checkpoint(ckpt))
-        shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
