@@ -273,7 +273,7 @@ def load_checkpoint(
     strict = load_module_strict and stage != 3
     engine.module.load_state_dict(model["module"], strict=strict)
     inner = getattr(engine.strategy, "inner", engine.strategy)
-    if with_optimizer and stage == 0:
+    if with_optimizer and "optimizer" in model:  # stage 0: one file holds it all
         engine.strategy.load_state_dict(model["optimizer"]["optimizer_state_dict"])
         _restore_rng(model["rng_states"][engine.comm.rank])
     elif with_optimizer:

@@ -85,6 +85,14 @@ def load_pickle(path: str | Path) -> Any:
         ) from None
 
 
+def _detached(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach()
+    if isinstance(tree, dict):
+        return type(tree)((k, _detached(v)) for k, v in tree.items())
+    return tree
+
+
 def _natural(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
 
@@ -107,7 +115,7 @@ def fp32_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         model_files = _files(folder, "zero_pp_rank_*_mp_rank_00_model_states.pt")
     if not model_files:
         raise FileNotFoundError(f"{folder} holds no DeepSpeed *_model_states.pt file")
-    models = [load_pickle(f) for f in model_files]
+    models = [_detached(load_pickle(f)) for f in model_files]
     first = models[0]
     if "buffer_names" not in first or "module" not in first:
         raise DeepSpeedCheckpointError(f"{model_files[0]} is not a DeepSpeed model-states file")
@@ -156,7 +164,7 @@ def _merge_flat(
 ) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for g, group in enumerate(shapes):
-        flat = torch.cat([r[g].reshape(-1) for r in ranks]).float()
+        flat = torch.cat([r[g].detach().reshape(-1) for r in ranks]).float()
         offset = 0
         for i, (name, shape) in enumerate(group.items()):
             n = _numel(shape)
@@ -173,7 +181,8 @@ def _merge_stage3(
     shapes: list[dict[str, Any]], ranks: list[list[torch.Tensor]]
 ) -> dict[str, torch.Tensor]:
     world = len(ranks)
-    flats = [torch.cat([t.reshape(-1) for t in r]).float() for r in ranks]
+    # DeepSpeed pickles its fp32 partitions as they were: leaves that require grad.
+    flats = [torch.cat([t.detach().reshape(-1) for t in r]).float() for r in ranks]
     out: dict[str, torch.Tensor] = {}
     offset = 0
     for name, shape in ((k, v) for group in shapes for k, v in group.items()):

@@ -39,7 +39,7 @@ def get_fp32_state_dict_from_zero_checkpoint(
         return fp32_state_dict(path)
     model = load_tree(first)
     world = model["dp_world_size"]
-    if model["zero_stage"] == 0:  # one file: every rank held the same optimizer state
+    if "optimizer" in model:  # stage 0: every rank held the same optimizer state
         optims = [model["optimizer"]]
     else:
         optims = []
