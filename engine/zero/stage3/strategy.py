@@ -186,7 +186,7 @@ class Stage3Strategy:
         initialisation put there (DeepSpeed saves them as ``frozen_param_fragments``)."""
         start, end = self.trainable_numel, self.partition.flat_numel
         if start == end:
-            return torch.empty(0, dtype=self.partition.dtype)
+            return torch.empty(0, dtype=self.partition.dtype, device="cpu")
         return self.partition.shard_span(start, end).detach().cpu().clone()
 
     def state_dict(self) -> dict[str, Any]:
