@@ -22,6 +22,7 @@ from zeroscope.launch import (
     add_torchrun_arguments,
     job_environment,
     torchrun_argv,
+    with_bootstrap,
 )
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
@@ -59,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     argv = torchrun_argv(args, str(script), args.script_args)
     if not plan.hosts_collector:
-        env = {**os.environ, **plan.rank_env()}
+        env = with_bootstrap({**os.environ, **plan.rank_env()})
         return multinode.run_worker_node(Job(argv, env), plan)
     job_id = plan.job_id
     trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
