@@ -18,8 +18,9 @@ Memory, exact, from the tensors DeepSpeed holds (each storage once, :mod:`.censu
   (``single_partition_of_fp32_groups``) and the inner optimizer's state.
 - stage 3 (``DeepSpeedZeroOptimizer_Stage3``): P = the 16-bit partitions
   (``fp16_partitioned_groups_flat`` / each parameter's ``ds_tensor``) plus persistent
-  parameters (``ds_persist``, also in ``persistent_params``); G = ``grad_partitions_flat_buffer``
-  and the fp32 partitions' ``.grad``; O = ``fp32_partitioned_groups_flat`` and the optimizer
+  parameters (``ds_persist``, also in ``persistent_params``); G = the reduce buckets
+  (``ipg_buckets``, ``reduce_bucket_size`` elements each), ``grad_partitions_flat_buffer`` and
+  the fp32 partitions' ``.grad``; O = ``fp32_partitioned_groups_flat`` and the optimizer
   state; ``gathered_params`` = full parameters gathered at the moment of the count.
 - offload: what the config places on the host (``offload_optimizer``: O and the fp32 grads;
   ``offload_param``: P partitions) is counted in ``host_*`` instead.
@@ -128,9 +129,12 @@ class DeepSpeedReader(EngineReader):
         engine, opt, stage = self._parts()
         off_opt, _ = self._offload(engine)
         if stage == 3:
-            census.add("grads", [getattr(opt, "grad_partitions_flat_buffer", None)])
-            mangled = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
-            census.add("grads", tensors_in(getattr(opt, mangled, {})))
+            # The reduce bucket (``reduce_bucket_size`` elements) stays on the device; the
+            # partitioned gradients live where the optimizer steps (stage3.py: self.device).
+            buckets = getattr(opt, "ipg_buckets", {}) or {}
+            census.add("grads", (getattr(b, "buffer", None) for b in buckets.values()))
+            flat = getattr(opt, "grad_partitions_flat_buffer", None)
+            census.add("grads", [flat], host=off_opt)
             fp32 = getattr(opt, "fp32_partitioned_groups_flat", [])
         elif stage in (1, 2):
             census.add("grads", tensors_in(getattr(opt, "averaged_gradients", {})))

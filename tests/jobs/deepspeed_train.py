@@ -60,6 +60,9 @@ def train(config_path: str, steps: int) -> dict:
         scale = getattr(engine.optimizer, "cur_scale", None)
         record["scale"].append(float(scale) if scale is not None else None)
         record["global_steps"].append(engine.global_steps)
+    # DeepSpeed's own grouping: the element count of each parameter, per flat group, in order.
+    groups = getattr(engine.optimizer, "bit16_groups", None) or engine.optimizer.fp16_groups
+    record["groups"] = [[int(getattr(p, "ds_numel", p.numel())) for p in g] for g in groups]
     engine.destroy()
     return record
 

@@ -33,8 +33,10 @@ def step_line(agg: StepAggregate) -> str:
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     """The final summary: totals, the worst figures of the run, and the alerts still standing."""
     done = state.complete_steps()
+    engine = "" if state.engine in ("", "zeroscope") else f" ({state.engine})"
     lines = [
         f"job {state.job_id or 'NA'}: {state.steps_completed} steps on {len(state.ranks)} ranks"
+        + engine
     ]
     if done:
         times = [a.step_time for a in done]

@@ -24,7 +24,8 @@ def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, st
             if c.offload_param == "none"
             else (f"{c.offload_optimizer}+param {c.offload_param}")
         )
-        segments.append((f"ZeRO-{c.stage} {c.precision} offload {offload}", ""))
+        engine = "" if state.engine in ("", "zeroscope") else f"{state.engine} "
+        segments.append((f"{engine}ZeRO-{c.stage} {c.precision} offload {offload}", ""))
     else:
         segments.append(("config NA", ""))
     segments.append((f"step {latest.step if latest else 'NA'}", "bold"))
