@@ -43,7 +43,7 @@ class StepLosses(TrainerCallback):
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
+    def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
 
