@@ -275,3 +275,54 @@ def test_the_header_and_summary_name_the_engine_found() -> None:
     assert silent_job_notice(bundled) == []
     (notice,) = silent_job_notice(ClusterState())
     assert "no rank reported" in notice and "PYTHONPATH" in notice
+
+
+# -- a job whose collector is gone ---------------------------------------------------------------
+
+
+def _train_ddp(steps: int) -> list[str]:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 2))
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(4, 16, generator=data), torch.randn(4, 2, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item().hex())
+    return losses
+
+
+def _without_then_with_attach(rank: int, world: int, dead: str) -> dict:
+    dist.init_process_group("gloo")
+    before = _train_ddp(3)
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead  # nobody listens there
+    from zeroscope.agent.attach import install
+    from zeroscope.agent.attach.session import SESSION
+
+    install.install()  # torch.distributed is imported: everything is installed at once
+    after = _train_ddp(3)
+    publisher = SESSION.tel.publisher
+    return {
+        "before": before,
+        "after": after,
+        "steps": SESSION.steps,
+        "errors": SESSION.errors,
+        "engine": SESSION.reader.kind,
+        "sent": publisher.sent,
+    }
+
+
+def test_a_job_with_no_collector_trains_the_same_losses_and_never_blocks() -> None:
+    from tests.distributed import run_ranks
+
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    for result in run_ranks(_without_then_with_attach, 2, dead, timeout=180):
+        assert result["after"] == result["before"]  # bit for bit, the same process
+        assert (result["steps"], result["errors"], result["engine"]) == (3, 0, "ddp")
+        assert result["sent"] == 0  # nothing went out, nothing waited for it

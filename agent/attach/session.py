@@ -107,6 +107,9 @@ class AttachSession:
         current = self.reader
         if current is None or not current.alive() or reader.priority >= current.priority:
             self.reader = reader
+            # What the new engine's construction issued (broadcasts of the initial weights,
+            # stage-3 partitioning) belongs to no training step.
+            collectives.LOG.clear()
         self._start()
 
     def claim_source(self, source: str) -> None:
