@@ -6,7 +6,9 @@ script), and the sharding formulas of each engine."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "plain": read_outputs(tmp / "plain"),
         "zs": read_outputs(tmp / "zs"),
         "trace": read_trace(tmp / "t.zstrace"),
+        "trace_path": tmp / "t.zstrace",
         "stdout": done.stdout,
     }
 
@@ -152,3 +155,23 @@ def test_fsdp2_collective_bytes_per_step_match_its_sharding(runs: dict, mode: st
             got = sorted((c.op, c.label, c.nbytes) for c in step.collectives)
             assert got == sorted(expected)
             assert all(c.group_size == N for c in step.collectives)
+
+
+def test_summary_replay_and_export_read_an_attached_jobs_trace(
+    runs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroscope.cli import main
+
+    trace = str(runs["trace_path"])
+    assert main(["summary", trace]) == 0
+    assert f"steps [1, {STEPS * len(MODES)}]" in capsys.readouterr().out
+    assert main(["replay", "--headless", trace]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == [
+        str(i) for i in range(1, STEPS * len(MODES) + 1)
+    ]
+    out = tmp_path / "chrome.json"
+    assert main(["export", trace, "--format", "chrome", "-o", str(out)]) == 0
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
+    assert {"all_reduce bucket 0", "all_gather FSDP 0", "reduce_scatter FSDP root"} <= names
+    assert "(fsdp2)" in runs["stdout"]  # the run's own summary names the engine last found

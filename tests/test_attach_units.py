@@ -89,8 +89,11 @@ def _probe(tmp_path: Path, collector: bool) -> list[str]:
     theirs = tmp_path / "theirs"
     theirs.mkdir(exist_ok=True)
     (theirs / "sitecustomize.py").write_text("print('their sitecustomize ran')\n")
+    # An extra hook (how an import alias rides on the same bootstrap): module:function.
+    (theirs / "zs_extra_hook.py").write_text("def install():\n    print('extra hook ran')\n")
     env = dict(os.environ)
     env.pop("ZEROSCOPE_COLLECTOR", None)
+    env["ZEROSCOPE_BOOTSTRAP_HOOKS"] = "zs_extra_hook:install"
     env["PYTHONPATH"] = pythonpath_with_bootstrap(os.pathsep.join([str(ROOT), str(theirs)]))
     if collector:  # nothing is sent until an engine is found: no collector needs to listen
         env["ZEROSCOPE_COLLECTOR"] = f"tcp://127.0.0.1:{free_port()}"
@@ -103,12 +106,12 @@ def _probe(tmp_path: Path, collector: bool) -> list[str]:
 
 def test_the_bootstrap_chains_and_wraps_only_when_zeroscope_runs_the_job(tmp_path: Path) -> None:
     on = _probe(tmp_path, collector=True)
-    assert on[0] == "their sitecustomize ran" and on[1] == "chained True"
-    assert on[2] == "allreduce zeroscope.agent.attach.collectives"
-    assert on[3] == "wait zeroscope.agent.attach.collectives"
-    off = _probe(tmp_path, collector=False)
-    assert off[:2] == ["their sitecustomize ran", "chained True"]
-    assert "zeroscope" not in off[2] and "zeroscope" not in off[3]
+    assert on[:3] == ["their sitecustomize ran", "extra hook ran", "chained True"]
+    assert on[3] == "allreduce zeroscope.agent.attach.collectives"
+    assert on[4] == "wait zeroscope.agent.attach.collectives"
+    off = _probe(tmp_path, collector=False)  # no collector: extra hooks still run, no attach
+    assert off[:3] == ["their sitecustomize ran", "extra hook ran", "chained True"]
+    assert "zeroscope" not in off[3] and "zeroscope" not in off[4]
 
 
 def test_run_puts_the_bootstrap_first_and_keeps_the_jobs_path() -> None:
