@@ -329,3 +329,55 @@ def test_a_job_with_no_collector_trains_the_same_losses_and_never_blocks() -> No
         assert result["after"] == result["before"]  # bit for bit, the same process
         assert (result["steps"], result["errors"], result["engine"]) == (3, 0, "ddp")
         assert result["sent"] == 0  # nothing went out, nothing waited for it
+
+
+def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
+    """A loop with no distributed wrapper: it all-reduces its gradients itself."""
+    from zeroscope.agent.publish import Publisher
+    from zeroscope.agent.schema import StepReport
+
+    sent: list[StepReport] = []
+    original = Publisher.send
+
+    def keep(self: Publisher, message: object) -> bool:
+        if isinstance(message, StepReport):
+            sent.append(message)
+        return original(self, message)  # type: ignore[arg-type]
+
+    Publisher.send = keep  # type: ignore[method-assign]
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    from zeroscope.agent.attach import install
+
+    install.install()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(3):
+        loss = model(torch.randn(2, 8)).pow(2).mean()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {
+        "losses": losses,
+        "reported": [r.loss for r in sent],
+        "ops": [[(c.op, c.nbytes) for c in r.collectives] for r in sent],
+        "memory": [(r.memory.params, r.memory.grads, r.memory.optim) for r in sent],
+    }
+
+
+def test_a_plain_loop_ends_steps_at_optimizer_step_with_its_own_collectives() -> None:
+    from tests.distributed import run_ranks
+
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    for result in run_ranks(_plain_loop_reports, 2, dead, timeout=180):
+        assert result["reported"] == result["losses"]  # the scalar backward() was called on
+        # Step 1 included: the loop's collectives issued before its first optimizer step count.
+        assert result["ops"] == [[("all_reduce", 4 * 32), ("all_reduce", 4 * 4)]] * 3
+        psi = 8 * 4 + 4
+        # SGD's momentum buffer exists from the first step (created inside it)
+        assert result["memory"] == [(4 * psi, 4 * psi, 4 * psi)] * 3

@@ -100,16 +100,18 @@ class AttachSession:
 
     # -- discovery ---------------------------------------------------------------------------
 
-    def found(self, reader: EngineReader) -> None:
-        """An engine was built; it becomes the reported one if none more specific is alive."""
+    def found(self, reader: EngineReader, *, just_built: bool = True) -> None:
+        """An engine was found; it becomes the reported one if none more specific is alive.
+        ``just_built``: found as it was constructed (not mid-step, like a plain loop's
+        optimizer): what its construction issued (broadcasts of the initial weights, stage-3
+        partitioning) belongs to no training step and is dropped."""
         if self.passive:
             return
         current = self.reader
         if current is None or not current.alive() or reader.priority >= current.priority:
             self.reader = reader
-            # What the new engine's construction issued (broadcasts of the initial weights,
-            # stage-3 partitioning) belongs to no training step.
-            collectives.LOG.clear()
+            if just_built:
+                collectives.LOG.clear()
         self._start()
 
     def claim_source(self, source: str) -> None:
@@ -136,10 +138,7 @@ class AttachSession:
 
         tel = start_agent()
         if isinstance(tel, LiveTelemetry):
-            # Collectives come from the class-level wrappers; the ones issued before an engine
-            # was found (process-group set-up, the engine's own init) belong to no step.
-            collectives.LOG.clear()
-            tel._collectives = collectives.LOG
+            tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
         api.set_telemetry(tel)
         self.tel = tel
 
@@ -197,7 +196,10 @@ class AttachSession:
                 if loss.numel() != 1:
                     return
                 loss = loss.detach()
-            self._losses.append((loss, weight))
+            losses = self._losses
+            if len(losses) >= 4096:  # backward() without any step ending (no engine found)
+                del losses[:2048]
+            losses.append((loss, weight))
         except Exception:
             self.errors += 1
 

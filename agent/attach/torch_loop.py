@@ -99,7 +99,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     s.claim_source("optimizer")
     if s.reader is None or not s.reader.alive():
-        s.found(OptimizerReader(optimizer))
+        s.found(OptimizerReader(optimizer), just_built=False)
     if s.drives("optimizer"):
         s.before_step("optimizer")
         s.enter("optimizer")
@@ -163,7 +163,7 @@ def install() -> None:
 
     def backward_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         s = SESSION
-        if s.source <= plain_loop and s.tel is not None and not s.passive:
+        if s.source <= plain_loop and not s.passive:  # before the first step too
             s.add_loss(self)
         return backward(self, *args, **kwargs)
 
