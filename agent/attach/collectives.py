@@ -23,6 +23,7 @@ op for them, and none of the engines here uses them in a step).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -206,8 +207,30 @@ def _wrap_wait() -> Any:
     return wait
 
 
+def future_of(work: Any) -> Any:
+    """``work``'s future, not through the wrapper: for a caller that stamps completion in the
+    callback it attaches anyway (the DDP comm hook's: no second callback per bucket)."""
+    return _raw_get_future[0](work)
+
+
+def _stamp_when_done(rec: list[Any], _: Any) -> None:
+    stamp_end(rec)
+
+
+def stamp_end(rec: list[Any] | None) -> None:
+    """``rec`` completed now (called from a future callback, on the backend's thread)."""
+    if rec is not None:
+        t = _now()
+        if not rec[END] or t < rec[END]:
+            rec[END] = t
+
+
+_raw_get_future: list[Any] = [Work.get_future]
+
+
 def _wrap_get_future() -> Any:
     original = Work.get_future
+    _raw_get_future[0] = original
     waiting = LOG.waiting
 
     def get_future(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -215,13 +238,7 @@ def _wrap_get_future() -> Any:
         rec = waiting.get(id(self))
         if rec is not None:
             try:
-
-                def done(_: Any, rec: list[Any] = rec) -> None:
-                    t = _now()
-                    if not rec[END] or t < rec[END]:
-                        rec[END] = t
-
-                future.then(done)
+                future.then(functools.partial(_stamp_when_done, rec))
             except Exception:
                 LOG.errors += 1
         return future
@@ -249,3 +266,8 @@ def _stop() -> None:
     LOG.recording = False
     LOG.clear()
     _installed.clear()
+
+
+def installed() -> bool:
+    """Whether the wrappers are in place now."""
+    return bool(_installed)

@@ -64,7 +64,15 @@ class _Hook:
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
         finally:
             log.label = label
-        return work.get_future().then(lambda fut: fut.value()[0])
+        # DDP waits on the future in C++ and never calls wait(): its completion is the bucket's
+        # end, stamped in the one callback DDP needs anyway (the value it expects is a tensor).
+        rec = log.waiting.pop(id(work), None)
+
+        def done(fut: Any) -> Any:
+            collectives.stamp_end(rec)
+            return fut.value()[0]
+
+        return collectives.future_of(work).then(done)
 
 
 _hooks: weakref.WeakKeyDictionary[Any, _Hook] = weakref.WeakKeyDictionary()
