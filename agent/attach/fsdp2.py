@@ -119,7 +119,8 @@ def install_state(module: ModuleType) -> None:
             try:
                 reader = s.reader
                 if not isinstance(reader, FSDP2Reader) or reader._root() is not self:
-                    s.found(FSDP2Reader(self))
+                    # Found at its first forward, whose all-gathers were just issued: keep them.
+                    s.found(FSDP2Reader(self), just_built=False)
                 s.enter("forward")
             except Exception:
                 s.errors += 1
