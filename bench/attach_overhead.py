@@ -42,6 +42,15 @@ def _toggle(on: bool, deepspeed: Any) -> None:
         patches.restore_all()
 
 
+def _bare_hook(state: Any, bucket: Any) -> Any:
+    """A plain Python all-reduce comm hook (torch's default_hooks.allreduce_hook, inlined)."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
 def _model(args: Any) -> Any:
     import torch
 
@@ -97,7 +106,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
             engine.backward(loss)
             engine.step()
 
-        step_off = step_on
+        step_off = step_hook = step_on
     else:
         dist.init_process_group("gloo")
         ddp_on = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
@@ -105,6 +114,10 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         _toggle(False, None)
         ddp_off = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
         opt_off = torch.optim.AdamW(ddp_off.parameters(), lr=1e-4)
+        # What any Python comm hook costs DDP (no attach): the share of "on" that is torch's.
+        ddp_hook = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
+        ddp_hook.register_comm_hook(None, _bare_hook)
+        opt_hook = torch.optim.AdamW(ddp_hook.parameters(), lr=1e-4)
 
         def train(ddp: Any, opt: Any, x: Any, y: Any) -> None:
             torch.nn.functional.mse_loss(ddp(x), y).backward()
@@ -117,19 +130,23 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         def step_off(x: Any, y: Any) -> None:
             train(ddp_off, opt_off, x, y)
 
+        def step_hook(x: Any, y: Any) -> None:
+            train(ddp_hook, opt_hook, x, y)
+
     x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, 1)
     for _ in range(3):  # warm-up: buckets rebuilt, optimizer state created, agent connected
         _toggle(True, deepspeed)
         step_on(x, y)
         _toggle(False, deepspeed)
         step_off(x, y)
-    cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
-    wall: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
+    modes = ("on", "off", "off-again") + (("python-hook",) if deepspeed is None else ())
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}
     recorded = 0
-    for block in range(3 * args.blocks):
-        mode = ("on", "off", "off-again")[block % 3]
+    for block in range(len(modes) * args.blocks):
+        mode = modes[block % len(modes)]
         _toggle(mode == "on", deepspeed)
-        step = step_on if mode == "on" else step_off
+        step = {"on": step_on, "python-hook": step_hook}.get(mode, step_off)
         dist.barrier()
         before = collectives.LOG.recorded
         t0, c0 = time.perf_counter(), time.process_time()
@@ -183,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "wall_on_off": paired_ratio(wall["on"], wall["off"]),
                 "wall_aa": paired_ratio(wall["off-again"], wall["off"]),
                 "cpu_extra_us": (statistics.median(cpu["on"]) - off) * 1e6,
+                "cpu_python_hook_off": paired_ratio(cpu.get("python-hook", []), cpu["off"]),
                 "collectives_per_step": per_step,
                 "errors": errors,
                 "steps_reported": steps,
@@ -208,7 +226,8 @@ def main() -> int:
         print(
             f"{result['engine']} rank {r['rank']}: CPU {r['cpu_off_s'] * 1e3:.2f} ms/step off; "
             f"on/off {r['cpu_on_off']:.4f} (A/A {r['cpu_aa']:.4f}); wall on/off "
-            f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); {r['cpu_extra_us']:.0f} us/step "
+            f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); bare Python comm hook/off "
+            f"{r['cpu_python_hook_off'] or float('nan'):.4f}; {r['cpu_extra_us']:.0f} us/step "
             f"extra CPU; {r['collectives_per_step']:.0f} collectives/step; "
             f"{r['steps_reported']} steps reported, errors {r['errors']}"
         )

@@ -97,6 +97,7 @@ def attach(quick: bool) -> list[Table]:
             "wall on/off",
             "wall A/A control",
             "extra CPU us/step",
+            "bare Python comm hook/off (CPU)",
             "collectives/step",
             "goal <= 1.01 (CPU)",
         ],
@@ -115,6 +116,7 @@ def attach(quick: bool) -> list[Table]:
                 r["wall_on_off"],
                 r["wall_aa"],
                 r["cpu_extra_us"],
+                r["cpu_python_hook_off"],
                 r["collectives_per_step"],
                 None if ratio is None else ("met" if ratio <= 1.01 else "MISSED"),
             )
@@ -123,7 +125,8 @@ def attach(quick: bool) -> list[Table]:
         "optimizer and backward hooks, the engine's reader, a StepReport per step to a real "
         "collector), toggled in the same processes in blocks of 2 steps: on, off, off-again; "
         "ratios are medians of per-block pairs, the off-again/off ratio is the noise floor. "
-        "DDP: two identical models, the 'on' one carrying the attach's comm hook. DeepSpeed: one "
+        "DDP: identical models, the 'on' one carrying the attach's comm hook; a third with a bare "
+        "Python all-reduce hook (no attach) shows what any Python hook costs DDP. DeepSpeed: one "
         "ZeRO-3 engine with every parameter sharded (a gather per layer in forward and backward). "
         "Same method as the agent table above, beside it."
     )

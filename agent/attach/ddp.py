@@ -19,6 +19,7 @@ Not seen: the C++ broadcasts and shape checks DDP runs in ``__init__``; built-in
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -131,8 +132,15 @@ class DDPReader(EngineReader):
         optimizer_state(census, SESSION.primary_optimizer())
 
 
+HOOK_ENV = "ZEROSCOPE_DDP_HOOK"
+"""``0``: leave DDP's built-in C++ all-reduce alone (its collectives are then not seen)."""
+
+
 def _install_hook(ddp: DistributedDataParallel) -> None:
     if ddp in _hooks or ddp in _own_hooks or getattr(ddp, "_comm_hooks", None):
+        return
+    if os.environ.get(HOOK_ENV, "1") == "0":
+        _own_hooks.add(ddp)
         return
     hook = _Hook(ddp)
     dist._register_comm_hook(ddp.reducer, None, hook)
