@@ -76,6 +76,9 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     from zeroscope.agent.attach import install as attach
 
     attach.install()  # as the bootstrap does, before torch is imported
+    import warnings
+
+    warnings.simplefilter("ignore", FutureWarning)  # DeepSpeed's deprecated c10d names
     import torch
     import torch.distributed as dist
 
