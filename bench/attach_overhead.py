@@ -169,28 +169,10 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import multiprocessing as mp
-    import socket
-
+    from bench.agent_overhead import spawn_ranks
     from bench.harness import paired_ratio
-    from zeroscope.collector import Collector
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with Collector() as col:
-        q = ctx.Queue()
-        procs = [
-            ctx.Process(target=rank_main, args=(r, 2, port, col.ingest_address, args, q))
-            for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        results = sorted(q.get(timeout=3600) for _ in procs)
-        for p in procs:
-            p.join()
-        received = col.stats()
+    results, received = spawn_ranks(rank_main, args, timeout=3600)
     ranks = []
     for rank, cpu, wall, per_step, errors, steps in results:
         off = statistics.median(cpu["off"])

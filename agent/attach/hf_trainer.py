@@ -15,23 +15,18 @@ from types import ModuleType
 from typing import Any
 
 from . import patches
-from .session import SESSION
+from .session import SESSION, mean_loss
 from .torch_loop import learning_rate
 
 _losses: list[Any] = []
 
 
 def _step_loss() -> Any:
-    losses = list(_losses)
+    """The sum of the step's micro-batch losses (a device tensor stays on the device: it is
+    read later without a sync)."""
+    losses = [(x, float(len(_losses))) for x in _losses]
     _losses.clear()
-    if not losses:
-        return None
-    if len(losses) == 1:
-        return losses[0]
-    try:
-        return sum(float(x) for x in losses)  # CPU values: exact enough, no device round trip
-    except Exception:
-        return None
+    return mean_loss(losses)
 
 
 def install(module: ModuleType) -> None:

@@ -270,11 +270,11 @@ class AttachSession:
             self._memory = memory
             self._layout = (id(reader), reader.layout())
         if "loss" not in figures:
-            figures["loss"] = _mean(self._losses)
+            figures["loss"] = mean_loss(self._losses)
         tel.step_end(memory=self._memory, **figures)
 
 
-def _mean(losses: list[tuple[Any, float]]) -> Any:
+def mean_loss(losses: list[tuple[Any, float]]) -> Any:
     """The step's loss: the one micro-batch loss, or the mean of several (device tensors are
     averaged on the device, read later without a sync)."""
     if not losses:

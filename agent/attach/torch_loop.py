@@ -37,8 +37,11 @@ def world_size(group: Any = None) -> int:
 
 
 def learning_rate(optimizer: Any) -> float | None:
+    """The first group's lr (None for an lr kept on a device: reading it would sync)."""
     try:
         lr = optimizer.param_groups[0]["lr"]
+        if isinstance(lr, torch.Tensor) and lr.device.type != "cpu":
+            return None
         return float(lr)
     except Exception:
         return None
