@@ -24,6 +24,9 @@ from tests.attach_support import (
 )
 from tests.jobs.torch_parallel_train import build_model
 
+# Two launches of one script (three engines each): end to end, like tests/test_run.py's.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 SCRIPT = JOBS / "torch_parallel_train.py"
 MODES = ["ddp", "fsdp2", "fsdp2-offload"]
 STEPS = 3

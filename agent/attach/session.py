@@ -143,8 +143,13 @@ class AttachSession:
         self.tel = tel
 
     def stand_down(self) -> None:
-        """The job reports through the agent API itself: undo every patch, report nothing."""
+        """The job reports through the agent API itself: undo every patch, report nothing.
+        An agent the attach already started is the job's from now on, under its own name."""
         self.passive = True
+        if self.tel is not None:
+            from zeroscope.agent.live import ENGINE_ENV
+
+            self.tel.engine = os.environ.get(ENGINE_ENV, "zeroscope")
         self.tel = None
         self.reader = None
         patches.restore_all()
