@@ -42,15 +42,6 @@ def _toggle(on: bool, deepspeed: Any) -> None:
         patches.restore_all()
 
 
-def _bare_hook(state: Any, bucket: Any) -> Any:
-    """A plain Python all-reduce comm hook (torch's default_hooks.allreduce_hook, inlined)."""
-    import torch.distributed as dist
-
-    buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size())
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
-
-
 def _model(args: Any) -> Any:
     import torch
 
@@ -119,7 +110,9 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         opt_off = torch.optim.AdamW(ddp_off.parameters(), lr=1e-4)
         # What any Python comm hook costs DDP (no attach): the share of "on" that is torch's.
         ddp_hook = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
-        ddp_hook.register_comm_hook(None, _bare_hook)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp_hook.register_comm_hook(None, allreduce_hook)
         opt_hook = torch.optim.AdamW(ddp_hook.parameters(), lr=1e-4)
 
         def train(ddp: Any, opt: Any, x: Any, y: Any) -> None:
