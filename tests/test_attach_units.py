@@ -122,6 +122,54 @@ def test_run_puts_the_bootstrap_first_and_keeps_the_jobs_path() -> None:
     assert (BOOTSTRAP_DIR / "sitecustomize.py").is_file()
 
 
+AS_DEEPSPEED_PROBE = textwrap.dedent(
+    """
+    import sys
+    import deepspeed
+    from torch._C._distributed_c10d import ProcessGroup
+    print("alias", deepspeed.__name__)
+    print("chained", "_zeroscope_chained_sitecustomize" in sys.modules)
+    print("their", sys.modules["_zeroscope_chained_sitecustomize"].__file__)
+    print("allreduce", ProcessGroup.allreduce.__module__)
+    print("reader", "zeroscope.agent.attach.deepspeed_engine" in sys.modules)
+    """
+)
+
+
+def test_the_attach_bootstrap_and_the_as_deepspeed_alias_both_load(tmp_path: Path) -> None:
+    """The environment of ``zeroscope run --as-deepspeed``: the attach's sitecustomize first,
+    chaining to the alias's (engine/deepspeed/boot), which chains to the job's own. The alias
+    wins the import (the real DeepSpeed is installed here) and the attach installs no DeepSpeed
+    reader on the bundled engine, which reports for itself."""
+    from zeroscope.as_deepspeed import alias_environment, boot_folder
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("print('their sitecustomize ran')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(theirs)]))
+    env = job_environment(alias_environment(env), f"tcp://127.0.0.1:{free_port()}", "j")
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(BOOTSTRAP_DIR), str(boot_folder())]
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", AS_DEEPSPEED_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "their sitecustomize ran"  # the end of the chain ran, once
+    assert lines[1:] == [
+        "alias zeroscope.engine.deepspeed",
+        "chained True",
+        f"their {boot_folder() / 'sitecustomize.py'}",
+        "allreduce zeroscope.agent.attach.collectives",
+        "reader False",
+    ]
+    assert "zeroscope:" not in done.stderr  # neither bootstrap reported a failure
+
+
 # -- post-import hooks ---------------------------------------------------------------------------
 
 
@@ -195,7 +243,9 @@ def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo:
         pending = dist.all_reduce(torch.ones(7), async_op=True)
         pending.get_future().wait()  # a consumer asks for the future: its completion counts
         assert futures == [1]
-        out = log.take_complete(log.records[0][collectives.ISSUE])
+        start = log.records[0][collectives.ISSUE]
+        out = [op.resolve(start) for op in log.take_all()]
+        assert None not in out  # gloo at world 1: every op is complete by the step boundary
         ops = [(c.op, c.nbytes, c.group_size) for c in out]
         assert ops == [
             ("all_reduce", 24, 1),
@@ -218,6 +268,33 @@ def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo:
     assert not log.recording
     dist.all_reduce(torch.ones(2))
     assert not log.records
+
+
+def test_an_op_running_at_the_step_boundary_stays_in_its_step_until_it_completes() -> None:
+    """The live agent takes a step's ops at its end and resolves them later (agent/pending.py):
+    an op still running then is not stamped at the boundary, nor lost, nor moved to a later
+    step; it resolves once its work object says it completed."""
+    from zeroscope.agent.attach import collectives
+
+    class SlowWork:
+        done = False
+
+        def is_completed(self) -> bool:
+            return self.done
+
+    log = collectives.CollectiveLog()
+    work = SlowWork()
+    issue = collectives._now()
+    log.add("all_reduce", 64, 2, issue, work)
+    (op,) = log.take_all()
+    assert not log.records  # taken by the step that ended
+    assert op.resolve(issue) is None  # still running: the report waits
+    boundary = collectives._now()
+    work.done = True
+    done = op.resolve(issue)
+    assert done is not None and (done.op, done.nbytes, done.group_size) == ("all_reduce", 64, 2)
+    assert done.duration_s >= (boundary - issue) / 1e9 and done.exposed_s == 0.0
+    assert not log.waiting  # resolved: the Work wrappers no longer track it
 
 
 def test_the_attach_stands_down_when_the_job_reports_through_the_api(

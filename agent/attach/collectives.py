@@ -13,7 +13,8 @@ one list append; nothing is timed per op beyond that:
   whichever comes first. No future callback is attached to ops nobody asked a future of (that
   per-op callback, a GIL hand-off on the backend's thread, is what issue 18 budgets away).
   An op nobody waited on is resolved at the step boundary, in bulk: complete then (or its
-  work object gone) means it ended by that boundary, which is the time recorded.
+  work object gone) means it ended by that boundary, which is the time recorded; one still
+  running is left to the step's pending report (agent/pending.py), which keeps it in its step.
 - bytes follow nccl-tests (``agent/schema.py``): the full gathered size for all-gather and
   reduce-scatter, the buffer for all-reduce and broadcast.
 
@@ -33,12 +34,16 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
-from zeroscope.agent.comm import MAX_IN_FLIGHT, CollectiveTracker
+from zeroscope.agent.comm import CollectiveTracker
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 from . import patches
 
 _now = time.perf_counter_ns
+
+MAX_IN_FLIGHT = 10_000
+"""Ops kept while no step boundary takes them (no engine found yet); beyond it the oldest half
+is dropped and counted in ``abandoned``."""
 
 # Record fields (a plain list per op: cheapest to build on the training thread).
 OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY = range(9)
@@ -97,6 +102,7 @@ class CollectiveLog(CollectiveTracker):
         self.waiting: dict[int, list[Any]] = {}
         """id(work) -> record, until its wait() or its resolution at a step boundary."""
         self.recorded = 0
+        self.abandoned = 0
 
     def add(self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any) -> None:
         records = self.records
@@ -111,44 +117,30 @@ class CollectiveLog(CollectiveTracker):
         records.append(rec)
         self.recorded += 1
 
-    def take_complete(self, step_start_ns: int) -> list[Collective]:
-        """Ops complete by now, in issue order; ops still running stay for a later step."""
+    def take_all(self) -> list[Any]:
+        """The step that just ended: every op issued since the last call, as records the
+        agent's pending report resolves (agent/pending.py). Ops nobody waited on that are
+        complete now (or whose work object is gone) ended by this boundary: stamped now."""
         now = _now()
         # Swap first: an op issued by another thread meanwhile lands in the new list.
         pending, self.records = self.records, []
-        out: list[Collective] = []
-        keep: list[list[Any]] = []
         waiting = self.waiting
+        out: list[Any] = []
         for rec in pending:
-            try:
-                end = rec[END]
-                if not end:
-                    ref = rec[REF]
-                    work = ref() if ref is not None else None
-                    if work is not None and not work.is_completed():
-                        keep.append(rec)
-                        continue
-                    end = now  # never waited on: it ended by this boundary
-                if waiting.get(rec[KEY]) is rec:
-                    del waiting[rec[KEY]]
-                duration = max(end - rec[ISSUE], 0)
-                out.append(
-                    Collective(
-                        op=rec[OP],
-                        nbytes=rec[NBYTES],
-                        group_size=rec[GROUP],
-                        start_s=(rec[ISSUE] - step_start_ns) / 1e9,
-                        duration_s=duration / 1e9,
-                        exposed_s=min(rec[EXPOSED], duration) / 1e9,
-                        label=rec[LABEL],
-                    )
-                )
-            except Exception:
-                self.errors += 1
-        if keep:
-            self.records[:0] = keep
-        out += super().take_complete(step_start_ns)
-        return out
+            if not rec[END]:
+                ref = rec[REF]
+                work = ref() if ref is not None else None
+                try:
+                    done = work is None or work.is_completed()
+                except Exception:
+                    self.errors += 1
+                    done = True
+                if done:
+                    rec[END] = now
+            if rec[END] and waiting.get(rec[KEY]) is rec:
+                del waiting[rec[KEY]]
+            out.append(LoggedOp(rec, waiting))
+        return out + super().take_all()
 
     def clear(self) -> None:
         self.records = []
@@ -156,7 +148,43 @@ class CollectiveLog(CollectiveTracker):
 
     @property
     def in_flight(self) -> int:
-        return len(self.records) + super().in_flight
+        return len(self.records)
+
+
+class LoggedOp:
+    """One op of the log as the agent's pending report reads it (the interface of
+    ``agent.comm.CollectiveRecord``): complete once its end is stamped (by ``wait()``, its
+    future, or the step boundary), or once its work object says so."""
+
+    __slots__ = ("_rec", "_waiting")
+
+    cuda_events = None
+    """Host timing only: the wrappers record no CUDA events."""
+
+    def __init__(self, rec: list[Any], waiting: dict[int, list[Any]]) -> None:
+        self._rec = rec
+        self._waiting = waiting
+
+    def resolve(self, step_start_ns: int, step_start_event: Any = None) -> Collective | None:
+        rec = self._rec
+        if not rec[END]:
+            ref = rec[REF]
+            work = ref() if ref is not None else None
+            if work is not None and not work.is_completed():
+                return None  # still in flight: the report waits (agent/pending.py)
+            rec[END] = _now()
+            if self._waiting.get(rec[KEY]) is rec:
+                del self._waiting[rec[KEY]]
+        duration = max(rec[END] - rec[ISSUE], 0)
+        return Collective(
+            op=rec[OP],
+            nbytes=rec[NBYTES],
+            group_size=rec[GROUP],
+            start_s=(rec[ISSUE] - step_start_ns) / 1e9,
+            duration_s=duration / 1e9,
+            exposed_s=min(rec[EXPOSED], duration) / 1e9,
+            label=rec[LABEL],
+        )
 
 
 LOG = CollectiveLog()
