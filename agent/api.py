@@ -59,6 +59,11 @@ class Telemetry:
     def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
         """Once, after the engine is built: topology, config summary and parameter counts."""
 
+    def bind_device(self, device: str) -> None:
+        """The rank's device, as early as it is known (before the engine's first collective,
+        e.g. its init broadcasts), so those are timed on the device's clock too. ``hello``
+        binds it as well for engines that never call this."""
+
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
         """Times one phase of the current step (may be entered many times per step: gradient

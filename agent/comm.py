@@ -9,6 +9,13 @@ Each collective is tracked from issue (when the engine hands us its async Work) 
   the host never waits for the device. On CUDA, ``wait()`` only makes the compute stream wait,
   so the *exposed* time is device-side: compute-stream time from the wait point until the
   collective's result was usable (``wait_start -> end``), ~0 when the op was already done.
+  The *duration* ends at the collective's own end, not at ``wait()``'s: the work's future calls
+  back (at enqueue, on the host) with current streams that wait for the collective's CUDA
+  events, so an event recorded there completes when the collective does. Ending at the event
+  after ``wait()`` instead would add the compute overlapped with the op (busbw 10-1000x low
+  under prefetch). ``work._get_duration()`` would be exact but needs the Work kept until the
+  op completes, and a Work keeps its tensors alive: holding it would change the memory the
+  user sees, so it is only the reference in ``bench/gpu_slot.py``.
 
 Exposed time on CPU is host time spent inside ``wait()``. Unlike DeepSpeed's comms logger we
 never synchronize the device to time an op (that would destroy the overlap we measure), and the
@@ -28,6 +35,7 @@ class CollectiveRecord:
     """One collective in flight or done; turned into a schema.Collective once complete."""
 
     __slots__ = (
+        "comm_end",
         "cuda_events",
         "end_ns",
         "exposed_ns",
@@ -53,11 +61,19 @@ class CollectiveRecord:
         self.exposed_ns = 0
         self.waited = False
         self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
+        self.comm_end: Any = None
+        """On CUDA: an event that completes with the collective itself (see the module doc)."""
 
     def _on_complete(self, _fut: Any) -> None:
         now = time.perf_counter_ns()
         if self.end_ns is None or now < self.end_ns:
             self.end_ns = now
+
+    def _on_device_complete(self, _fut: Any) -> None:
+        try:
+            self.comm_end = _cuda_event()
+        except Exception:
+            pass  # the duration falls back to the event after wait()
 
     def resolve(self, step_start_ns: int, step_start_event: Any = None) -> Collective | None:
         """The wire record once complete, else None (still in flight). ``start_s`` is on the
@@ -68,7 +84,11 @@ class CollectiveRecord:
             issue, wait_start, end = self.cuda_events
             if end is None or not end.query():
                 return None
-            duration = issue.elapsed_time(end) / 1e3
+            own_end = self.comm_end
+            if own_end is not None and own_end.query():
+                duration = issue.elapsed_time(own_end) / 1e3
+            else:
+                duration = issue.elapsed_time(end) / 1e3
             exposed = wait_start.elapsed_time(end) / 1e3
             if step_start_event is not None:
                 start_s = step_start_event.elapsed_time(issue) / 1e3
@@ -158,6 +178,10 @@ class CollectiveTracker:
             rec = CollectiveRecord(op, nbytes, group_size, prefetched, label)
             if self.cuda:
                 rec.cuda_events = [_cuda_event(), None, None]
+                try:
+                    work.get_future().then(rec._on_device_complete)
+                except Exception:
+                    pass  # no future: the duration ends with wait()
             else:
                 try:
                     work.get_future().then(rec._on_complete)

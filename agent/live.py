@@ -122,6 +122,7 @@ class LiveTelemetry(Telemetry):
         self._counted_this_step = False
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._collectives = CollectiveTracker(cuda=False)
+        self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
         self._waiting: deque[PendingReport] = deque()
         self._host: HostSample | None = None
@@ -133,30 +134,43 @@ class LiveTelemetry(Telemetry):
 
     def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
         try:
-            self.cuda = device.startswith("cuda")
-            self._collectives.cuda = self.cuda
-            if self.cuda:
-                index = torch.device(device).index
-                index = torch.cuda.current_device() if index is None else index
-                self.device_index = index
-                uuid = pci_bus = None
-                with contextlib.suppress(Exception):
-                    props = torch.cuda.get_device_properties(index)
-                    uuid = f"GPU-{props.uuid}"
-                    pci_bus = pci_bus_id(props)
-                self.sampler.set_device(index, uuid, pci_bus)
-                # The step's axis becomes the device's; peaks are sampled, never reset. Where
-                # no CUDA event can be made (a stubbed or broken runtime) the host clock stays:
-                # a step report without device times beats no step report.
-                try:
-                    _cuda_event()
-                    self._timeline.cuda_event = _cuda_event
-                except Exception:
-                    self._collectives.cuda = False
-                self._peaks = DevicePeaks(torch.cuda, index)
+            if self._bound_device != device:
+                self._bind(device)
             self._send_hello(config, params, device)
         except Exception:
             self.errors += 1
+
+    def bind_device(self, device: str) -> None:
+        try:
+            self._bind(device)
+        except Exception:
+            self.errors += 1
+
+    def _bind(self, device: str) -> None:
+        """Device mode: CUDA events for the step axis and collectives, the device's peaks and
+        NVML readings; the host clock and no device figures on CPU."""
+        self._bound_device = device
+        self.cuda = device.startswith("cuda")
+        self._collectives.cuda = self.cuda
+        if self.cuda:
+            index = torch.device(device).index
+            index = torch.cuda.current_device() if index is None else index
+            self.device_index = index
+            uuid = pci_bus = None
+            with contextlib.suppress(Exception):
+                props = torch.cuda.get_device_properties(index)
+                uuid = f"GPU-{props.uuid}"
+                pci_bus = pci_bus_id(props)
+            self.sampler.set_device(index, uuid, pci_bus)
+            # The step's axis becomes the device's; peaks are sampled, never reset. Where
+            # no CUDA event can be made (a stubbed or broken runtime) the host clock stays:
+            # a step report without device times beats no step report.
+            try:
+                _cuda_event()
+                self._timeline.cuda_event = _cuda_event
+            except Exception:
+                self._collectives.cuda = False
+            self._peaks = DevicePeaks(torch.cuda, index)
 
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str

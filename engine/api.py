@@ -226,6 +226,7 @@ def initialize(
     if dist_init_required is not False:
         _init_distributed(device)
     tel = telemetry()
+    tel.bind_device(str(device))  # before the init broadcasts, so they are timed on the device
     comm = Comm.data_parallel(tel, device)
     cfg = load_config(raw, dp_world_size=comm.world_size, auto_values=auto_values)
     report_ignored(cfg, rank=comm.rank)

@@ -132,10 +132,10 @@ DEMO = [
 @pytest.mark.parametrize(
     ("job", "memory"),
     [
-        pytest.param([str(SCRIPT)], "P 16.6K G 16.6K O 33.3K", id="agent-only"),
+        pytest.param([str(SCRIPT)], "P 16.6KB G 16.6KB O 33.3KB", id="agent-only"),
         pytest.param(
             DEMO,
-            "P 220K G 110K O 661K",  # 110k parameters: fp16 P, G and O sharded over 2 ranks
+            "P 220KB G 110KB O 661KB",  # 110k parameters: fp16 P, G and O sharded over 2 ranks
             id="demo",
             marks=pytest.mark.skipif(not _engine_ready(), reason="engine has no initialize()"),
         ),
