@@ -34,7 +34,9 @@ from .schema import (
     ConfigSummary,
     EventKind,
     MemoryBytes,
+    ParallelLayout,
     ParamCounts,
+    PipelineStep,
     TransferDirection,
 )
 
@@ -58,6 +60,13 @@ class Telemetry:
 
     def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
         """Once, after the engine is built: topology, config summary and parameter counts."""
+
+    def layout(self, layout: ParallelLayout) -> None:
+        """Once, after hello, in a tensor/pipeline-parallel job: this rank's mesh coordinates
+        and pipeline schedule (carried in Hello)."""
+
+    def pipeline(self, step: PipelineStep) -> None:
+        """Before step_end, in a pipeline-parallel job: this step's timed stage actions."""
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:

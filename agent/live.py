@@ -42,8 +42,10 @@ from .schema import (
     Hello,
     HostSample,
     MemoryBytes,
+    ParallelLayout,
     ParamCounts,
     Phases,
+    PipelineStep,
     StepReport,
     Transfer,
     TransferDirection,
@@ -118,6 +120,9 @@ class LiveTelemetry(Telemetry):
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._collectives = CollectiveTracker(cuda=False)
         self._transfers: list[Transfer] = []
+        self._layout: ParallelLayout | None = None
+        self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
+        self._pipeline: PipelineStep | None = None
         self._waiting: deque[tuple[StepReport, DeferredScalar, DeferredScalar]] = deque()
         self._host: HostSample | None = None
         self.sampler = Sampler(
@@ -145,6 +150,7 @@ class LiveTelemetry(Telemetry):
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
     ) -> None:
         self._hello_sent = True
+        self._hello = (config, params, device)
         self.publisher.set_sticky(
             Hello(
                 schema_version=SCHEMA_VERSION,
@@ -160,8 +166,20 @@ class LiveTelemetry(Telemetry):
                 config=config,
                 params=params,
                 engine=self.engine,
+                parallel=self._layout,
             )
         )
+
+    def layout(self, layout: ParallelLayout) -> None:
+        try:
+            self._layout = layout
+            if self._hello_sent:  # Hello is sticky: the new one replaces it for late viewers
+                self._send_hello(*self._hello)
+        except Exception:
+            self.errors += 1
+
+    def pipeline(self, step: PipelineStep) -> None:
+        self._pipeline = step
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
@@ -302,7 +320,9 @@ class LiveTelemetry(Telemetry):
             skipped=bool(skipped),
             samples=int(samples),
             host=self._host,
+            pipeline=self._pipeline,
         )
+        self._pipeline = None
         self._waiting.append((report, DeferredScalar(loss), DeferredScalar(grad_norm)))
         self._flush_reports(block=False)
         self.step += 1

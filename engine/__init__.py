@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["initialize"]
+__all__ = ["PipelineModule", "initialize", "pipe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +21,12 @@ def __getattr__(name: str) -> Any:
         from .api import initialize
 
         return initialize
+    if name == "pipe":  # deepspeed.pipe
+        from .parallel import pipe
+
+        return pipe
+    if name == "PipelineModule":  # deepspeed.PipelineModule
+        from .parallel.pipe import PipelineModule
+
+        return PipelineModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,7 @@ from .engine import ZeroEngine
 from .lr_schedules import WarmupSchedule
 from .offload import make_offload
 from .optim import ZeroOptimizer
+from .parallel.setup import plan_parallel
 from .precision import DTYPES, make_loss_scaler
 from .report import Reporter, largest_layer
 from .zero.stages import make_strategy
@@ -160,8 +161,6 @@ def initialize(
     """
     if model is None:
         raise ConfigError("initialize() needs model=")
-    if mpu is not None:
-        raise ConfigError("mpu (model parallelism) is not supported yet")
     if config is None:
         config = (
             config_params if config_params is not None else getattr(args, "deepspeed_config", None)
@@ -172,17 +171,24 @@ def initialize(
     if dist_init_required is not False:
         _init_distributed(device)
     tel = telemetry()
-    comm = Comm.data_parallel(tel)
+    # 3D parallelism (engine/parallel/setup.py): ZeRO over the data-parallel group only.
+    parallel = plan_parallel(model, config, mpu, tel, device)
+    comm = parallel.dp_comm if parallel is not None else Comm.data_parallel(tel)
     cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
 
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
+    if parallel is not None:
+        model_parameters = parallel.prepare_model(model, cfg, model_parameters, optimizer)
     groups = _param_groups(model, model_parameters, optimizer)
+    if parallel is not None:
+        groups = parallel.split_groups(groups)
     zero_opt = _optimizer(cfg, groups, optimizer)
     # Counted before the strategy is built: stage 3 leaves empty placeholders in the module.
     total, largest = sum(p.numel() for p in model.parameters()), largest_layer(model)
-    strategy = make_strategy(
-        module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
-    )
+    strategy_groups = [g["params"] for g in zero_opt.param_groups]
+    if parallel is not None:
+        strategy_groups = parallel.strategy_groups(strategy_groups)
+    strategy = make_strategy(module=model, groups=strategy_groups, comm=comm, config=cfg)
     strategy = make_offload(strategy, config=cfg, comm=comm)
     scheduler: Any = lr_scheduler
     if cfg.scheduler is not None:
@@ -207,7 +213,12 @@ def initialize(
         persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
     )
-    engine = ZeroEngine(
+    engine_class: type[ZeroEngine] = ZeroEngine
+    extra: dict[str, Any] = {}
+    if parallel is not None:
+        engine_class, extra = parallel.engine_class(), {"parallel": parallel}
+    engine = engine_class(
+        **extra,
         module=model,
         config=cfg,
         strategy=strategy,
@@ -219,7 +230,10 @@ def initialize(
         device=device,
     )
     loader = None
-    if training_data is not None:
+    if training_data is not None and hasattr(engine, "set_training_data"):  # a pipeline
+        engine.set_training_data(training_data, collate_fn)
+        loader = engine.training_dataloader
+    elif training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler
 
         sampler: Any = (

@@ -34,6 +34,7 @@ from .config_blocks import (
 )
 from .config_parse import REJECT_ANY, Block, ConfigError, fill_auto, read_block
 from .config_zero import AioConfig, ZeroConfig
+from .parallel.config import PipelineConfig, TensorParallelConfig
 
 __all__ = ["GRADIENT_CLIPPING_DEFAULT", "ConfigError", "DeepSpeedConfig", "load_config"]
 
@@ -67,6 +68,8 @@ class DeepSpeedConfig(Block):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optimizer: OptimizerConfig | None = None
     scheduler: SchedulerConfig | None = None
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    tensor_parallel: TensorParallelConfig = field(default_factory=TensorParallelConfig)
 
     ALIASES: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
@@ -89,7 +92,6 @@ class DeepSpeedConfig(Block):
         "comms_logger": REJECT_ANY,
         "timers": REJECT_ANY,
         "elasticity": REJECT_ANY,
-        "pipeline": REJECT_ANY,
         "data_efficiency": REJECT_ANY,
         "curriculum_learning": REJECT_ANY,
         "compression_training": REJECT_ANY,
@@ -202,7 +204,8 @@ def load_config(
 
     ``auto_values`` fills ``"auto"`` entries by dotted key, e.g.
     ``{"train_micro_batch_size_per_gpu": 8, "optimizer.params.lr": 3e-4}``."""
-    raw = fill_auto(read_raw(source), auto_values or {})
+    # pipeline.stages: "auto" is DeepSpeed's own default value there, not a placeholder.
+    raw = fill_auto(read_raw(source), {"pipeline.stages": "auto", **(auto_values or {})})
     blocks = {"optimizer": read_optimizer, "scheduler": read_scheduler}
     special = {k: blocks[k](v) for k, v in raw.items() if k in blocks and v is not None}
     rest = {k: v for k, v in raw.items() if k not in blocks}

@@ -184,12 +184,7 @@ class ZeroEngine:
         # 1. this rank's averaged gradient shards
         grads = self.strategy.reduced_grads()
         # 2. overflow, agreed by every rank
-        overflow = False
-        if self.config.precision == "fp16":
-            flag = local_overflow(grads).to(grads[0].device if grads else self.device)
-            if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
-                self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
-            overflow = bool(flag.item())
+        overflow = self.config.precision == "fp16" and self._overflow(grads)
         if overflow:
             self._skip(scale)
             return
@@ -198,12 +193,7 @@ class ZeroEngine:
         if scale != 1.0:
             for g in grads32:
                 g.mul_(1.0 / scale)
-        sq = torch.zeros(1, dtype=torch.float32, device=self.device)
-        for g in grads32:
-            sq += g.pow(2).sum()
-        if self.strategy.sharded:
-            self.comm.all_reduce(sq, label="grad_norm").wait()
-        norm = sq.sqrt()
+        norm = self._grad_norm_sq(grads32).sqrt()
         clip = self.config.gradient_clipping
         if clip > 0:
             coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
@@ -233,6 +223,24 @@ class ZeroEngine:
             self.lr_scheduler.step()
         self._grad_norm = norm
         self._finish_step(memory=memory, lr=lr, grad_norm=norm, scale=scale, overflow=False)
+
+    def _overflow(self, grads: list[torch.Tensor]) -> bool:
+        """fp16: did any rank's gradients overflow? (engine/parallel also asks the other
+        stages and tensor shards.)"""
+        flag = local_overflow(grads).to(grads[0].device if grads else self.device)
+        if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
+            self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
+        return bool(flag.item())
+
+    def _grad_norm_sq(self, grads32: list[torch.Tensor]) -> torch.Tensor:
+        """Squared global L2 norm of the unscaled gradients (engine/parallel adds the other
+        stages and tensor shards)."""
+        sq = torch.zeros(1, dtype=torch.float32, device=self.device)
+        for g in grads32:
+            sq += g.pow(2).sum()
+        if self.strategy.sharded:
+            self.comm.all_reduce(sq, label="grad_norm").wait()
+        return sq
 
     def _skip(self, scale: float) -> None:
         """An overflowing fp16 step: nothing is applied; the scaler decides the next scale."""
