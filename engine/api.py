@@ -232,7 +232,7 @@ def initialize(
     loader = None
     if training_data is not None and hasattr(engine, "set_training_data"):  # a pipeline
         engine.set_training_data(training_data, collate_fn)
-        loader = engine.training_dataloader
+        loader = getattr(engine, "training_dataloader", None)
     elif training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler
 

@@ -114,9 +114,7 @@ class ParallelMesh:
     @classmethod
     def from_sizes(cls, *, pp: int, dp: int, tp: int, device_type: str) -> ParallelMesh:
         """DeepSpeed's PipeModelDataParallelTopology layout for the given sizes."""
-        return cls(
-            ProcessTopology(axes=["pipe", "data", "model"], dims=[pp, dp, tp]), device_type
-        )
+        return cls(ProcessTopology(axes=["pipe", "data", "model"], dims=[pp, dp, tp]), device_type)
 
     def group(self, axis: str) -> Any:
         """The process group of ``axis`` through this rank (None without torch.distributed)."""

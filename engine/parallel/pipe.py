@@ -1,16 +1,16 @@
 """``deepspeed.pipe``: DeepSpeed's pipeline-parallel API on the bundled engine::
 
-    import zeroscope.engine as deepspeed
-    from zeroscope.engine.parallel.pipe import PipelineModule, LayerSpec
+import zeroscope.engine as deepspeed
+from zeroscope.engine.parallel.pipe import PipelineModule, LayerSpec
 
-    net = PipelineModule(layers=[LayerSpec(nn.Linear, 8, 8), lambda x: x.relu(), ...],
-                         num_stages=2, loss_fn=nn.CrossEntropyLoss())
-    engine, _, _, _ = deepspeed.initialize(model=net, config=ds_config, training_data=dataset)
-    loss = engine.train_batch()
+net = PipelineModule(layers=[LayerSpec(nn.Linear, 8, 8), lambda x: x.relu(), ...],
+                     num_stages=2, loss_fn=nn.CrossEntropyLoss())
+engine, _, _, _ = deepspeed.initialize(model=net, config=ds_config, training_data=dataset)
+loss = engine.train_batch()
 """
 
-from .pipe_module import LayerSpec, PipelineError, PipelineModule, TiedLayerSpec
 from .pipe_data import RepeatingLoader
+from .pipe_module import LayerSpec, PipelineError, PipelineModule, TiedLayerSpec
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [

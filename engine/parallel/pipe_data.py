@@ -33,7 +33,7 @@ def pipeline_loader(
     """DeepSpeed's pipeline data loader for ``dataset`` on this data-parallel rank."""
     from torch.utils.data import DataLoader, DistributedSampler
 
-    sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=False)
+    sampler: Any = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=False)
     return RepeatingLoader(
         DataLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate_fn)
     )

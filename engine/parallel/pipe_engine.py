@@ -132,7 +132,9 @@ class PipelineEngine(ParallelEngine):
     def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         mb = int(index.reshape(-1)[0])
         fn = self.module.loss_fn
-        loss = fn(output, self._mb_labels[mb]) if (fn is not None and self._compute_loss) else output
+        loss = (
+            fn(output, self._mb_labels[mb]) if (fn is not None and self._compute_loss) else output
+        )
         self._mb_losses[mb] = loss.detach()
         factor = self._loss_factor
         return loss.float() * factor if factor != 1.0 else loss
@@ -189,7 +191,9 @@ class PipelineEngine(ParallelEngine):
                     raise PipelineError("no training data: pass data_iter or training_data")
                 if self.has_first:
                     inputs = _to(batch[0], self.device)
-                    self._mb_args.append(tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,))
+                    self._mb_args.append(
+                        tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+                    )
                 if self.has_last:
                     self._mb_labels.append(_to(batch[1], self.device))
 
@@ -206,7 +210,9 @@ class PipelineEngine(ParallelEngine):
         """Train on the next ``gradient_accumulation_steps`` micro-batches; returns the mean
         loss over them, averaged over the data-parallel replicas (on every stage)."""
         if not torch.is_grad_enabled():
-            raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
+            raise RuntimeError(
+                "train_batch() requires gradients enabled. Use eval_batch() instead."
+            )
         if data_iter is not None:
             self.set_dataiterator(data_iter)
         self.module.train()
@@ -214,12 +220,12 @@ class PipelineEngine(ParallelEngine):
         self._load(m)
         schedule, _, probe = self._schedule_for(m)
         self._loss_factor = self.scaler.loss_scale / m
-        self.strategy.hold_reductions(True)  # type: ignore[attr-defined]
+        self.strategy.hold_reductions(True)
         try:
             with probe.step() as times:
                 self._run(schedule, m, train=True)
         finally:
-            self.strategy.hold_reductions(False)  # type: ignore[attr-defined]
+            self.strategy.hold_reductions(False)
         self.module.allreduce_tied_weight_gradients()
         with self.reporter.phase("backward"):
             self.strategy.begin_micro_step(boundary=True)
@@ -238,7 +244,9 @@ class PipelineEngine(ParallelEngine):
         last stage to the others of the pipeline (DeepSpeed's ``_aggregate_total_loss``)."""
         losses = torch.zeros(2, dtype=torch.float32, device=self.device)
         if self.has_last:
-            local = torch.stack([self._mb_losses[i].float().reshape(()) for i in range(microbatches)])
+            local = torch.stack(
+                [self._mb_losses[i].float().reshape(()) for i in range(microbatches)]
+            )
             local = local.sum()
             local = local / microbatches
             agg = local.clone()
@@ -280,7 +288,7 @@ class PipelineEngine(ParallelEngine):
         if reduce_output is None:
             result: Any = [self._mb_losses[i] for i in range(m)]
         else:
-            local, agg = self._aggregate_loss(m)
+            _, agg = self._aggregate_loss(m)
             result = agg if bcast_loss or self.has_last else None
         return (result, outputs) if return_logits else result
 

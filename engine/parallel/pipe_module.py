@@ -163,7 +163,11 @@ class PipelineModule(nn.Module):
 
         device = pick_device()
         init_distributed(device)
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        if not dist.is_initialized():
+            # One process without torchrun (DeepSpeed's init_distributed does the same): the
+            # pipeline schedules need a process group, even of one rank.
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        world = dist.get_world_size()
         if topology is None:
             assert num_stages is not None
             if world % num_stages != 0:
@@ -247,7 +251,9 @@ class PipelineModule(nn.Module):
                 self.tied_modules[layer.key] = layer.build()
                 self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
             module = self.tied_modules[layer.key]
-            return module if layer.forward_fn is None else functools.partial(layer.forward_fn, module)
+            return (
+                module if layer.forward_fn is None else functools.partial(layer.forward_fn, module)
+            )
         if isinstance(layer, LayerSpec):
             module = layer.build()
             self.add_module(str(idx), module)
@@ -262,7 +268,9 @@ class PipelineModule(nn.Module):
             if isinstance(layer, TiedLayerSpec):
                 module = tied.setdefault(layer.key, layer.build())
                 funcs.append(
-                    module if layer.forward_fn is None else functools.partial(layer.forward_fn, module)
+                    module
+                    if layer.forward_fn is None
+                    else functools.partial(layer.forward_fn, module)
                 )
             elif isinstance(layer, LayerSpec):
                 funcs.append(layer.build())

@@ -32,9 +32,7 @@ def _leaf_inputs(x: Any) -> Any:
 
 
 def _backward_of(out: Any) -> None:
-    floats = [
-        t for t in _as_tuple(out) if isinstance(t, torch.Tensor) and t.requires_grad
-    ]
+    floats = [t for t in _as_tuple(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     if floats:
         torch.autograd.backward([t.float().sum() for t in floats])
 

@@ -76,9 +76,7 @@ class ParallelContext:
             return None
         items = list(model_parameters)
         if items and isinstance(items[0], Mapping):
-            return [
-                {**g, "params": [remap.get(id(p), p) for p in g["params"]]} for g in items
-            ]
+            return [{**g, "params": [remap.get(id(p), p) for p in g["params"]]} for g in items]
         return [remap.get(id(p), p) for p in items]
 
     # -- 3. who counts which gradient in the global norm -------------------------------------
@@ -88,7 +86,9 @@ class ParallelContext:
         if getattr(p, "ds_pipe_replicated", False):
             return False
         if self.user_mpu:
-            split = getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False)
+            split = getattr(p, "tensor_model_parallel", False) or getattr(
+                p, "model_parallel", False
+            )
             return bool(split) or self.coords.tp == 0
         return self.coords.tp_size == 1 or is_sharded(p) or self.coords.tp == 0
 
@@ -159,9 +159,7 @@ def plan_parallel(
     from .pipe_module import PipelineModule
 
     raw = read_raw(config) if isinstance(config, str | os.PathLike | Mapping) else {}
-    tp = read_block(
-        TensorParallelConfig, raw.get("tensor_parallel") or {}, "tensor_parallel"
-    ).size
+    tp = read_block(TensorParallelConfig, raw.get("tensor_parallel") or {}, "tensor_parallel").size
     pipeline = model if isinstance(model, PipelineModule) else None
     if mpu is not None:
         if pipeline is not None or tp > 1:

@@ -50,7 +50,7 @@ def plan_from_layer_specs(model: nn.Module, specs: list[Mapping[str, Any]]) -> d
     names = [n for n, _ in model.named_parameters()]
     for i, spec in enumerate(specs):
         where = f"tensor_parallel.partition_config.layer_specs[{i}]"
-        kind = spec.get("partition_type")
+        kind = str(spec.get("partition_type"))
         unknown = set(spec) - {"patterns", "partition_type"}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]} is not supported")
@@ -135,7 +135,7 @@ class LocalParam:
 
     @property
     def _local(self) -> torch.Tensor:
-        return self.param._local_tensor  # type: ignore[no-any-return]
+        return self.param._local_tensor
 
     @property
     def shape(self) -> torch.Size:
@@ -186,7 +186,12 @@ class LocalParam:
             None
             if value is None
             else DTensor.from_local(
-                value, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                value,
+                p.device_mesh,
+                p.placements,
+                run_check=False,
+                shape=p.shape,
+                stride=p.stride(),
             )
         )
 

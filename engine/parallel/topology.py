@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import namedtuple
-from typing import Any
+from typing import Any, cast
 
 AXIS_TO_MESH = {"pipe": "pp", "data": "dp", "model": "tp"}
 """DeepSpeed's axis names -> the DeviceMesh's."""
@@ -26,9 +26,9 @@ class ProcessTopology:
             raise ValueError(f"topology needs one positive size per axis, got {axes} x {dims}")
         self.axes = list(axes)
         self.dims = [int(d) for d in dims]
-        self.ProcessCoord: Any = namedtuple("ProcessCoord", self.axes)  # type: ignore[misc]
+        self.ProcessCoord: Any = cast(Any, namedtuple)("ProcessCoord", self.axes)
         self.mapping: dict[Any, int] = {
-            self.ProcessCoord(*coord): rank
+            self.ProcessCoord._make(coord): rank
             for rank, coord in enumerate(itertools.product(*(range(d) for d in self.dims)))
         }
         self._coords = {rank: coord for coord, rank in self.mapping.items()}

@@ -1,0 +1,201 @@
+"""Models, data and the one-process reference for the 3D-parallel tests.
+
+Every case trains the same layer list (residual MLP blocks whose ``fc1``/``fc2`` carry the
+tensor-parallel plan, a lambda between blocks, optionally a bias-free linear tied between the
+first and last layer: DeepSpeed ties only ``tied_weight_attr``, so a bias would be two separate
+parameters there) from seeded builds (``seed_layers``: layer i is built right after seeding
+``BASE_SEED + i``, as DeepSpeed's PipelineModule does). The reference builds the same layers
+in one process as an ``nn.Sequential`` (a tied module appears twice: autograd sums its
+gradients and ``clip_grad_norm_`` counts it once) and trains the same global batch with
+``torch.optim.AdamW`` and ``clip_grad_norm_``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+BASE_SEED = 4321
+WIDTH, HIDDEN = 8, 16
+LR = 1e-2
+TP_PLAN = {
+    "autotp_size": 2,
+    "partition_config": {
+        "layer_specs": [
+            {"patterns": [r"fc1\.(weight|bias)$"], "partition_type": "column"},
+            {"patterns": [r"fc2\.weight$"], "partition_type": "row"},
+        ]
+    },
+}
+
+
+class Block(nn.Module):
+    """A residual MLP block: column-parallel fc1, row-parallel fc2, a replicated LayerNorm."""
+
+    def __init__(self, width: int = WIDTH, hidden: int = HIDDEN) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.fc2(torch.relu(self.fc1(x))))
+
+
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x)
+
+
+def layer_specs(blocks: int = 4, tied: bool = False) -> list[Any]:
+    """The PipelineModule layers: [tied proj?] block, lambda, block, ... [tied proj?]."""
+    from zeroscope.engine.parallel.pipe import LayerSpec, TiedLayerSpec
+
+    specs: list[Any] = []
+    if tied:
+        specs.append(TiedLayerSpec("proj", nn.Linear, WIDTH, WIDTH, bias=False))
+    for i in range(blocks):
+        specs.append(LayerSpec(Block))
+        if i % 2 == 0:
+            specs.append(lambda x: _tanh(x))
+    if tied:
+        specs.append(TiedLayerSpec("proj", nn.Linear, WIDTH, WIDTH, bias=False))
+    return specs
+
+
+class _Call(nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def reference_model(specs: list[Any]) -> nn.Sequential:
+    """The same layers built in one process with the same per-layer seeds."""
+    from zeroscope.engine.parallel.pipe import LayerSpec, TiedLayerSpec
+    from zeroscope.engine.parallel.pipe_module import set_random_seed
+
+    tied: dict[str, nn.Module] = {}
+    modules: list[nn.Module] = []
+    for i, spec in enumerate(specs):
+        set_random_seed(BASE_SEED + i)
+        if isinstance(spec, TiedLayerSpec):
+            modules.append(tied.setdefault(spec.key, spec.build()))
+        elif isinstance(spec, LayerSpec):
+            modules.append(spec.build())
+        else:
+            modules.append(_Call(spec))
+    return nn.Sequential(*modules)
+
+
+def microbatches(n: int, mb: int = 2, seed: int = 11) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(mb, WIDTH, generator=g), torch.randn(mb, WIDTH, generator=g)) for _ in range(n)
+    ]
+
+
+@dataclass
+class Case:
+    name: str
+    pp: int = 2
+    tp: int = 1
+    stage: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1
+    placement: str = "loop"
+    tied: bool = False
+    gas: int = 4
+    steps: int = 3
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ds_config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": self.gas,
+            "steps_per_print": 0,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+            "zero_optimization": {"stage": self.stage, "stage3_param_persistence_threshold": 0},
+            "pipeline": {"schedule": self.schedule},
+            **self.extra,
+        }
+        if self.tp > 1:
+            cfg["tensor_parallel"] = TP_PLAN
+        return cfg
+
+
+def run_case(case: Case, world: int) -> dict[str, list[float]]:
+    """Inside a rank: train ``case`` (a PipelineModule when pp > 1, else engine(x) /
+    backward / step on an nn.Sequential); the data-parallel mean loss and the engine's global
+    gradient norm of each step."""
+    import torch.distributed as dist
+
+    import zeroscope.engine.api as deepspeed
+    from zeroscope.engine.parallel.pipe import PipelineModule, PipeModelDataParallelTopology
+
+    dp = world // (case.pp * case.tp)
+    specs = layer_specs(tied=case.tied)
+    if case.pp > 1:
+        net = PipelineModule(
+            specs,
+            topology=PipeModelDataParallelTopology(num_pp=case.pp, num_mp=case.tp, num_dp=dp),
+            loss_fn=nn.MSELoss(),
+            partition_method="uniform",
+            seed_layers=True,
+            base_seed=BASE_SEED,
+            virtual_stages=case.virtual,
+            stage_placement=case.placement,  # type: ignore[arg-type]
+        )
+        engine, *_ = deepspeed.initialize(model=net, config=case.ds_config())
+        rank_dp = engine.parallel.coords.dp
+        stream = iter(microbatches(case.gas * case.steps * dp)[rank_dp::dp])
+        losses, norms = [], []
+        for _ in range(case.steps):
+            losses.append(float(engine.train_batch(stream)))
+            norms.append(float(engine.get_global_grad_norm()))
+        return {"losses": losses, "norms": norms}
+    model = reference_model(specs)
+    engine, *_ = deepspeed.initialize(model=model, config=case.ds_config())
+    rank_dp = engine.parallel.coords.dp if hasattr(engine, "parallel") else dist.get_rank()
+    stream = iter(microbatches(case.gas * case.steps * dp)[rank_dp::dp])
+    losses, norms = [], []
+    for _ in range(case.steps):
+        total = torch.zeros(1)
+        for _ in range(case.gas):
+            x, y = next(stream)
+            loss = nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / case.gas
+        dist.all_reduce(total, group=engine.comm.group)
+        losses.append(float(total) / dp)
+        norms.append(float(engine.get_global_grad_norm()))
+    return {"losses": losses, "norms": norms}
+
+
+def reference_run(case: Case, world: int) -> dict[str, list[float]]:
+    """One process, the whole global batch per step (every replica's micro-batches): losses
+    and the pre-clipping global gradient norms."""
+    dp = world // (case.pp * case.tp)
+    model = reference_model(layer_specs(tied=case.tied))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    data = microbatches(case.gas * case.steps * dp)
+    streams = [iter(data[d::dp]) for d in range(dp)]
+    losses, norms = [], []
+    for _ in range(case.steps):
+        opt.zero_grad()
+        total = 0.0
+        for stream in streams:
+            for _ in range(case.gas):
+                x, y = next(stream)
+                loss = nn.functional.mse_loss(model(x), y)
+                (loss / (case.gas * dp)).backward()
+                total += loss.item() / (case.gas * dp)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        opt.step()
+        losses.append(total)
+    return {"losses": losses, "norms": norms}
