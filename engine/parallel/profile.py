@@ -55,6 +55,8 @@ def time_layers(
             if i:  # the first run warms caches and allocators up
                 samples.append(time.perf_counter() - t0)
         times.append(statistics.median(samples))
+        for p in getattr(fn, "parameters", lambda: [])():
+            p.grad = None  # the layer's real parameters: leave no gradient behind
         x = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in _as_tuple(out))
         x = x if isinstance(out, tuple) else x[0]
     return times
