@@ -54,7 +54,10 @@ def _plan(rows: dict[int, list[str]]) -> Any:
     from torch.distributed.pipelining.schedules import _Action
 
     class Schedule:
-        pipeline_order = {r: [_Action.from_str(a) if a else None for a in acts] for r, acts in rows.items()}
+        def __init__(self) -> None:
+            self.pipeline_order = {
+                r: [_Action.from_str(a) if a else None for a in acts] for r, acts in rows.items()
+            }
 
     return Schedule()
 
@@ -79,7 +82,7 @@ def test_pipeline_and_tensor_parallel_blocks() -> None:
     )
     assert cfg.pipeline.schedule == "1f1b" and cfg.pipeline.activation_checkpoint_interval == 2
     assert cfg.tensor_parallel.size == 1
-    with pytest.raises(ConfigError, match="pipeline.schedul"):
+    with pytest.raises(ConfigError, match=r"pipeline\.schedul"):
         load_config({**base, "pipeline": {"schedul": "gpipe"}}, dp_world_size=1)
     with pytest.raises(ConfigError, match="partition_config must be an object"):
         load_config({**base, "tensor_parallel": {"partition_config": [1]}}, dp_world_size=1)
@@ -90,7 +93,7 @@ def test_layer_spec_accepts_modules_only() -> None:
 
     assert isinstance(LayerSpec(nn.Linear, 2, 3, bias=False).build(), nn.Linear)
     assert repr(LayerSpec(nn.Linear, 2, 3, bias=False)) == "Linear(2, 3, bias=False)"
-    with pytest.raises(RuntimeError, match="only supports torch.nn.Module"):
+    with pytest.raises(RuntimeError, match=r"only supports torch\.nn\.Module"):
         LayerSpec(torch.tanh)  # type: ignore[arg-type]
 
 
