@@ -201,18 +201,6 @@ def initialize(
         scheduler = lr_scheduler(zero_opt)
 
     reporter = Reporter(tel)
-    psi, padded = strategy.param_counts()
-    reporter.hello(
-        cfg=cfg,
-        dp_world_size=comm.world_size,
-        optimizer=zero_opt.name,
-        total=total,
-        psi=psi,
-        padded=padded,
-        largest=largest,
-        persistent=getattr(strategy, "persistent_numel", 0),
-        device=device,
-    )
     engine_class: type[ZeroEngine] = ZeroEngine
     extra: dict[str, Any] = {}
     if parallel is not None:
@@ -227,6 +215,20 @@ def initialize(
         comm=comm,
         reporter=reporter,
         scaler=make_loss_scaler(cfg.precision, cfg.fp16),
+        device=device,
+    )
+    # After the engine: a model-parallel engine has told the agent its layout by now, so the
+    # one Hello carries it.
+    psi, padded = strategy.param_counts()
+    reporter.hello(
+        cfg=cfg,
+        dp_world_size=comm.world_size,
+        optimizer=zero_opt.name,
+        total=total,
+        psi=psi,
+        padded=padded,
+        largest=largest,
+        persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
     )
     loader = None

@@ -106,14 +106,17 @@ def _max(a: int | None, b: int | None) -> int | None:
 def summarize(path: Path) -> dict[str, Any]:
     """Per-rank and total aggregates of a trace (raises TraceError for a bad file)."""
     from zeroscope.agent.schema import StepReport
+    from zeroscope.state.pipeline import PipelineRun, parallel_fields
     from zeroscope.trace import TraceReader
 
     with TraceReader(path) as reader:
         hellos = reader.hellos()
         ranks: dict[int, RankSummary] = {h.rank: RankSummary(rank=h.rank) for h in hellos}
+        pipeline = PipelineRun(hellos)
         for msg in reader.messages(kinds=["step"]):
             if isinstance(msg, StepReport):
                 ranks.setdefault(msg.rank, RankSummary(rank=msg.rank)).add(msg)
+                pipeline.add(msg)
         job_id = reader.job_id
         steps = reader.steps()
         events = reader.count("event")
@@ -128,13 +131,20 @@ def summarize(path: Path) -> dict[str, Any]:
         total._comm_bytes / steps_max if steps_max and total._collectives else None
     )
     total.steps = steps_max
+    hello_of = {h.rank: h for h in hellos}
     return {
         "trace": str(path),
         "job_id": job_id,
         "world_size": hellos[0].world_size if hellos else len(per_rank),
         "step_range": list(steps) if steps else None,
         "events": events,
-        "ranks": [r.public() for r in per_rank],
+        "ranks": [
+            {
+                **r.public(),
+                **parallel_fields(hello_of.get(r.rank), r.rank or 0, pipeline),
+            }
+            for r in per_rank
+        ],
         "total": total.public(),
     }
 
