@@ -32,6 +32,7 @@ class ClusterScreen(StateScreen):
 
     def __init__(self) -> None:
         super().__init__(name="cluster")
+        self._grouped = False
         self._view: str | None = None
         """"table" or "heatmap" once the user chose; None = automatic (heatmap if rows don't fit)."""
 
@@ -72,7 +73,12 @@ class ClusterScreen(StateScreen):
         alerts = self.zapp.alerts()
         rows = rank_rows(state, flags_from_alerts(state, alerts))
         self.query_one(ClusterHeader).show(state, self.zapp.status_text())
-        self.query_one(RankTable).set_rows(rows)
+        table = self.query_one(RankTable)
+        if not self._grouped and any(row.mesh is not None for row in rows):
+            self._grouped = True  # a 3D-parallel job: rows grouped by stage, replica, shard
+            if table.sort_key == "rank":
+                table.sort_key = "mesh"
+        table.set_rows(rows)
         self.query_one(RankHeatmap).set_rows(rows)
         self.query_one(AlertsStrip).show(alerts)
         self._choose_view()

@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from zeroscope.state import RankState, units
+from zeroscope.state.pipeline import role
 
 from .base import StateScreen
 from .charts import PART_STYLES, sparkline, timeline
@@ -72,6 +73,9 @@ class RankScreen(StateScreen):
             return text.append("  (no data yet)")
         if rs.hello:
             text.append(f" · {rs.hello.hostname or 'NA'} pid {rs.hello.pid} · {rs.hello.device}")
+            where = role(rs.hello)
+            if where:
+                text.append(f" · {where}", style="bold")
         s = rs.summary
         if s is not None:
             slow = self.state.slowness(self.rank)
