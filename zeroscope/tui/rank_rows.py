@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from zeroscope.state import ClusterState
 from zeroscope.state.pipeline import layout_of
 
-SORT_KEYS = ("rank", "mesh", "memory", "step", "slowness", "exposed", "offload")
+SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
+"""``mesh`` (pp, dp, tp) is offered only for jobs that report a 3D layout."""
 
 
 @dataclass(slots=True)

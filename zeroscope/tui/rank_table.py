@@ -107,8 +107,9 @@ class RankTable(Widget, can_focus=True):
             self.post_message(self.Selected(rank))
 
     def action_cycle_sort(self) -> None:
-        i = (SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)
-        self.sort_key = SORT_KEYS[i]
+        keys = SORT_KEYS if any(r.mesh for r in self._rows) else SORT_KEYS[:-1]
+        i = (keys.index(self.sort_key) + 1) % len(keys) if self.sort_key in keys else 0
+        self.sort_key = keys[i]
         self.descending = self.sort_key not in ("rank", "mesh")  # biggest / slowest first
 
     # -- drawing -------------------------------------------------------------------------
