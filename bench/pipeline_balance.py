@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "imbalance": median(imbalance),
         }
     base = table["parameters"]
-    for name, row in table.items():
+    for row in table.values():
         row["span_ratio"] = paired_ratio(row["span"], base["span"])
         row["bubble_ratio"] = paired_ratio(row["bubble"], base["bubble"])
         row["span_s"], row["bubble_fraction"] = median(row["span"]), median(row["bubble"])

@@ -135,8 +135,12 @@ def run_case(case: Case, world: int) -> dict[str, list[float]]:
     import torch.distributed as dist
 
     import zeroscope.engine.api as deepspeed
+    from tests.recorder import RecordingTelemetry
+    from zeroscope.agent.api import set_telemetry
     from zeroscope.engine.parallel.pipe import PipelineModule, PipeModelDataParallelTopology
 
+    recorder = RecordingTelemetry()
+    set_telemetry(recorder)
     dp = world // (case.pp * case.tp)
     specs = layer_specs(tied=case.tied)
     if case.pp > 1:
@@ -157,7 +161,7 @@ def run_case(case: Case, world: int) -> dict[str, list[float]]:
         for _ in range(case.steps):
             losses.append(float(engine.train_batch(stream)))
             norms.append(float(engine.get_global_grad_norm()))
-        return {"losses": losses, "norms": norms}
+        return {"losses": losses, "norms": norms, "tp": _tp_ops(recorder)}
     model = reference_model(specs)
     engine, *_ = deepspeed.initialize(model=model, config=case.ds_config())
     rank_dp = engine.parallel.coords.dp if hasattr(engine, "parallel") else dist.get_rank()
@@ -174,7 +178,19 @@ def run_case(case: Case, world: int) -> dict[str, list[float]]:
         dist.all_reduce(total, group=engine.comm.group)
         losses.append(float(total) / dp)
         norms.append(float(engine.get_global_grad_norm()))
-    return {"losses": losses, "norms": norms}
+    return {"losses": losses, "norms": norms, "tp": _tp_ops(recorder)}
+
+
+def _tp_ops(recorder: Any) -> list[dict[str, int]]:
+    """Per step: the tensor-parallel collectives reported (label ``tp``), counted by op."""
+    out = []
+    for step in recorder.steps:
+        counts: dict[str, int] = {}
+        for c in step.collectives:
+            if c.label == "tp":
+                counts[c.op] = counts.get(c.op, 0) + 1
+        out.append(counts)
+    return out
 
 
 def reference_run(case: Case, world: int) -> dict[str, list[float]]:
@@ -232,3 +248,82 @@ class Sleep(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Sleep.apply(x * self.scale, self.seconds)
+
+
+# -- a model nobody here wrote: a tiny Hugging Face Llama, tensor-parallel by its own plan -----
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _tokens(n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 64, (2, 9), generator=g) for _ in range(n)]
+
+
+LLAMA_STEPS, LLAMA_GAS = 3, 2
+
+
+def run_llama(world: int) -> dict[str, list[float]]:
+    """dp x tp2 on the model's own ``_tp_plan`` (ZeRO-2): data-parallel mean loss per step."""
+    import torch.distributed as dist
+
+    import zeroscope.engine.api as deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": LLAMA_GAS,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": 2},
+        "tensor_parallel": {"autotp_size": 2},
+    }
+    engine, *_ = deepspeed.initialize(model=_llama(), config=config)
+    dp = world // 2
+    stream = iter(_tokens(LLAMA_STEPS * LLAMA_GAS * dp)[engine.parallel.coords.dp :: dp])
+    losses = []
+    for _ in range(LLAMA_STEPS):
+        total = torch.zeros(1)
+        for _ in range(LLAMA_GAS):
+            ids = next(stream)
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / LLAMA_GAS
+        dist.all_reduce(total, group=engine.comm.group)
+        losses.append(float(total) / dp)
+    return {"losses": losses}
+
+
+def reference_llama(world: int) -> list[float]:
+    dp = world // 2
+    model = _llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    data = _tokens(LLAMA_STEPS * LLAMA_GAS * dp)
+    streams = [iter(data[d::dp]) for d in range(dp)]
+    losses = []
+    for _ in range(LLAMA_STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for stream in streams:
+            for _ in range(LLAMA_GAS):
+                ids = next(stream)
+                loss = model(input_ids=ids, labels=ids).loss
+                (loss / (LLAMA_GAS * dp)).backward()
+                total += loss.item() / (LLAMA_GAS * dp)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(total)
+    return losses

@@ -12,10 +12,12 @@ above 1), so a wrong norm would also change the losses.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.distributed import run_ranks
-from tests.pipeline_support import Case, reference_run, run_case
+from tests.pipeline_support import Case, reference_llama, reference_run, run_case, run_llama
 
 CASES_4 = [
     Case("pp2-dp2-zero0", stage=0),
@@ -35,8 +37,11 @@ CASES_8 = [
 ]
 
 
-def train_all(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, list[float]]]:
-    return {case.name: run_case(case, world) for case in cases}
+def train_all(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {case.name: run_case(case, world) for case in cases}
+    if world == 4:
+        out["hf-llama-tp2"] = run_llama(world)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +74,21 @@ def test_four_ranks_match_one_process(case: Case, world4: list) -> None:
 @pytest.mark.parametrize("case", CASES_8, ids=lambda c: c.name)
 def test_eight_ranks_dp_pp_tp_match_one_process(case: Case, world8: list) -> None:
     _check(case, world8, 8)
+
+
+def test_hugging_face_llama_tensor_parallel_by_its_own_plan(world4: list) -> None:
+    """A model nobody here wrote: LlamaForCausalLM's own tp plan (vocabulary-sharded
+    embedding, column/row attention and MLP, gathered lm_head), dp2 x tp2 at ZeRO-2."""
+    expected = reference_llama(4)
+    for ranks in world4:
+        assert ranks["hf-llama-tp2"]["losses"] == pytest.approx(expected, abs=5e-6)
+
+
+@pytest.mark.parametrize("name", ["tp2-dp2-zero1", "tp2-dp2-zero2"])
+def test_tensor_parallel_all_reduces_are_reported(name: str, world4: list) -> None:
+    """Megatron's f/g pair: per block and micro-batch, one all-reduce of the row-parallel
+    output in forward and one of the column-parallel input gradient in backward, except for the
+    first block, whose input (the data) needs no gradient: (4 + 3) x 4 micro-batches = 28 per
+    step, each reported with label "tp"."""
+    for ranks in world4:
+        assert ranks[name]["tp"] == [{"all_reduce": 28}] * 3

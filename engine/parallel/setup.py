@@ -68,7 +68,7 @@ class ParallelContext:
         remap = apply_tensor_parallel(model, self.mesh.device_mesh["tp"], plan)
         from .tp_probe import install_tp_probe
 
-        install_tp_probe(self.tel, self.coords.tp_size)
+        install_tp_probe(self.coords.tp_size)
         if optimizer is not None:
             for group in optimizer.param_groups:
                 group["params"] = [remap.get(id(p), p) for p in group["params"]]

@@ -28,18 +28,33 @@ from torch import nn
 
 from zeroscope.engine.config import ConfigError
 
-_STYLES = {"colwise": "col", "column": "col", "rowwise": "row", "row": "row"}
+_STYLES = {
+    "colwise": "col",
+    "column": "col",
+    "rowwise": "row",
+    "row": "row",
+    "colwise_rep": "col_rep",
+    "colwise_gather_output": "col_rep",
+    "embedding_rowwise": "row_rep",
+}
+"""DeepSpeed's partition types and Hugging Face's plan words -> styles (``col_rep``: the
+column-parallel output is all-gathered back to whole, e.g. an lm_head's logits; ``row_rep``: a
+row-parallel module fed the whole input, e.g. a vocabulary-sharded embedding)."""
 
 
 def _style(kind: str, where: str) -> Any:
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     short = _STYLES.get(str(kind).lower())
     if short is None:
         raise ConfigError(
-            f"{where}: tensor-parallel style {kind!r} is not supported (column/colwise, "
-            f"row/rowwise)"
+            f"{where}: tensor-parallel style {kind!r} is not supported ({', '.join(_STYLES)})"
         )
+    if short == "col_rep":
+        return ColwiseParallel(output_layouts=Replicate())
+    if short == "row_rep":
+        return RowwiseParallel(input_layouts=Replicate())
     return ColwiseParallel() if short == "col" else RowwiseParallel()
 
 
@@ -70,15 +85,14 @@ def plan_from_layer_specs(model: nn.Module, specs: list[Mapping[str, Any]]) -> d
 
 
 def model_plan(model: nn.Module) -> dict[str, Any] | None:
-    """A Hugging Face model's own plan (``_tp_plan``, else ``config.base_model_tp_plan`` under
-    the base model's prefix), or None."""
-    plan = getattr(model, "_tp_plan", None)
-    if not plan:
-        base = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
-        prefix = getattr(model, "base_model_prefix", "")
-        if base:
-            inner = prefix and hasattr(model, prefix)
-            plan = {(f"{prefix}.{k}" if inner else k): v for k, v in base.items()}
+    """A Hugging Face model's own plan: ``config.base_model_tp_plan`` (under the base model's
+    prefix) plus the head's ``_tp_plan``; None when the model carries neither."""
+    plan: dict[str, str] = {}
+    base = getattr(getattr(model, "config", None), "base_model_tp_plan", None) or {}
+    prefix = getattr(model, "base_model_prefix", "")
+    inner = bool(prefix) and isinstance(getattr(model, prefix, None), nn.Module)
+    plan.update({(f"{prefix}.{k}" if inner else k): v for k, v in base.items()})
+    plan.update(getattr(model, "_tp_plan", None) or {})
     if not plan:
         return None
     return {path: _style(kind, f"model tp plan {path!r}") for path, kind in plan.items()}
@@ -174,8 +188,15 @@ class LocalParam:
 
     @property
     def grad(self) -> torch.Tensor | None:
-        g = self.param.grad
-        return None if g is None else g._local_tensor
+        p = self.param
+        g = p.grad
+        if g is None:
+            return None
+        if tuple(g.placements) != tuple(p.placements):
+            # autograd may hand back a differently laid-out gradient (e.g. whole, for a
+            # vocabulary-sharded weight): lay it out like the parameter, once
+            g = p.grad = g.redistribute(p.device_mesh, p.placements)
+        return g._local_tensor
 
     @grad.setter
     def grad(self, value: torch.Tensor | None) -> None:

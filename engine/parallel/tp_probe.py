@@ -4,7 +4,8 @@ DTensor issues its collectives through ``torch.distributed._functional_collectiv
 (``all_reduce`` for a row-parallel output or a column-parallel input gradient, and
 ``reduce_scatter_single`` / ``all_gather_single`` for sequence-sharded layouts); placement code
 looks them up on that module at call time, so wrapping the module's functions sees every one.
-Installed only while a live agent is reporting.
+Installed once a tensor-parallel engine is built; each call reports to the process's current
+reporter, and costs one attribute check when nothing is watching.
 
 A functional collective returns at once and is waited for where its result is first used, which
 inside DTensor is the very next op; the wrapper waits at issue instead (``wait_tensor``: on
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from zeroscope.agent.api import Telemetry
+from zeroscope.agent import api
 
 _WRAPPED = ("all_reduce", "reduce_scatter_single", "all_gather_single")
 _OPS = {
@@ -41,22 +42,25 @@ class _Pending:
         return funcol.wait_tensor(self.tensor)
 
 
-def install_tp_probe(tel: Telemetry, group_size: int) -> None:
-    """Report every functional collective of this process to ``tel`` (idempotent)."""
+def install_tp_probe(group_size: int) -> None:
+    """Report every functional collective of this process to the agent (idempotent)."""
     from torch.distributed import _functional_collectives as funcol
 
-    if not tel.enabled or getattr(funcol, "_zeroscope_probe", False):
+    if getattr(funcol, "_zeroscope_probe", False):
         return
     for name in _WRAPPED:
         original = getattr(funcol, name)
-        setattr(funcol, name, _wrap(original, _OPS[name], tel, group_size))
+        setattr(funcol, name, _wrap(original, _OPS[name], group_size))
     funcol._zeroscope_probe = True  # type: ignore[attr-defined]
 
 
-def _wrap(original: Any, op: Any, tel: Telemetry, group_size: int) -> Any:
+def _wrap(original: Any, op: Any, group_size: int) -> Any:
     @functools.wraps(original)
     def collective(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(tensor, *args, **kwargs)
+        tel = api.telemetry()
+        if not tel.enabled:
+            return out
         try:
             size = out if op == "all_gather" else tensor  # nccl-tests: the full size
             nbytes = size.numel() * size.element_size()
