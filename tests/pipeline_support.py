@@ -327,3 +327,72 @@ def reference_llama(world: int) -> list[float]:
         opt.step()
         losses.append(total)
     return losses
+
+
+# -- DeepSpeed's mpu: the user parallelizes the model and hands the engine its groups ---------
+
+
+class MeshMpu:
+    """A Megatron-style ``mpu`` over a user's (dp, tp) DeviceMesh."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    def get_data_parallel_group(self) -> Any:
+        return self.mesh.get_group("dp")
+
+    def get_data_parallel_rank(self) -> int:
+        return int(self.mesh.get_local_rank("dp"))
+
+    def get_data_parallel_world_size(self) -> int:
+        return int(self.mesh.size(0))
+
+    def get_model_parallel_group(self) -> Any:
+        return self.mesh.get_group("tp")
+
+    def get_model_parallel_rank(self) -> int:
+        return int(self.mesh.get_local_rank("tp"))
+
+    def get_model_parallel_world_size(self) -> int:
+        return int(self.mesh.size(1))
+
+
+def run_mpu(world: int, steps: int = 3, gas: int = 4) -> dict[str, list[float]]:
+    """The user's own tensor parallelism (parallelize_module on their mesh) with ``mpu=``:
+    ZeRO-2 over mpu's data-parallel group, the norm over its model-parallel group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    import zeroscope.engine.api as deepspeed
+
+    dp = world // 2
+    mesh = init_device_mesh("cpu", (dp, 2), mesh_dim_names=("dp", "tp"))
+    model = reference_model(layer_specs())
+    plan: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Block):
+            plan[f"{name}.fc1"], plan[f"{name}.fc2"] = ColwiseParallel(), RowwiseParallel()
+    parallelize_module(model, mesh["tp"], plan)
+    case = Case("mpu", pp=1, tp=2, stage=2, steps=steps, gas=gas)
+    config = {k: v for k, v in case.ds_config().items() if k != "tensor_parallel"}
+    mpu = MeshMpu(mesh)
+    engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu)
+    stream = iter(microbatches(gas * steps * dp)[mpu.get_data_parallel_rank() :: dp])
+    losses, norms = [], []
+    for _ in range(steps):
+        total = torch.zeros(1)
+        for _ in range(gas):
+            x, y = next(stream)
+            loss = nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / gas
+        dist.all_reduce(total, group=mpu.get_data_parallel_group())
+        losses.append(float(total) / dp)
+        norms.append(float(engine.get_global_grad_norm()))
+    return {"losses": losses, "norms": norms}

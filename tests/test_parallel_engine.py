@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from tests.distributed import run_ranks
-from tests.pipeline_support import Case, reference_llama, reference_run, run_case, run_llama
+from tests.pipeline_support import (
+    Case,
+    reference_llama,
+    reference_run,
+    run_case,
+    run_llama,
+    run_mpu,
+)
 
 CASES_4 = [
     Case("pp2-dp2-zero0", stage=0),
@@ -41,6 +48,7 @@ def train_all(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, A
     out: dict[str, dict[str, Any]] = {case.name: run_case(case, world) for case in cases}
     if world == 4:
         out["hf-llama-tp2"] = run_llama(world)
+        out["mpu-tp2-dp2"] = run_mpu(world)
     return out
 
 
@@ -92,3 +100,12 @@ def test_tensor_parallel_all_reduces_are_reported(name: str, world4: list) -> No
     step, each reported with label "tp"."""
     for ranks in world4:
         assert ranks[name]["tp"] == [{"all_reduce": 28}] * 3
+
+
+def test_deepspeeds_mpu_argument_with_the_users_own_tensor_parallelism(world4: list) -> None:
+    """``initialize(mpu=...)``: ZeRO over mpu's data-parallel group and the gradient norm over
+    its model-parallel group, on a model the user parallelized themselves."""
+    expected = reference_run(Case("mpu", pp=1, tp=2, stage=2), 4)
+    for ranks in world4:
+        assert ranks["mpu-tp2-dp2"]["losses"] == pytest.approx(expected["losses"], abs=5e-6)
+        assert ranks["mpu-tp2-dp2"]["norms"] == pytest.approx(expected["norms"], rel=1e-5)

@@ -85,10 +85,9 @@ class ParallelContext:
         """Does this rank's copy of ``p`` enter the replica's gradient norm?"""
         if getattr(p, "ds_pipe_replicated", False):
             return False
-        if self.user_mpu:
-            split = getattr(p, "tensor_model_parallel", False) or getattr(
-                p, "model_parallel", False
-            )
+        if self.user_mpu:  # Megatron marks its split parameters; DTensors say it themselves
+            split = getattr(p, "tensor_model_parallel", False)
+            split = split or getattr(p, "model_parallel", False) or is_sharded(p)
             return bool(split) or self.coords.tp == 0
         return self.coords.tp_size == 1 or is_sharded(p) or self.coords.tp == 0
 
