@@ -137,6 +137,10 @@ def _refusals(rank: int, world: int) -> list[str]:
         engine(torch.zeros(1, 8))
     except PipelineError as exc:
         out.append(str(exc))
+    try:
+        engine.save_checkpoint("never-written")
+    except ConfigError as exc:
+        out.append(str(exc))
     # profile: layer times 1,1,1,1,1,1,3,3 (x 20 ms) -> the only even cut is after six layers
     costs = [1, 1, 1, 1, 1, 1, 3, 3]
     net = PipelineModule(
@@ -152,11 +156,12 @@ def _refusals(rank: int, world: int) -> list[str]:
 def test_refusals_and_profile_partition() -> None:
     results = run_ranks(_refusals, 2, timeout=300)
     assert results[0] == results[1]
-    zb, interleaved_v1, single_v2, unknown, tp_stage3, forward, parts = results[0]
+    zb, interleaved_v1, single_v2, unknown, tp_stage3, forward, checkpoint, parts = results[0]
     assert "weight gradients outside autograd" in zb and "stage 3" in zb
     assert "needs PipelineModule(virtual_stages>=2" in interleaved_v1
     assert "runs one stage per rank" in single_v2
     assert "pipeline.schedule 'nonesuch' is not one of" in unknown
     assert "ZeRO stage 3 with tensor parallelism is not supported" in tp_stage3
     assert forward == "Only train_batch() is accessible in pipeline mode."
+    assert "checkpoints of pipeline- or tensor-parallel runs are not supported yet" in checkpoint
     assert parts == repr([0, 6, 8])

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zeroscope.engine.config import ConfigError
 from zeroscope.engine.engine import ZeroEngine
 from zeroscope.engine.precision import local_overflow
 
@@ -71,3 +72,21 @@ class ParallelEngine(ZeroEngine):
 
     def get_model_parallel_world_size(self) -> int:
         return self.parallel.coords.tp_size
+
+    # -- not yet: checkpoints hold one model replica's files, and every stage / shard would
+    # write the same names (DeepSpeed writes one file per layer and model-parallel rank) -----
+
+    def save_checkpoint(self, save_dir: str, *args: Any, **kwargs: Any) -> bool:
+        raise ConfigError(_NO_CHECKPOINTS)
+
+    def load_checkpoint(self, load_dir: str, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(_NO_CHECKPOINTS)
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+        raise ConfigError(_NO_CHECKPOINTS)
+
+
+_NO_CHECKPOINTS = (
+    "checkpoints of pipeline- or tensor-parallel runs are not supported yet (each stage and "
+    "tensor shard holds a different part of the model; DeepSpeed's per-layer layout is not built)"
+)
