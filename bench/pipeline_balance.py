@@ -54,7 +54,9 @@ UNIT_S = 0.02
 tensor overhead of a layer (a few ms on a loaded 2-core box) does not blur the 3:1 costs."""
 
 
-class _Wait(torch.autograd.Function):
+class Wait(torch.autograd.Function):
+    """Identity whose forward and backward each sleep ``seconds``: work of a known duration."""
+
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
         ctx.seconds = seconds
@@ -77,7 +79,7 @@ class Repeated(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.work == "sleep":
-            return _Wait.apply(torch.tanh(self.linear(x)), UNIT_S * self.repeats)
+            return Wait.apply(torch.tanh(self.linear(x)), UNIT_S * self.repeats)
         for _ in range(self.repeats):
             x = torch.tanh(self.linear(x))
         return x

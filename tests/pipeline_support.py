@@ -217,29 +217,10 @@ def reference_run(case: Case, world: int) -> dict[str, list[float]]:
     return {"losses": losses, "norms": norms}
 
 
-class _Sleep(torch.autograd.Function):
-    """Identity whose forward and backward each take a known wall time (a stand-in for a
-    layer's compute that is immune to CPU contention: sleeping needs no core)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
-        import time
-
-        ctx.seconds = seconds
-        time.sleep(seconds)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        import time
-
-        time.sleep(ctx.seconds)
-        return grad, None
-
-
 class Sleep(nn.Module):
-    """A layer of ``seconds`` forward and ``seconds`` backward, with one parameter so the
-    stage has something to train."""
+    """A layer of ``seconds`` forward and ``seconds`` backward (a stand-in for compute that is
+    immune to CPU contention: sleeping needs no core), with one parameter so the stage has
+    something to train."""
 
     def __init__(self, seconds: float, width: int = WIDTH) -> None:
         super().__init__()
@@ -247,7 +228,9 @@ class Sleep(nn.Module):
         self.scale = nn.Parameter(torch.ones(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Sleep.apply(x * self.scale, self.seconds)
+        from bench.pipeline_balance import Wait
+
+        return Wait.apply(x * self.scale, self.seconds)
 
 
 # -- a model nobody here wrote: a tiny Hugging Face Llama, tensor-parallel by its own plan -----

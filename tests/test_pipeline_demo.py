@@ -5,26 +5,11 @@ its trace: each rank's mesh coordinates and pipeline figures, from the engine's 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _zeroscope(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "zeroscope", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.test_run import ROOT, _zeroscope
 
 
 @pytest.mark.slow
@@ -42,6 +27,7 @@ def test_demo_pipeline_variant_runs_and_its_trace_has_the_pipeline(tmp_path: Pat
         "--steps",
         "4",
         cwd=tmp_path,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [line for line in run.stdout.splitlines() if line.startswith("step ")]

@@ -106,7 +106,7 @@ def _max(a: int | None, b: int | None) -> int | None:
 def summarize(path: Path) -> dict[str, Any]:
     """Per-rank and total aggregates of a trace (raises TraceError for a bad file)."""
     from zeroscope.agent.schema import StepReport
-    from zeroscope.state.pipeline import PipelineRun, parallel_fields
+    from zeroscope.state.mesh import PipelineRun, parallel_fields
     from zeroscope.trace import TraceReader
 
     with TraceReader(path) as reader:

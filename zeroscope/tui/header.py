@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from zeroscope.state import ClusterState, units
-from zeroscope.state.pipeline import mesh_shape
+from zeroscope.state.mesh import mesh_shape
 
 
 def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from zeroscope.state import RankState, units
-from zeroscope.state.pipeline import role
+from zeroscope.state.mesh import role
 
 from .base import StateScreen
 from .charts import PART_STYLES, sparkline, timeline
