@@ -193,3 +193,35 @@ def test_pipeline_screen_and_mesh_grouped_cluster_view() -> None:
             assert "stage 0/3 · tp 0/1 · dp 0/1" in text(app)
 
     asyncio.run(run())
+
+
+def test_live_agent_carries_the_layout_in_hello_and_the_pipeline_in_its_step() -> None:
+    from zeroscope.agent.live import LiveTelemetry
+    from zeroscope.agent.publish import Publisher
+    from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
+    from zeroscope.collector import Collector, wait_for
+
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    layout = ParallelLayout(pp=1, pp_size=2, schedule="Schedule1F1B", microbatches=4)
+    step = PipelineStep(step_s=0.5, actions=[StageAction("F", 1, 0, 0.1, 0.2)], p2p_wait_s=0.1)
+    with col:
+        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="t", sample_interval=0.2)
+        tel.layout(layout)  # before hello: the one Hello carries it
+        tel.hello(
+            config=ConfigSummary(stage=1, precision="fp32", dp_world_size=1),
+            params=ParamCounts(total=1, trainable=1),
+        )
+        assert wait_for(lambda: any(isinstance(m, Hello) for m in got))  # connected
+        tel.pipeline(step)
+        tel.step_end(memory=MemoryBytes())
+        tel.step_end(memory=MemoryBytes())
+        assert wait_for(lambda: len([m for m in got if isinstance(m, StepReport)]) == 2)
+        tel.layout(ParallelLayout(pp=1, pp_size=2, tp=1, tp_size=2))  # after: sent again
+        assert wait_for(lambda: len([m for m in got if isinstance(m, Hello)]) == 2)
+        tel.close()
+    hellos = [m for m in got if isinstance(m, Hello)]
+    assert hellos[0].parallel == layout and hellos[1].parallel.tp_size == 2  # type: ignore[union-attr]
+    first, second = [m for m in got if isinstance(m, StepReport)]
+    assert first.pipeline == step and second.pipeline is None
