@@ -33,6 +33,17 @@ CASES_4 = [
     Case("pp2-dp2-zero3", stage=3),
     Case("pp2-dp2-zero2-tied", stage=2, tied=True),
     Case("pp2-dp2-zero3-gpipe", stage=3, schedule="gpipe"),
+    Case(
+        "pp2-dp2-zero3-offload",
+        stage=3,
+        extra={
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_param_persistence_threshold": 0,
+                "offload_optimizer": {"device": "cpu", "pin_memory": False},
+            }
+        },
+    ),
     Case("pp2-dp2-zero1-interleaved", stage=1, schedule="interleaved_1f1b", virtual=2),
     Case("pp2-dp2-zero2-zbv", stage=2, schedule="zbv_zero_bubble", virtual=2, placement="v"),
     Case("tp2-dp2-zero1", pp=1, tp=2, stage=1),

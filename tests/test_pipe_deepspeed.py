@@ -1,8 +1,10 @@
 """DeepSpeed 0.19.8 is the oracle for the pipeline API: tests/scripts/pipe_tutorial.py (LayerSpecs,
-a lambda layer, ``train_batch()`` fed by ``training_data``, ZeRO-0, 2 stages on 2 gloo ranks)
+a lambda layer, ``train_batch()`` fed by ``training_data``, then ``eval_batch()`` on held-out
+micro-batches; ZeRO-0, 2 stages on 2 gloo ranks)
 runs under real DeepSpeed's PipelineModule/PipelineEngine on CPU, and again with only its two
 deepspeed imports rewritten to the bundled engine. The stage boundaries and every step's loss
-must be equal (same partition, same data order, same averaging over micro-batches).
+and the evaluation loss must be equal (same partition, same data order, same averaging over
+micro-batches).
 """
 
 from __future__ import annotations
@@ -53,4 +55,5 @@ def test_tutorial_script_matches_deepspeed_with_only_imports_changed(tmp_path: P
     theirs = _torchrun(SCRIPT, tmp_path / "deepspeed.json")
     assert ours["parts"] == theirs["parts"]
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=0, abs=1e-6)
+    assert ours["eval"] == pytest.approx(theirs["eval"], rel=0, abs=1e-6)  # eval_batch()
     assert theirs["losses"][0] != theirs["losses"][-1]  # it trained

@@ -71,9 +71,12 @@ def main():
         config=config,
     )
     losses = [float(engine.train_batch()) for _ in range(args.steps)]
+    held_out = torch.utils.data.DataLoader(dataset(n=16, seed=8), batch_size=2)
+    eval_loss = float(engine.eval_batch(data_iter=iter(held_out)))
     if args.out and engine.global_rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses, "parts": [int(p) for p in net.parts]}, f)
+            parts = [int(p) for p in net.parts]
+            json.dump({"losses": losses, "eval": eval_loss, "parts": parts}, f)
 
 
 if __name__ == "__main__":
