@@ -32,6 +32,7 @@ CASES_4 = [
     Case("pp2-dp2-zero2", stage=2),
     Case("pp2-dp2-zero3", stage=3),
     Case("pp2-dp2-zero2-tied", stage=2, tied=True),
+    Case("pp2-dp2-zero3-tied", stage=3, tied=True),
     Case("pp2-dp2-zero3-gpipe", stage=3, schedule="gpipe"),
     Case(
         "pp2-dp2-zero3-offload",

@@ -224,9 +224,10 @@ class PipelineEngine(ParallelEngine):
         try:
             with probe.step() as times:
                 self._run(schedule, m, train=True)
+            # before the release: stage 3 takes the held gradients out of param.grad
+            self.module.allreduce_tied_weight_gradients()
         finally:
             self.strategy.hold_reductions(False)
-        self.module.allreduce_tied_weight_gradients()
         with self.reporter.phase("backward"):
             self.strategy.begin_micro_step(boundary=True)
             self.strategy.end_micro_step()
