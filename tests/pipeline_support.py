@@ -128,7 +128,7 @@ class Case:
         return cfg
 
 
-def run_case(case: Case, world: int) -> dict[str, list[float]]:
+def run_case(case: Case, world: int) -> dict[str, Any]:
     """Inside a rank: train ``case`` (a PipelineModule when pp > 1, else engine(x) /
     backward / step on an nn.Sequential); the data-parallel mean loss and the engine's global
     gradient norm of each step."""
@@ -161,7 +161,14 @@ def run_case(case: Case, world: int) -> dict[str, list[float]]:
         for _ in range(case.steps):
             losses.append(float(engine.train_batch(stream)))
             norms.append(float(engine.get_global_grad_norm()))
-        return {"losses": losses, "norms": norms, "tp": _tp_ops(recorder)}
+        executed = [f"{a.stage}{a.kind}{a.microbatch}" for a in recorder.pipelines[-1].actions]
+        return {
+            "losses": losses,
+            "norms": norms,
+            "tp": _tp_ops(recorder),
+            "plan": list(recorder.layouts[-1].plan),
+            "executed": executed,
+        }
     model = reference_model(specs)
     engine, *_ = deepspeed.initialize(model=model, config=case.ds_config())
     rank_dp = engine.parallel.coords.dp if hasattr(engine, "parallel") else dist.get_rank()
