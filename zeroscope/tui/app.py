@@ -54,7 +54,7 @@ class ZeroscopeApp(App[str]):
         Binding("m", "show('memory')", "memory"),
         Binding("c", "show('comm')", "comm"),
         Binding("l", "show('loss_scale')", "loss scale"),
-        Binding("p", "show('pipeline')", "pipeline"),
+        Binding("p", "show('pipeline')", "pipeline", show=False),
         Binding("escape", "go_back", "back", show=False),
         Binding("space", "pause", "pause", show=False),
         # Replay's step keys win over a focused heatmap's cursor (check_action lets them through
