@@ -155,6 +155,10 @@ def run_case(case: Case, world: int) -> dict[str, Any]:
             stage_placement=case.placement,  # type: ignore[arg-type]
         )
         engine, *_ = deepspeed.initialize(model=net, config=case.ds_config())
+        # DeepSpeed's ranks and sizes: the job's for global_rank/world_size, ZeRO's group's for
+        # dp_world_size (a merge once gave the data-parallel group's for all three).
+        assert (engine.global_rank, engine.world_size) == (dist.get_rank(), dist.get_world_size())
+        assert engine.dp_world_size == dp
         rank_dp = engine.parallel.coords.dp
         stream = iter(microbatches(case.gas * case.steps * dp)[rank_dp::dp])
         losses, norms = [], []

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from zeroscope.engine.config_parse import REJECT_ANY, Block
+from zeroscope.engine.config_parse import Block, KeyStatus, Refused
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,6 +34,9 @@ class PipelineConfig(Block):
     TrainSchedule), ``gpipe``, ``interleaved_1f1b``, ``looped_bfs``,
     ``interleaved_zero_bubble``, ``zbv_zero_bubble``, ``dualpipev``."""
 
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+    """``"stages": "auto"`` is DeepSpeed's own default value there, not a placeholder to fill."""
+
     def __post_init__(self) -> None:
         if self.activation_checkpoint_interval < 0:
             raise ValueError(
@@ -52,11 +55,11 @@ class TensorParallelConfig(Block):
     """``{"layer_specs": [{"patterns": [regex, ...], "partition_type": "column"|"row"}]}``."""
     tp_overlap_comm: bool = False
 
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "tp": REJECT_ANY,
-        "dtype": REJECT_ANY,
-        "vocab_parallel_lm_head": None,
-        "injection_policy_tuple": None,
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "tp": Refused("AutoTP's inference-side settings are not built; use autotp_size"),
+        "dtype": Refused("the training precision comes from fp16/bf16 here; not built"),
+        "vocab_parallel_lm_head": Refused("a vocabulary-parallel lm_head is not built"),
+        "injection_policy_tuple": Refused("AutoTP injection policies are not built"),
     }
 
     def __post_init__(self) -> None:

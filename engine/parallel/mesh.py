@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from zeroscope.agent.api import Telemetry, Waitable
-from zeroscope.engine.comm import Comm
+from zeroscope.engine.process_group import Comm
 
 from .topology import AXIS_TO_MESH, ProcessTopology
 
@@ -33,8 +33,8 @@ class _Done:
 
 @dataclass(slots=True)
 class GroupComm(Comm):
-    """:class:`~zeroscope.engine.comm.Comm` over a sub-group: ``rank`` is the group rank and a
-    broadcast's ``src`` is a group rank too (``group_src``), so rank 0 of each data-parallel
+    """:class:`~zeroscope.engine.process_group.Comm` over a sub-group: ``rank`` is the group rank
+    and a broadcast's ``src`` is a group rank too (``group_src``), so rank 0 of each data-parallel
     group seeds its own replicas."""
 
     def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable:
@@ -123,13 +123,15 @@ class ParallelMesh:
     def size(self, axis: str) -> int:
         return int(getattr(self.coords, f"{axis}_size"))
 
-    def comm(self, axis: str, tel: Telemetry) -> GroupComm:
-        """A reporting Comm over ``axis``'s group (``dp`` for the ZeRO strategies)."""
+    def comm(self, axis: str, tel: Telemetry, device: torch.device) -> GroupComm:
+        """A reporting Comm over ``axis``'s group (``dp`` for the ZeRO strategies), its
+        buffers on ``device``."""
         return GroupComm(
             tel=tel,
             group=self.group(axis),
             rank=int(getattr(self.coords, axis)),
             world_size=self.size(axis),
+            device=device,
         )
 
     def ranks(self, axis: str) -> list[int]:

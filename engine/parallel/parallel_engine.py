@@ -34,6 +34,16 @@ class ParallelEngine(ZeroEngine):
         self.mpu = parallel.mpu
         self._report_layout()
 
+    @property
+    def global_rank(self) -> int:
+        """The rank in the whole job, as DeepSpeed's (``comm`` is the data-parallel group)."""
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        """Every rank of the job (DeepSpeed's ``world_size``; ``dp_world_size`` is ZeRO's)."""
+        return dist.get_world_size() if dist.is_initialized() else 1
+
     def _report_layout(self) -> None:
         self.reporter.layout(self.parallel.coords, self._pipeline_layout())
 
@@ -41,7 +51,7 @@ class ParallelEngine(ZeroEngine):
         return None
 
     def _overflow(self, grads: list[torch.Tensor]) -> bool:
-        flag = local_overflow(grads).to(grads[0].device if grads else self.device)
+        flag = local_overflow(grads, device=self.device)
         if self.strategy.sharded:
             self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
         mp = self.parallel.mp_comm

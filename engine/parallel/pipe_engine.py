@@ -50,18 +50,17 @@ class PipelineEngine(ParallelEngine):
         super().__init__(**engine_args)
         module = self.module
         assert isinstance(module, PipelineModule)
-        pipe = self.config.pipeline
+        pipe = self._config.pipeline
         if pipe.activation_checkpoint_interval > 0:
             module.activation_checkpoint_interval = pipe.activation_checkpoint_interval
-        self.micro_batches = self.config.accumulation_steps
-        self.micro_batch_size = self.config.micro_batch
+        self.micro_batches = self._config.accumulation_steps
+        self.micro_batch_size = self._config.micro_batch
         self.grid = module.mpu()
         self.num_stages = module.num_stages
         self.stage_id = module.stage_id
-        self.global_rank = module.global_rank
         self.kind = schedule_kind(pipe.schedule)
         check_placement(self.kind, module)
-        if self.kind.zero_bubble and self.config.zero_optimization.stage == 3:
+        if self.kind.zero_bubble and self._config.zero_optimization.stage == 3:
             raise ConfigError(
                 f"pipeline.schedule {pipe.schedule!r} computes weight gradients outside autograd's "
                 f"accumulation, which ZeRO stage 3's released parameters cannot take; use a "
@@ -232,7 +231,7 @@ class PipelineEngine(ParallelEngine):
             self.strategy.begin_micro_step(boundary=True)
             self.strategy.end_micro_step()
         local, agg = self._aggregate_loss(m)
-        self._loss_sum = local * self.config.accumulation_steps
+        self._loss_sum = local * self._config.accumulation_steps
         self.reporter.pipeline_step(times)
         with self.reporter.phase("optimizer"):
             self._take_model_step()

@@ -159,7 +159,7 @@ class PipelineModule(nn.Module):
         super().__init__()
         if num_stages is None and topology is None:
             raise RuntimeError("must provide num_stages or topology")
-        from zeroscope.engine.comm import init_distributed, pick_device
+        from zeroscope.engine.process_group import init_distributed, pick_device
 
         device = pick_device()
         init_distributed(device)

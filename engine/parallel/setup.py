@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroscope.agent.api import Telemetry
-from zeroscope.engine.comm import Comm
 from zeroscope.engine.config import ConfigError, DeepSpeedConfig, read_raw
 from zeroscope.engine.config_parse import read_block
+from zeroscope.engine.process_group import Comm
 
 from .config import TensorParallelConfig
 from .mesh import GroupComm, MeshCoords, ParallelMesh
@@ -127,17 +127,21 @@ class ParallelContext:
         return ParallelEngine
 
 
-def _group_comm(tel: Telemetry, group: Any) -> GroupComm:
+def _group_comm(tel: Telemetry, group: Any, device: torch.device) -> GroupComm:
     return GroupComm(
-        tel=tel, group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group)
+        tel=tel,
+        group=group,
+        rank=dist.get_rank(group),
+        world_size=dist.get_world_size(group),
+        device=device,
     )
 
 
-def _from_mpu(mpu: Any, tel: Telemetry) -> ParallelContext:
+def _from_mpu(mpu: Any, tel: Telemetry, device: torch.device) -> ParallelContext:
     """A Megatron-style ``mpu``: its data-parallel group for ZeRO, its model-parallel group
     for the norm (DeepSpeed's engine reads the same two)."""
-    dp = _group_comm(tel, mpu.get_data_parallel_group())
-    mp = _group_comm(tel, mpu.get_model_parallel_group())
+    dp = _group_comm(tel, mpu.get_data_parallel_group(), device)
+    mp = _group_comm(tel, mpu.get_model_parallel_group(), device)
     pp_size = getattr(mpu, "get_pipe_parallel_world_size", lambda: 1)()
     coords = MeshCoords(
         dp=dp.rank,
@@ -163,7 +167,7 @@ def plan_parallel(
     if mpu is not None:
         if pipeline is not None or tp > 1:
             raise ConfigError("mpu= cannot be combined with a PipelineModule or tensor_parallel")
-        return _from_mpu(mpu, tel)
+        return _from_mpu(mpu, tel, device)
     if pipeline is not None:
         mesh = pipeline.mesh
         if tp > 1 and tp != mesh.coords.tp_size:
@@ -180,10 +184,10 @@ def plan_parallel(
         return None
     return ParallelContext(
         coords=mesh.coords,
-        dp_comm=mesh.comm("dp", tel),
-        mp_comm=_group_comm(tel, mesh.model_parallel_group)
+        dp_comm=mesh.comm("dp", tel, device),
+        mp_comm=_group_comm(tel, mesh.model_parallel_group, device)
         if mesh.model_parallel_group is not None
-        else Comm(tel=tel),
+        else Comm(tel=tel, device=device),
         tel=tel,
         mesh=mesh,
         mpu=PipelineGrid(mesh),

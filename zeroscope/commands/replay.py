@@ -48,7 +48,7 @@ def replay_headless(source: TraceSource) -> int:
 
     state = ClusterState()
     reader = source.reader
-    for message in reader.hellos():
+    for message in [*reader.hellos(), *reader.admissions()]:
         state.ingest(message)
     for message in reader.messages():
         for agg in state.ingest(message):
