@@ -233,8 +233,9 @@ class PipelineEngine(ParallelEngine):
         local, agg = self._aggregate_loss(m)
         self._loss_sum = local * self._config.accumulation_steps
         self.reporter.pipeline_step(times)
+        self._step_applied = False
         with self.reporter.phase("optimizer"):
-            self._take_model_step()
+            self._take_model_step({})
         self.micro_steps += m
         self.agg_train_loss = agg
         return agg
