@@ -34,7 +34,9 @@ from .schema import (
     ConfigSummary,
     EventKind,
     MemoryBytes,
+    ParallelLayout,
     ParamCounts,
+    PipelineStep,
     TransferDirection,
 )
 
@@ -63,6 +65,13 @@ class Telemetry:
         """The rank's device, as early as it is known (before the engine's first collective,
         e.g. its init broadcasts), so those are timed on the device's clock too. ``hello``
         binds it as well for engines that never call this."""
+
+    def layout(self, layout: ParallelLayout) -> None:
+        """Once, after hello, in a tensor/pipeline-parallel job: this rank's mesh coordinates
+        and pipeline schedule (carried in Hello)."""
+
+    def pipeline(self, step: PipelineStep) -> None:
+        """Before step_end, in a pipeline-parallel job: this step's timed stage actions."""
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:

@@ -46,7 +46,9 @@ from .schema import (
     Hello,
     HostSample,
     MemoryBytes,
+    ParallelLayout,
     ParamCounts,
+    PipelineStep,
     SenderClaim,
     StepReport,
     Transfer,
@@ -124,6 +126,9 @@ class LiveTelemetry(Telemetry):
         self._collectives = CollectiveTracker(cuda=False)
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
+        self._layout: ParallelLayout | None = None
+        self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
+        self._pipeline: PipelineStep | None = None
         self._waiting: deque[PendingReport] = deque()
         self._host: HostSample | None = None
         self.sampler = Sampler(
@@ -176,6 +181,7 @@ class LiveTelemetry(Telemetry):
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
     ) -> None:
         self._hello_sent = True
+        self._hello = (config, params, device)
         self.publisher.set_sticky(
             Hello(
                 schema_version=SCHEMA_VERSION,
@@ -191,9 +197,21 @@ class LiveTelemetry(Telemetry):
                 config=config,
                 params=params,
                 engine=self.engine,
+                parallel=self._layout,
                 local_world_size=self.local_world_size,
             )
         )
+
+    def layout(self, layout: ParallelLayout) -> None:
+        try:
+            self._layout = layout
+            if self._hello_sent:  # Hello is sticky: the new one replaces it for late viewers
+                self._send_hello(*self._hello)
+        except Exception:
+            self.errors += 1
+
+    def pipeline(self, step: PipelineStep) -> None:
+        self._pipeline = step
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
@@ -327,7 +345,9 @@ class LiveTelemetry(Telemetry):
             skipped=bool(skipped),
             samples=int(samples),
             host=self._host,
+            pipeline=self._pipeline,
         )
+        self._pipeline = None
         for waiting in self._waiting:
             waiting.age += 1
         self._waiting.append(

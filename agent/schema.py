@@ -80,6 +80,30 @@ class ParamCounts(msgspec.Struct, omit_defaults=True):
     largest_layer: int = 0
 
 
+class ParallelLayout(msgspec.Struct, omit_defaults=True):
+    """A rank's place in a 3D-parallel job (tensor x data x pipeline) and, with a pipeline, the
+    schedule it runs. Sent once (in Hello); absent for plain data parallelism."""
+
+    dp: int = 0
+    pp: int = 0
+    tp: int = 0
+    dp_size: int = 1
+    pp_size: int = 1
+    tp_size: int = 1
+    schedule: str = ""
+    """torch.distributed.pipelining schedule class, e.g. ``Schedule1F1B`` ("" = no pipeline)."""
+    microbatches: int = 0
+    num_stages: int = 0
+    """Pipeline stages in all (more than pp_size with interleaved / virtual stages)."""
+    stages: list[int] = msgspec.field(default_factory=list)
+    """The stage indices this rank runs."""
+    parts: list[int] = msgspec.field(default_factory=list)
+    """Layer boundaries: stage s holds layers ``parts[s] <= i < parts[s + 1]``."""
+    plan: list[str] = msgspec.field(default_factory=list)
+    """The schedule's own plan for this rank (``pipeline_order``), compute actions in order as
+    ``"<stage><F|B|I|W><microbatch>"``; empty when torch's plan is incomplete."""
+
+
 class Hello(_Base, tag="hello"):
     """First message of a rank: who it is and what it runs."""
 
@@ -97,6 +121,7 @@ class Hello(_Base, tag="hello"):
     params: ParamCounts | None = None
     engine: str = "zeroscope"
     """Which engine reports (ours, or another through the public agent API)."""
+    parallel: ParallelLayout | None = None
     local_world_size: int = 0
     """Ranks on this rank's node (torchrun's LOCAL_WORLD_SIZE; 0 = not said): lets a viewer tell
     which node a rank that never reported belongs to."""
@@ -186,6 +211,28 @@ class Transfer(msgspec.Struct, array_like=True, gc=False):
     label: str = ""
 
 
+class StageAction(msgspec.Struct, array_like=True, gc=False):
+    """One pipeline compute action of this rank: forward (F), full backward (B), or the input-
+    (I) and weight-gradient (W) halves of a zero-bubble backward."""
+
+    kind: Literal["F", "B", "I", "W"]
+    stage: int
+    microbatch: int
+    start_s: float
+    """Seconds since the schedule step began."""
+    duration_s: float
+
+
+class PipelineStep(msgspec.Struct, omit_defaults=True):
+    """What one pipeline schedule step did on this rank."""
+
+    step_s: float
+    """Wall time of the schedule step (all micro-batches' forward and backward)."""
+    actions: list[StageAction] = msgspec.field(default_factory=list)
+    p2p_wait_s: float = 0.0
+    """Time spent waiting for activations / gradients from the neighbouring stages."""
+
+
 class HostSample(msgspec.Struct, omit_defaults=True):
     """Background sampler figures; None = absent here (e.g. no NVML), shown as NA, never 0."""
 
@@ -229,6 +276,7 @@ class StepReport(_Base, tag="step"):
     host: HostSample | None = None
     dropped: int = 0
     """Messages this rank's publisher dropped (back-pressure) since its previous report."""
+    pipeline: PipelineStep | None = None
     phase_spans: list[PhaseSpan] = msgspec.field(default_factory=list)
     """Where each phase ran within the step (empty from reporters that only give sums)."""
     collectives_unfinished: int = 0

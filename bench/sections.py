@@ -214,3 +214,41 @@ def gpu(quick: bool) -> list[Table]:
     from bench import gpu_check
 
     return gpu_check.table(gpu_check.run(quick=quick))
+
+
+def pipeline(quick: bool) -> list[Table]:
+    from bench import pipeline_balance
+
+    argv = ["--rounds", "3" if quick else "7"]
+    result = pipeline_balance.run(pipeline_balance.parser().parse_args(argv))
+    t = Table(
+        title="Pipeline stage balance: partition_method 'profile' vs 'parameters' (2 stages, "
+        "1F1B, m=4, 2 ranks, CPU, gloo)",
+        columns=[
+            "partition",
+            "stage boundaries",
+            "compute max/mean",
+            "bubble",
+            "bubble vs parameters",
+            "step span ms",
+            "span vs parameters",
+        ],
+    )
+    for name, row in result.items():
+        t.add(
+            name,
+            str(row["parts"]),
+            row["imbalance"],
+            row["bubble_fraction"],
+            row["bubble_ratio"],
+            None if row["span_s"] is None else row["span_s"] * 1e3,
+            row["span_ratio"],
+        )
+    t.note = (
+        "12 layers with equal parameters, the first four doing 3x the work, a unit of work "
+        "being a fixed 20 ms sleep so that the load on a shared machine does not blur the "
+        "stages' costs (bench/pipeline_balance.py; --work matmul for real compute). bubble = 1 - stage compute / (stages x span), the "
+        "1F1B bound for balanced stages is 0.20. Ratios are medians of per-round pairs; the "
+        "second 'parameters' row is the A/A control (noise floor)."
+    )
+    return [t]

@@ -25,6 +25,7 @@ from .engine import ZeroEngine
 from .lr_schedules import schedule_from_config
 from .offload import make_offload
 from .optim import ZeroOptimizer
+from .parallel.setup import plan_parallel
 from .precision import DTYPES, make_loss_scaler
 from .process_group import Comm, pick_device
 from .process_group import init_distributed as _init_distributed
@@ -218,8 +219,8 @@ def initialize(
     """
     if model is None:
         raise ConfigError("initialize() needs model=")
-    if mpu is not None or mesh_param is not None:
-        raise ConfigError("mpu / mesh_param (model or sequence parallelism) is not supported yet")
+    if mesh_param is not None:
+        raise ConfigError("mesh_param (sequence parallelism) is not supported yet")
     source = _config_source(args, config, config_params)
     raw = source if isinstance(source, dict) else read_raw(source)
     device = pick_device()
@@ -227,20 +228,27 @@ def initialize(
         _init_distributed(device)
     tel = telemetry()
     tel.bind_device(str(device))  # before the init broadcasts, so they are timed on the device
-    comm = Comm.data_parallel(tel, device)
+    # 3D parallelism (engine/parallel/setup.py): ZeRO over the data-parallel group only.
+    parallel = plan_parallel(model, raw, mpu, tel, device)
+    comm = parallel.dp_comm if parallel is not None else Comm.data_parallel(tel, device)
     cfg = load_config(raw, dp_world_size=comm.world_size, auto_values=auto_values)
     report_ignored(cfg, rank=comm.rank)
 
     if cfg.zero_optimization.stage < 3:  # zero.Init partitioned it; stages 0-2 keep it whole
         materialize(model)
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
+    if parallel is not None:
+        model_parameters = parallel.prepare_model(model, cfg, model_parameters, optimizer)
     groups = _param_groups(model, model_parameters, optimizer)
+    if parallel is not None:
+        groups = parallel.split_groups(groups)
     zero_opt = _optimizer(cfg, groups, optimizer)
     # Counted before the strategy is built: stage 3 leaves empty placeholders in the module.
     total, largest = sum(param_numel(p) for p in model.parameters()), largest_layer(model)
-    strategy = make_strategy(
-        module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
-    )
+    strategy_groups = [g["params"] for g in zero_opt.param_groups]
+    if parallel is not None:
+        strategy_groups = parallel.strategy_groups(strategy_groups)
+    strategy = make_strategy(module=model, groups=strategy_groups, comm=comm, config=cfg)
     strategy = make_offload(strategy, config=cfg, comm=comm)
     scheduler: Any = lr_scheduler
     if cfg.scheduler is not None:
@@ -253,6 +261,25 @@ def initialize(
         scheduler = lr_scheduler(zero_opt)
 
     reporter = Reporter(tel)
+    engine_class: type[ZeroEngine] = ZeroEngine
+    extra: dict[str, Any] = {}
+    if parallel is not None:
+        engine_class, extra = parallel.engine_class(), {"parallel": parallel}
+    engine = engine_class(
+        **extra,
+        module=model,
+        config=cfg,
+        raw_config=raw,
+        strategy=strategy,
+        optimizer=zero_opt,
+        lr_scheduler=scheduler,
+        comm=comm,
+        reporter=reporter,
+        scaler=make_loss_scaler(cfg.precision, cfg.fp16),
+        device=device,
+    )
+    # After the engine: a model-parallel engine has told the agent its layout by now, so the
+    # one Hello carries it.
     psi, padded = strategy.param_counts()
     reporter.hello(
         cfg=cfg,
@@ -265,19 +292,9 @@ def initialize(
         persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
     )
-    engine = ZeroEngine(
-        module=model,
-        config=cfg,
-        raw_config=raw,
-        strategy=strategy,
-        optimizer=zero_opt,
-        lr_scheduler=scheduler,
-        comm=comm,
-        reporter=reporter,
-        scaler=make_loss_scaler(cfg.precision, cfg.fp16),
-        device=device,
-    )
-    if training_data is not None:
+    if training_data is not None and hasattr(engine, "set_training_data"):  # a pipeline
+        engine.set_training_data(training_data, collate_fn)
+    elif training_data is not None:
         engine.training_dataloader = training_loader(
             training_data, cfg, rank=comm.rank, world_size=comm.world_size, collate_fn=collate_fn
         )

@@ -37,6 +37,7 @@ from .config_blocks import (
 from .config_keys import TOP_LEVEL_KEYS
 from .config_parse import Block, ConfigError, KeyStatus, Notes, fill_auto, read_block
 from .config_zero import AioConfig, ZeroConfig
+from .parallel.config import PipelineConfig, TensorParallelConfig
 
 __all__ = [
     "GRADIENT_CLIPPING_DEFAULT",
@@ -81,6 +82,8 @@ class DeepSpeedConfig(Block):
     data_types: DataTypesConfig = field(default_factory=DataTypesConfig)
     optimizer: OptimizerConfig | None = None
     scheduler: SchedulerConfig | None = None
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    tensor_parallel: TensorParallelConfig = field(default_factory=TensorParallelConfig)
     notes: Notes = field(default_factory=Notes, metadata={"not_a_key": True})
     """What reading found worth saying once (ignored keys); see :func:`report_ignored`."""
 

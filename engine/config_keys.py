@@ -10,9 +10,6 @@ key table is generated from these tables (``python -m zeroscope.engine.keys --ma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from .config_parse import Ignored, KeyStatus, Refused
 
 _MONITOR = Ignored(
@@ -24,14 +21,6 @@ _MONITOR = Ignored(
 def _removed(what: str) -> Refused:
     """A block DeepSpeed 0.19.8 removed (and refuses with an error); accepted here only when off."""
     return Refused(f"{what} was removed from DeepSpeed 0.19.8, which refuses this key too")
-
-
-def _tensor_parallel_off(value: Any) -> bool:
-    return (
-        isinstance(value, Mapping)
-        and set(value) <= {"autotp_size"}
-        and value.get("autotp_size", 0) in (0, 1)
-    )
 
 
 TOP_LEVEL_KEYS: dict[str, KeyStatus] = {
@@ -66,9 +55,6 @@ TOP_LEVEL_KEYS: dict[str, KeyStatus] = {
     "compile": Ignored(
         "options of DeepSpeed's engine.compile() passes (speed); this engine does not compile"
     ),
-    "pipeline": Ignored(
-        "applies only to a deepspeed.pipe.PipelineModule, which this engine does not build"
-    ),
     "use_data_before_expert_parallelism": Ignored(
         "process-group layout for mixture-of-experts expert parallelism, not built here"
     ),
@@ -98,7 +84,6 @@ TOP_LEVEL_KEYS: dict[str, KeyStatus] = {
         "autocast changes the forward's numerics and is not built; use fp16 or bf16"
     ),
     "hybrid_engine": Refused("DeepSpeed's RLHF hybrid engine is not built"),
-    "tensor_parallel": Refused("tensor parallelism is not built", harmless_if=_tensor_parallel_off),
     "expert_parallel": Refused("mixture-of-experts expert parallelism is not built"),
     "weight_quantization": Refused("quantized weights change the numbers; not built"),
     "data_efficiency": Refused(

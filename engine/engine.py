@@ -145,12 +145,7 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         # 1. this rank's averaged gradient shards
         grads = self.strategy.reduced_grads()
         # 2. overflow, agreed by every rank
-        overflow = False
-        if self._checks_overflow():
-            flag = local_overflow(grads, device=self.device)
-            if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
-                self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
-            overflow = bool(flag.item())
+        overflow = self._checks_overflow() and self._overflow(grads)
         self.optimizer.overflow = overflow
         if overflow:
             self._skip(scale)
@@ -160,12 +155,7 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         if scale != 1.0:
             for g in grads32:
                 g.mul_(1.0 / scale)
-        sq = torch.zeros(1, dtype=torch.float32, device=self.device)
-        for g in grads32:
-            sq += g.pow(2).sum()
-        if self.strategy.sharded:
-            self.comm.all_reduce(sq, label="grad_norm").wait()
-        norm = sq.sqrt()
+        norm = self._grad_norm_sq(grads32).sqrt()
         clip = self._config.gradient_clipping
         if clip > 0:
             coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
@@ -196,6 +186,24 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         self._grad_norm = norm
         self._step_applied = True
         self._finish_step(memory=memory, lr=lr, grad_norm=norm, scale=scale, overflow=False)
+
+    def _overflow(self, grads: list[torch.Tensor]) -> bool:
+        """Did any rank's gradients overflow? (engine/parallel also asks the other stages and
+        tensor shards.)"""
+        flag = local_overflow(grads, device=self.device)
+        if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
+            self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
+        return bool(flag.item())
+
+    def _grad_norm_sq(self, grads32: list[torch.Tensor]) -> torch.Tensor:
+        """Squared global L2 norm of the unscaled gradients (engine/parallel adds the other
+        stages and tensor shards)."""
+        sq = torch.zeros(1, dtype=torch.float32, device=self.device)
+        for g in grads32:
+            sq += g.pow(2).sum()
+        if self.strategy.sharded:
+            self.comm.all_reduce(sq, label="grad_norm").wait()
+        return sq
 
     def _checks_overflow(self) -> bool:
         """fp16 always; bf16 at stages 1-2 with ``bf16.check_grad_overflow`` (on by default), as

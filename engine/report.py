@@ -11,7 +11,14 @@ from typing import Any
 import torch
 
 from zeroscope.agent.api import PhaseName, Telemetry
-from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
+from zeroscope.agent.schema import (
+    ConfigSummary,
+    MemoryBytes,
+    ParallelLayout,
+    ParamCounts,
+    PipelineStep,
+    StageAction,
+)
 
 from .config import DeepSpeedConfig
 
@@ -110,3 +117,39 @@ class Reporter:
 
     def step_end(self, *, memory: MemoryBytes, **figures: Any) -> None:
         self.tel.step_end(memory=memory, **figures)
+
+    # -- 3D parallelism (engine/parallel) -----------------------------------------------------
+
+    def layout(self, coords: Any, pipeline: dict[str, Any] | None = None) -> None:
+        """This rank's mesh coordinates (a ``MeshCoords``) and pipeline schedule, once."""
+        self.tel.layout(
+            ParallelLayout(
+                dp=coords.dp,
+                pp=coords.pp,
+                tp=coords.tp,
+                dp_size=coords.dp_size,
+                pp_size=coords.pp_size,
+                tp_size=coords.tp_size,
+                **(pipeline or {}),
+            )
+        )
+
+    def pipeline_step(self, times: Any) -> None:
+        """One schedule step's timed actions (a ``stage_probe.StepTimes``)."""
+        t0 = times.start_ns
+        self.tel.pipeline(
+            PipelineStep(
+                step_s=times.step_s,
+                p2p_wait_s=times.p2p_wait_ns / 1e9,
+                actions=[
+                    StageAction(
+                        kind=a.kind,
+                        stage=a.stage,
+                        microbatch=a.microbatch,
+                        start_s=(a.start_ns - t0) / 1e9,
+                        duration_s=(a.end_ns - a.start_ns) / 1e9,
+                    )
+                    for a in times.actions
+                ],
+            )
+        )

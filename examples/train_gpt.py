@@ -1,6 +1,12 @@
 """A tiny character-level GPT trained the way a DeepSpeed script trains, on the bundled engine.
 
     zeroscope run --nproc-per-node 2 examples/train_gpt.py [--steps 200]
+    zeroscope run --nproc-per-node 2 examples/train_gpt.py --pipeline   # 2 pipeline stages
+
+``--pipeline`` builds the same model as a DeepSpeed ``PipelineModule`` (embedding, blocks, head
+as LayerSpecs; examples/ds_config_pipeline.json: ZeRO-2 under 1F1B, which DeepSpeed itself
+refuses) and trains it with ``engine.train_batch()``; the Pipeline screen (``p``) shows its
+stages, micro-batches and bubbles.
 
 Written like a DeepSpeed user script (``--deepspeed_config``, ``initialize`` returning the
 engine, then ``engine(batch)``, ``engine.backward(loss)``, ``engine.step()``), so what zeroscope
@@ -68,6 +74,69 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class Embed(nn.Module):
+    """Token + position embeddings: the first pipeline layer."""
+
+    def __init__(self, vocab: int, block: int, width: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(block, width)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class Head(nn.Module):
+    """Final norm and logits: the last pipeline layer (the loss is the module's loss_fn)."""
+
+    def __init__(self, vocab: int, width: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln(x))
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def train_pipeline(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
+    """The same GPT as a PipelineModule, trained with ``train_batch()``."""
+    from zeroscope.engine import api as deepspeed
+    from zeroscope.engine.parallel.pipe import LayerSpec, PipelineModule
+
+    layers = [
+        LayerSpec(Embed, vocab, args.block, args.width),
+        *[LayerSpec(Block, args.width, args.heads) for _ in range(args.layers)],
+        LayerSpec(Head, vocab, args.width),
+    ]
+    torch.manual_seed(args.seed)
+    net = PipelineModule(
+        layers, num_stages=args.stages, loss_fn=next_token_loss, partition_method="uniform"
+    )
+    config = args.deepspeed_config
+    if config == str(HERE / "ds_config.json"):
+        config = str(HERE / "ds_config_pipeline.json")
+    engine, *_ = deepspeed.initialize(model=net, config=config)
+    micro_batch = engine.train_micro_batch_size_per_gpu()
+    dp_rank = engine.grid.get_data_parallel_rank()
+    batches = torch.Generator().manual_seed(args.seed + 1 + dp_rank)
+
+    def micro_batches():  # read by the first stage (inputs) and the last (targets) alike
+        while True:
+            starts = torch.randint(len(data) - args.block - 1, (micro_batch,), generator=batches)
+            x = torch.stack([data[s : s + args.block] for s in starts])
+            yield x, torch.stack([data[s + 1 : s + 1 + args.block] for s in starts])
+
+    stream = micro_batches()
+    for step in range(args.steps):
+        loss = engine.train_batch(stream)
+        if dist.get_rank() == 0 and (step % 20 == 0 or step == args.steps - 1):
+            print(f"[train_gpt] step {step} loss {loss.item():.4f}", flush=True)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deepspeed_config", default=str(HERE / "ds_config.json"))
@@ -77,6 +146,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--pipeline", action="store_true", help="train as pipeline stages")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages (--pipeline)")
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     return parser.parse_args()
 
@@ -93,6 +164,11 @@ def main() -> None:
     text = (HERE / "tiny_corpus.txt").read_text()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(ch) for ch in text], dtype=torch.long)
+
+    if args.pipeline:
+        train_pipeline(args, data, len(chars))
+        dist.destroy_process_group()
+        return
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = TinyGPT(len(chars), args.block, args.width, args.layers, args.heads)

@@ -56,6 +56,10 @@ class RecordingTelemetry(Telemetry):
         self.steps: list[StepRecord] = []
         self.pending: list[CollectiveRecord] = []
         self.init_collectives: list[CollectiveRecord] = []
+        self.layouts: list[Any] = []
+        """ParallelLayout messages (3D-parallel engines)."""
+        self.pipelines: list[Any] = []
+        """PipelineStep of each step (pipeline engines)."""
 
     def hello(self, *, config: Any, params: Any, device: str = "cpu") -> None:
         self.hellos.append({"config": config, "params": params, "device": device})
@@ -78,6 +82,12 @@ class RecordingTelemetry(Telemetry):
 
     def event(self, kind: Any, message: str = "", value: float | None = None) -> None:
         self.events.append((kind, message, value))
+
+    def layout(self, layout: Any) -> None:
+        self.layouts.append(layout)
+
+    def pipeline(self, step: Any) -> None:
+        self.pipelines.append(step)
 
     def step_end(self, *, memory: MemoryBytes, **figures: Any) -> None:
         self.steps.append(StepRecord(memory, figures, self.pending))

@@ -117,6 +117,34 @@ def test_initialize_refuses_two_configs_as_deepspeed() -> None:
         deepspeed.initialize(args=args, model=torch.nn.Linear(2, 2), config={"train_batch_size": 1})
 
 
+def test_deepspeed_pipe_names_as_deepspeed_exposes_them() -> None:
+    """``deepspeed.pipe`` and ``deepspeed.runtime.pipe(.topology)`` on the surface hold every
+    public name DeepSpeed 0.19.8's modules of those paths hold (read from the installed
+    package), but ``DualPipeVModule``, which the status table lists as not built."""
+    import importlib
+
+    from zeroscope.engine.deepspeed.status import NOT_BUILT_MODULES
+    from zeroscope.engine.parallel import pipe_module, topology
+
+    for path in ("pipe", "runtime.pipe", "runtime.pipe.topology"):
+        real = importlib.import_module(f"deepspeed.{path}")
+        wanted = {
+            n for n, v in vars(real).items()
+            if not n.startswith("_") and isinstance(v, type) and v.__module__.startswith("deepspeed")
+        }  # fmt: skip
+        served: Any = deepspeed
+        for part in path.split("."):
+            served = getattr(served, part)
+        missing = {f"deepspeed.{path}.{n}" for n in wanted if not hasattr(served, n)}
+        assert missing <= set(NOT_BUILT_MODULES), (path, missing)
+        assert wanted - {m.rsplit(".", 1)[1] for m in missing}, path  # some names are served
+    assert deepspeed.pipe.PipelineModule is pipe_module.PipelineModule is deepspeed.PipelineModule
+    assert deepspeed.pipe.LayerSpec is pipe_module.LayerSpec
+    assert deepspeed.pipe.TiedLayerSpec is pipe_module.TiedLayerSpec
+    topo = deepspeed.runtime.pipe.topology.PipeModelDataParallelTopology(2, 2, 2)
+    assert isinstance(topo, topology.ProcessTopology)  # the class tests/test_pipe_units.py checks
+
+
 # -- the --as-deepspeed alias, in fresh interpreters ---------------------------------------------
 
 PROBE = """
@@ -133,11 +161,15 @@ from deepspeed import DeepSpeedEngine, comm
 import deepspeed.comm as dist
 out["same_module"] = comm is dist is sys.modules.get("zeroscope.engine.deepspeed.comm")
 out["init"] = pp.Init is deepspeed.zero.Init
-try:
-    import deepspeed.pipe
-    out["pipe"] = deepspeed.pipe.__file__
-except ModuleNotFoundError as exc:
-    out["pipe"] = str(exc)
+import deepspeed.pipe
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+out["pipe"] = deepspeed.pipe.__file__
+served = sys.modules.get("zeroscope.engine.parallel.pipe_module")  # None: the real DeepSpeed
+out["pipe_same"] = served is not None and (
+                    PipelineModule is served.PipelineModule is deepspeed.PipelineModule
+                    and LayerSpec is served.LayerSpec and TiedLayerSpec is served.TiedLayerSpec
+                    and PipeModelDataParallelTopology.__module__.startswith("zeroscope."))
 import transformers.integrations.deepspeed as hf
 import accelerate.utils
 out["transformers_sees_it"] = hf.is_deepspeed_available()
@@ -194,7 +226,8 @@ def test_as_deepspeed_alias(tmp_path: Path, hide_real: bool) -> None:
     assert out["file"] == str(ROOT / "engine" / "deepspeed" / "__init__.py")
     assert out["version"] == "0.19.8+zeroscope"
     assert out["same_module"] and out["init"]
-    assert out["pipe"] == "No module named 'deepspeed.pipe'"  # never the real package's module
+    # deepspeed.pipe is the engine's (engine/parallel), never the real package's module
+    assert out["pipe"] == str(ROOT / "engine" / "deepspeed" / "pipe.py") and out["pipe_same"]
     assert out["transformers_sees_it"] and out["accelerate_sees_it"]
     assert out["chained"] == "yes"
     assert out["real"] == []

@@ -9,8 +9,8 @@ this package and its submodules (``alias.py``), so an unchanged ``import deepspe
 
 Layout mirrors DeepSpeed's: ``comm``, ``zero`` (= ``runtime.zero``, as in DeepSpeed),
 ``runtime.lr_schedules``, ``runtime.engine``, ``runtime.zero.partition_parameters``,
-``utils``, ``checkpoint.utils``, ``accelerator``, ``checkpointing`` (activation checkpointing).
-``pipe`` (pipeline parallelism) has its place here and is built elsewhere. docs/engine.md lists
+``utils``, ``checkpoint.utils``, ``accelerator``, ``checkpointing`` (activation checkpointing),
+``pipe`` and ``runtime.pipe`` (pipeline parallelism, built in engine/parallel/). docs/engine.md lists
 every name with its status (``python -m zeroscope.engine.keys --markdown``).
 
 Attributes resolve lazily (PEP 562): importing the package costs nothing until a name is used.
@@ -32,6 +32,8 @@ _FUNCTIONS = {
     "init_distributed": "zeroscope.engine.api",
     "DeepSpeedEngine": "zeroscope.engine.deepspeed.runtime.engine",
     "DeepSpeedConfigError": "zeroscope.engine.config",
+    "PipelineModule": "zeroscope.engine.parallel.pipe_module",
+    "PipelineEngine": "zeroscope.engine.parallel.pipe_engine",
     "log_dist": "zeroscope.engine.deepspeed.utils",
     "logger": "zeroscope.engine.deepspeed.utils",
 }
@@ -44,6 +46,7 @@ _MODULES = {
     "accelerator": "zeroscope.engine.deepspeed.accelerator",
     "ops": "zeroscope.engine.deepspeed.ops",
     "checkpointing": "zeroscope.engine.checkpointing",
+    "pipe": "zeroscope.engine.deepspeed.pipe",
 }
 _RENAMED = {"DeepSpeedConfigError": "ConfigError"}
 

@@ -21,16 +21,23 @@ SURFACE_MODULES = {
     "deepspeed.accelerator": "zeroscope.engine.deepspeed.accelerator",
     "deepspeed.ops.adam": "zeroscope.engine.deepspeed.ops.adam",
     "deepspeed.checkpointing": "zeroscope.engine.checkpointing",
+    "deepspeed.pipe": "zeroscope.engine.deepspeed.pipe",
+    "deepspeed.runtime.pipe": "zeroscope.engine.deepspeed.runtime.pipe",
+    "deepspeed.runtime.pipe.topology": "zeroscope.engine.deepspeed.runtime.pipe.topology",
 }
 """DeepSpeed module -> the engine module that serves it (its public names are implemented)."""
 
 NOT_BUILT_MODULES = {
-    "deepspeed.pipe": "pipeline parallelism (PipelineModule) is not built here",
+    "deepspeed.pipe.DualPipeVModule": "DualPipeV is a schedule here (pipeline.schedule "
+    "'dualpipev') of a PipelineModule",
+    "deepspeed.runtime.pipe.topology.PipelineParallelGrid": "built by the PipelineModule "
+    "(module.mpu(), over its DeviceMesh), not from a topology by the user",
     "deepspeed.ops (but ops.adam)": "DeepSpeed's fused and CPU kernels (Lion, Adagrad, Lamb, "
     "...); the engine steps Adam(W) only",
     "deepspeed.moe": "mixture-of-experts layers and expert parallelism",
     "deepspeed.inference / init_inference": "DeepSpeed's inference engine",
-    "deepspeed.tp_model_init": "tensor parallelism",
+    "deepspeed.tp_model_init": "DeepSpeed's AutoTP model init (tensor parallelism is the "
+    "tensor_parallel block or mpu=)",
     "deepspeed.profiling": "DeepSpeed's FLOPs profiler (zeroscope profiles the run itself)",
     "deepspeed.monitor": "DeepSpeed's metric writers (zeroscope records the run itself)",
     "deepspeed.compression / sequence / autotuning / elasticity": "not built",

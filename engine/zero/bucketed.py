@@ -108,6 +108,7 @@ class BucketedStrategy:
         self._shards: list[Shard] = []
         self._where: dict[int, _Bucket] = {}
         self._reducing = False
+        self._held = False
         self._next_launch = 0
         self._in_flight: list[_Bucket] = []
         """Stage 2 with overlap: buckets whose reduction runs now (at most one is kept)."""
@@ -171,6 +172,11 @@ class BucketedStrategy:
         for b in self._buckets[self._next_launch :]:
             self._collect(b, b.params)
         self._launch_ready(all_ready=True)
+
+    def hold_reductions(self, hold: bool) -> None:
+        """Pipeline parallel (engine/parallel): while held, backward only accumulates into
+        ``param.grad``; the next reducing ``end_micro_step`` reduces all of it at once."""
+        self._held = hold
 
     def reduced_grads(self) -> list[torch.Tensor]:
         grads = []
@@ -267,7 +273,7 @@ class BucketedStrategy:
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         """Post-accumulate-grad hook: this backward finished ``param``'s gradient."""
-        if not self._reducing:
+        if not self._reducing or self._held:
             return
         b = self._where[id(param)]
         if not (self.policy.overlap or self.policy.reduce_every_micro_step):

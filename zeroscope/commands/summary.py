@@ -53,12 +53,36 @@ def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def summarize(path: Path) -> dict[str, Any]:
-    """The run report of a trace (zeroscope.state.report) with the trace's own facts."""
+    """The run report of a trace (zeroscope.state.report) with the trace's own facts; each
+    rank also gets its ``mesh`` coordinates and, in a pipeline job, its ``pipeline`` figures
+    (zeroscope.state.mesh)."""
+    from zeroscope.state.mesh import parallel_fields
     from zeroscope.state.report import run_report
 
     state, facts = state_of(path)
     report = run_report(state)
-    return {**facts, **{k: v for k, v in report.items() if k != "job_id"}}
+    out = {**facts, **{k: v for k, v in report.items() if k != "job_id"}}
+    hellos = {r: rs.hello for r, rs in state.ranks.items() if rs.hello is not None}
+    pipeline = _pipeline_run(path, list(hellos.values()))
+    for row in out["ranks"]:
+        row.update(parallel_fields(hellos.get(row["rank"]), row["rank"], pipeline))
+    return out
+
+
+def _pipeline_run(path: Path, hellos: list[Any]) -> Any:
+    """Every rank's pipeline figures over the run: a second pass over the step reports, made
+    only for a job that reported a pipeline layout."""
+    from zeroscope.agent.schema import StepReport
+    from zeroscope.state.mesh import PipelineRun
+    from zeroscope.trace import TraceReader
+
+    run = PipelineRun(hellos)
+    if run.layouts:
+        with TraceReader(path) as reader:
+            for msg in reader.messages(kinds=["step"]):
+                if isinstance(msg, StepReport):
+                    run.add(msg)
+    return run
 
 
 def _bytes(v: float | None) -> str:

@@ -56,6 +56,7 @@ class ZeroscopeApp(App[str]):
         Binding("c", "show('comm')", "comm"),
         Binding("l", "show('loss_scale')", "scale"),
         Binding("o", "show('log')", "log"),
+        Binding("p", "show('pipeline')", "pipeline", show=False),
         Binding("escape", "go_back", "back", show=False),
         Binding("space", "pause", "pause", show=False),
         # Replay's step keys win over a focused heatmap's cursor (check_action lets them through

@@ -40,6 +40,7 @@ class ClusterScreen(StateScreen):
 
     def __init__(self) -> None:
         super().__init__(name="cluster")
+        self._grouped = False
         self._view: str | None = None
         """"table" or "heatmap" once the user chose; None = automatic (heatmap if rows don't fit)."""
 
@@ -115,6 +116,10 @@ class ClusterScreen(StateScreen):
         alerts = self.zapp.alerts()
         rows = rank_rows(state, flags_from_alerts(state, alerts))
         table = self.query_one(RankTable)
+        if not self._grouped and any(row.mesh is not None for row in rows):
+            self._grouped = True  # a 3D-parallel job: rows grouped by stage, replica, shard
+            if table.sort_key == "rank":
+                table.sort_key = "mesh"
         table.set_rows(rows)
         shown = (len(table.shown_ranks), len(rows)) if table.filter_text.strip() else None
         self.query_one(ClusterHeader).show(state, self.zapp.status_text(), shown=shown)

@@ -17,6 +17,7 @@ KEYS = """\
   escape        back to the cluster view (or clear the filter)
   tab           next pane
   m  c  l  o    memory · communication · loss scale · the job's log
+  p             pipeline screen (stages x time, bubbles; 3D-parallel jobs)
   s             sort the table (heatmap: metric)
   v             table / heatmap
   n             more history plots (when they do not all fit)

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from zeroscope.state import ClusterState, units
+from zeroscope.state.mesh import mesh_shape
 from zeroscope.state.roster import headcount
 
 
@@ -35,6 +36,9 @@ def header_segments(
         segments.append((f"{engine}ZeRO-{c.stage} {c.precision} offload {offload}", ""))
     else:
         segments.append(("config NA", ""))
+    shape = mesh_shape(rs.hello for rs in state.ranks.values())
+    if shape:
+        segments.append((shape, ""))
     segments.append((f"step {latest.step if latest else 'NA'}", "bold"))
     segments.append(
         (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroscope.state import ClusterState
+from zeroscope.state.pipeline import layout_of
 
-SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload")
+SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
+"""``mesh`` (pp, dp, tp) is offered only for jobs that report a 3D layout."""
 
 
 @dataclass(slots=True)
@@ -30,6 +32,8 @@ class RankRow:
     loss_scale: float | None
     flag: str
     """"" or a short word: slow, silent, exited, dropped."""
+    mesh: tuple[int, int, int] | None = None
+    """(pp, dp, tp) of a 3D-parallel job's rank: the table groups by stage, then replica."""
 
 
 def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[RankRow]:
@@ -37,6 +41,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
     flagged = flagged or {}
     for r, rs in state.ranks.items():
         s = rs.summary
+        layout = layout_of(rs.hello)
         rows.append(
             RankRow(
                 rank=r,
@@ -53,6 +58,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
                 offload_bw=s.offload_bw if s else None,
                 loss_scale=s.loss_scale if s else None,
                 flag=flagged.get(r, ""),
+                mesh=None if layout is None else (layout.pp, layout.dp, layout.tp),
             )
         )
     return rows
@@ -82,6 +88,8 @@ def sort_rows(rows: list[RankRow], key: str, descending: bool) -> list[RankRow]:
     """Missing figures (NA) sort last whichever way."""
     if key == "rank":
         return sorted(rows, key=lambda row: row.rank, reverse=descending)
+    if key == "mesh":
+        return sorted(rows, key=lambda row: (row.mesh or (0, 0, 0), row.rank), reverse=descending)
     attr = {
         "memory": "total",
         "step": "step_time",

@@ -15,6 +15,7 @@ from textual.widgets import Footer, Static
 
 from zeroscope.agent.schema import StepReport
 from zeroscope.state import RankState, units
+from zeroscope.state.mesh import role
 
 from .base import StateScreen
 from .charts import timeline
@@ -108,6 +109,9 @@ class RankScreen(StateScreen):
             return text.append("  (no data yet)")
         if rs.hello:
             text.append(f" · {rs.hello.hostname or 'NA'} pid {rs.hello.pid} · {rs.hello.device}")
+            where = role(rs.hello)
+            if where:
+                text.append(f" · {where}", style="bold")
         s = rs.summary
         if s is not None:
             slow = self.state.slowness(self.rank)

@@ -107,15 +107,17 @@ class RankTable(Widget, can_focus=True):
             self.post_message(self.Selected(rank))
 
     def action_cycle_sort(self) -> None:
-        i = (SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)
-        self.sort_key = SORT_KEYS[i]
-        self.descending = self.sort_key != "rank"  # biggest / slowest first
+        keys = SORT_KEYS if any(r.mesh for r in self._rows) else SORT_KEYS[:-1]
+        i = (keys.index(self.sort_key) + 1) % len(keys) if self.sort_key in keys else 0
+        self.sort_key = keys[i]
+        self.descending = self.sort_key not in ("rank", "mesh")  # biggest / slowest first
 
     # -- drawing -------------------------------------------------------------------------
     def _layout(self, width: int) -> tuple[int, bool]:
         fixed = 6 + 7 + 7 + 6 + 5 + 9 + 7 + 7
         host = width >= 120
-        bar = max(8, min(48, width - fixed - (10 if host else 0) - 2))
+        mesh = 10 if any(r.mesh is not None for r in self._rows) else 0
+        bar = max(8, min(48, width - fixed - mesh - (10 if host else 0) - 2))
         return bar, host
 
     def render(self) -> Text:
@@ -127,8 +129,14 @@ class RankTable(Widget, can_focus=True):
             label = name + (arrow if self.sort_key == key else "")
             return label.ljust(w) if left else label.rjust(w)
 
+        mesh = any(r.mesh is not None for r in self._rows)
         text = Text(no_wrap=True, overflow="crop")
-        text.append(head("rank", "rank", 6, True) + (" host     " if host else ""), style="bold")
+        text.append(
+            head("rank", "rank", 6, True)
+            + (head("pp dp tp", "mesh", 10, True) if mesh else "")
+            + (" host     " if host else ""),
+            style="bold",
+        )
         # The bar's column names its parts in their colours: the legend of the stacked bar.
         text.append(" memory ", style="bold")
         for i, part in enumerate("PGOA"):
@@ -157,6 +165,10 @@ class RankTable(Widget, can_focus=True):
             text.append("\n")
             line = Text(no_wrap=True)
             line.append(f"r{row.rank:<5}")
+            if mesh:
+                pp, dp, tp = row.mesh or (0, 0, 0)
+                group = "bold" if pp % 2 == 0 else "cyan"  # alternate stages stand apart
+                line.append(f"{pp:>2} {dp:>2} {tp:>2}   ", style=group)
             if host:
                 line.append(f"{row.host[:9]:<10}")
             line.append(" ")

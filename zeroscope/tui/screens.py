@@ -10,6 +10,7 @@ SCREENS: dict[str, tuple[str, str]] = {
     "comm": ("Communication", "bytes per step vs 2Ψ/3Ψ, bus bandwidth per op, exposed share"),
     "loss_scale": ("Loss scale", "fp16 loss scale on a log2 axis, overflow and skip events"),
     "log": ("Log", "the job's own output (runs/<job>.log), followed live"),
+    "pipeline": ("Pipeline", "stages x time: planned vs measured, bubble per stage, slowest stage"),
 }
 
 
@@ -30,4 +31,8 @@ def screen_for(name: str) -> StateScreen:
         from .log_screen import LogScreen
 
         return LogScreen()
+    if name == "pipeline":
+        from .pipeline_screen import PipelineScreen
+
+        return PipelineScreen()
     raise ValueError(f"no screen named {name!r}")

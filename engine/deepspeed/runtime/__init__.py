@@ -1,11 +1,11 @@
-"""``deepspeed.runtime``: ``engine``, ``zero``, ``lr_schedules`` (imported on first use)."""
+"""``deepspeed.runtime``: ``engine``, ``zero``, ``lr_schedules``, ``pipe`` (imported on first use)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_SUBMODULES = ("engine", "zero", "lr_schedules")
+_SUBMODULES = ("engine", "zero", "lr_schedules", "pipe")
 
 
 def __getattr__(name: str) -> Any:

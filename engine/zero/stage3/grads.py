@@ -57,6 +57,8 @@ class GradReducer:
         self._bucket: list[tuple[ShardedParam, torch.Tensor]] = []
         self._bucket_size = 0
         self._pending: list[tuple[Waitable, torch.Tensor, torch.Tensor, list[ShardedParam]]] = []
+        self.held = False
+        """Pipeline parallel: leave gradients in ``param.grad`` until :meth:`take_held`."""
         self._handles = [
             sp.param.register_post_accumulate_grad_hook(self._take_grad)
             for sp in partition.params
@@ -67,7 +69,15 @@ class GradReducer:
         for handle in self._handles:
             handle.remove()
 
+    def take_held(self) -> None:
+        """Bucket the gradients accumulated while reductions were held (in backward order)."""
+        for sp in reversed(self.partition.params):
+            if sp.param.grad is not None:
+                self._take_grad(sp.param)
+
     def _take_grad(self, param: nn.Parameter) -> None:
+        if self.held:
+            return
         sp = self.partition.by_param[param]
         grad = param.grad
         param.grad = None  # the full gradient lives no longer than its reduce-scatter input

@@ -126,6 +126,14 @@ class Stage3Strategy:
             )
             self.coordinator.reset_peak()
 
+    def hold_reductions(self, hold: bool) -> None:
+        """Pipeline parallel (engine/parallel): while held, gradients accumulate full-size in
+        ``param.grad`` over the micro-batches; released, they are bucketed for the next
+        ``end_micro_step``'s reduce-scatters."""
+        self.reducer.held = hold
+        if not hold:
+            self.reducer.take_held()
+
     def reduced_grads(self) -> list[torch.Tensor]:
         self.reducer.wait()
         grads = self.reducer.ensure()
