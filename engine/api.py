@@ -27,7 +27,7 @@ from .lr_schedules import WarmupSchedule
 from .offload import make_offload
 from .optim import ZeroOptimizer
 from .precision import DTYPES, make_loss_scaler
-from .report import Reporter, largest_layer
+from .report import Reporter, largest_layer, model_bytes
 from .zero.stages import make_strategy
 
 __all__ = ["ConfigError", "ZeroEngine", "add_config_arguments", "init_distributed", "initialize"]
@@ -175,6 +175,7 @@ def initialize(
     comm = Comm.data_parallel(tel)
     cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
 
+    built = model_bytes(model)  # before the cast: what each rank held whole at start-up
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
     groups = _param_groups(model, model_parameters, optimizer)
     zero_opt = _optimizer(cfg, groups, optimizer)
@@ -195,6 +196,7 @@ def initialize(
         scheduler = lr_scheduler(zero_opt)
 
     reporter = Reporter(tel)
+    layers = reporter.watch_blocks(model)
     psi, padded = strategy.param_counts()
     reporter.hello(
         cfg=cfg,
@@ -206,6 +208,8 @@ def initialize(
         largest=largest,
         persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
+        layers=layers,
+        built=built,
     )
     engine = ZeroEngine(
         module=model,

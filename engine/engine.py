@@ -143,7 +143,14 @@ class ZeroEngine:
         ``stage3_gather_16bit_weights_on_model_save`` (else it logs why and returns False)."""
         save = getattr(self.strategy, "save_16bit_model", None)
         if save is not None:
-            return bool(save(save_dir, save_filename))
+            saved = bool(save(save_dir, save_filename))
+            if not saved:  # stage 3 without gathering: the advisor names the fix
+                self.reporter.tel.event(
+                    "checkpoint",
+                    "save_16bit_model skipped: stage3_gather_16bit_weights_on_model_save is off",
+                    value=0.0,
+                )
+            return saved
         if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
             from .safetensors_file import write_safetensors
 

@@ -27,6 +27,7 @@ from zeroscope.agent.schema import (
 from .alerts import Alert, AlertRules, evaluate
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
+from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
 
@@ -158,6 +159,8 @@ class ClusterState:
         """Stragglers and slow links (zeroscope.state.stragglers)."""
         self.roster = Roster()
         """The collector's Admission records: who was turned away (state/roster.py)."""
+        self.sequences = SequenceBook()
+        """Steps whose ranks issued different collective sequences (state/sequences.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -255,6 +258,7 @@ class ClusterState:
     def _judge(self, agg: StepAggregate) -> None:
         """A step closed: rank standings (stragglers, slow links) and the run's totals."""
         agg.standings = judge(agg.summaries)
+        self.sequences.add(agg, self.ranks)
         for r, st in agg.standings.items():
             rs = self.ranks[r]
             if rs.summary is not None and rs.summary.step == agg.step:

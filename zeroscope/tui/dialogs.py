@@ -17,6 +17,7 @@ KEYS = """\
   escape        back to the cluster view (or clear the filter)
   tab           next pane
   m  c  l       memory · communication · loss scale screens
+  a             advice: which ds_config change buys how much memory or time
   s             sort the table (heatmap: metric)
   v             table / heatmap
   /             filter ranks: 3  0-7  r12  node1  slow
