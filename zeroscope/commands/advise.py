@@ -39,8 +39,7 @@ def _bytes(text: str) -> int:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", type=Path, help="a trace, or a ds_config for preflight")
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--device-memory", type=_bytes, metavar="SIZE",
@@ -53,9 +52,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="--verify: the ds_config in the command")
     parser.add_argument("--timeout", type=float, default=None, help="--verify: trial limit [s]")
     parser.add_argument(
-        "--verify", nargs=argparse.REMAINDER, metavar="-- CMD",
-        help="run CMD (as `zeroscope run` takes it) with the change applied; compare",
+        "--verify", action="store_true",
+        help="run the job (the command after --, as `zeroscope run` takes it) with the top "
+        "change applied, and compare predicted with measured",
     )  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", type=Path, help="a trace, or a ds_config for preflight")
+    _add_options(parser)
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- the job's command (with --verify)"
+    )
+
+
+def split_command(args: argparse.Namespace) -> None:
+    """Options after TARGET land in ``command`` (argparse's remainder is greedy): read them
+    up to ``--``; what follows ``--`` is the job's command."""
+    rest = list(args.command)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    options, args.command = rest[:cut], rest[cut + 1 :]
+    if options:
+        parser = argparse.ArgumentParser(prog="zeroscope advise", add_help=False)
+        _add_options(parser)
+        parser.parse_args(options, namespace=args)
 
 
 def _is_trace(path: Path) -> bool:
@@ -127,6 +147,11 @@ def format_trial(trial: Any) -> str:
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
 
+    split_command(args)
+    if args.command and not args.verify:
+        raise CliError(
+            f"unexpected arguments {' '.join(args.command)!r} (a command needs --verify)"
+        )
     if not args.target.exists():
         raise CliError(f"no such trace or ds_config: {args.target}")
     if not _is_trace(args.target):
@@ -140,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise CliError(str(exc)) from None
     advisory = advise(state, capacity=args.device_memory)
-    if args.verify is None:
+    if not args.verify:
         if args.json:
             rows = [a.as_dict() for a in advisory.advice] + [
                 n.as_dict() for n in advisory.not_judged
@@ -157,7 +182,7 @@ def _verify(args: argparse.Namespace, state: Any, advisory: Any) -> int:
     from zeroscope.advice_trial import TrialError, run_trial
     from zeroscope.cli import CliError
 
-    cmd = [a for a in args.verify if a != "--"] if args.verify[:1] == ["--"] else args.verify
+    cmd = args.command
     candidates = [
         a for a in advisory.advice
         if (a.change.ds_config or a.change.code) and (a.ms_metric or a.bytes_metric)

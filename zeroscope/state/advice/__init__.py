@@ -55,6 +55,10 @@ RULES: tuple[tuple[str, Rule], ...] = (
 )
 
 
+STAGE3_TUNING = frozenset({"prefetch"})
+"""Rules that tune stage 3 itself: listed after rule 1 when a lower stage fits."""
+
+
 @dataclass(frozen=True, slots=True)
 class Advisory:
     """Everything the advisor concluded: advice sorted by gain, and the rules it could not
@@ -100,6 +104,14 @@ def advise(
                 advice.append(replace(item, gain=gain(item, f)))
             elif isinstance(item, NotJudged):
                 notes.append(item)
+    stage = next((a for a in advice if a.rule == "stage"), None)
+    if stage is not None:
+        # The lower stage removes the fetches that prefetch tuning would only hide: when it
+        # fits (rule 1 spoke), stage-3 tuning is listed after it.
+        advice = [
+            replace(a, gain=min(a.gain, stage.gain - 1e-9)) if a.rule in STAGE3_TUNING else a
+            for a in advice
+        ]
     advice.sort(key=lambda a: -a.gain)
     return Advisory(advice, notes)
 

@@ -1,7 +1,8 @@
 """The measured figures the rules read, taken once from ClusterState.
 
-Per-step figures are means over steady steps (every step of a rank but its first, as
-zeroscope.state.totals does) on the *reference rank*: the rank that waited least in collectives,
+Per-step figures are medians over steady steps (every step of a rank but its first, as
+zeroscope.state.totals does; a median, so that a step whose peer was descheduled does not set
+them) on the *reference rank*: the rank that waited least in collectives,
 because the other ranks' extra wait is waiting for slower peers, not communication cost (the
 cluster's exposed time is defined the same way, zeroscope.state.cluster). Memory figures are the
 largest over ranks (the rank that runs out first). Detail that only the newest full report holds
@@ -11,6 +12,7 @@ largest over ranks (the rank that runs out first). Detail that only the newest f
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -20,12 +22,12 @@ from zeroscope.state.bandwidth import bus_factor
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective, ConfigSummary, ParamCounts, StepReport
     from zeroscope.state.cluster import ClusterState
-    from zeroscope.state.rank import RankState, StepSummary
+    from zeroscope.state.rank import OpTotals, RankState, StepSummary
 
 
 @dataclass(frozen=True, slots=True)
 class OpMeans:
-    """One collective op on the reference rank, per steady step (means)."""
+    """One collective op on the reference rank, per steady step (medians over the steps)."""
 
     count: float
     nbytes: float
@@ -102,29 +104,32 @@ class Facts:
         return self.state.totals.mean_step_s
 
     def op(self, op: str) -> OpMeans:
+        """``op`` per steady step on the reference rank: the median step's figures, so that a
+        step whose peer was descheduled (a long wait in one collective) does not set them."""
         ref = self.reference
         if ref is None:
             return NO_OP
-        steps = self.steady(ref)
-        n = len(steps)
-        rows = [s.ops[op] for s in steps if op in s.ops]
-        if not rows:
+        rows = [s.ops.get(op) for s in self.steady(ref)]
+        if not any(rows):
             return NO_OP
+
+        def med(get: Callable[[OpTotals], float]) -> float:
+            return statistics.median(get(r) if r is not None else 0.0 for r in rows)
+
         return OpMeans(
-            count=sum(r.count for r in rows) / n,
-            nbytes=sum(r.nbytes for r in rows) / n,
-            seconds=sum(r.seconds for r in rows) / n,
-            exposed=sum(r.exposed_s for r in rows) / n,
+            count=med(lambda r: r.count),
+            nbytes=med(lambda r: r.nbytes),
+            seconds=med(lambda r: r.seconds),
+            exposed=med(lambda r: r.exposed_s),
         )
 
     @cached_property
     def exposed_s(self) -> float:
-        """The reference rank's mean wait in collectives per steady step [s]."""
+        """The reference rank's wait in collectives per steady step, the median step's [s]."""
         ref = self.reference
         if ref is None:
             return 0.0
-        steps = self.steady(ref)
-        return sum(s.exposed_s for s in steps) / len(steps)
+        return statistics.median(s.exposed_s for s in self.steady(ref))
 
     @cached_property
     def compute_s(self) -> float | None:
@@ -231,13 +236,19 @@ class Facts:
 
 def hockney(f: Facts) -> tuple[float, float | None]:
     """(alpha [s], beta [bytes/s]) of Hockney's t = alpha + S / beta for this rank's links:
-    alpha the fastest all-gather's time (latency bound), beta the best bus bandwidth any
-    collective of the reference rank's newest step reached (None when none is measurable)."""
+    alpha the median all-gather's time (a per-collective cost with the usual wait for peers
+    in it), beta the time-weighted bus bandwidth of the step's largest messages (at least half
+    the largest size: the bandwidth regime), from the reference rank's newest report; None
+    when nothing is measurable."""
     latest = f.latest
     colls = [
         c for c in (latest.collectives if latest else []) if c.duration_s > 0 and c.nbytes > 64
     ]
     gathers = [c.duration_s for c in colls if c.op == "all_gather"]
-    alpha = min(gathers) if gathers else 0.0
-    rates = [c.nbytes * bus_factor(c.op, max(1, c.group_size)) / c.duration_s for c in colls]
-    return alpha, (max(rates) if rates else None)
+    alpha = statistics.median(gathers) if gathers else 0.0
+    if not colls:
+        return alpha, None
+    biggest = max(c.nbytes for c in colls)
+    large = [c for c in colls if 2 * c.nbytes >= biggest]
+    wire = sum(c.nbytes * bus_factor(c.op, max(1, c.group_size)) for c in large)
+    return alpha, wire / sum(c.duration_s for c in large)

@@ -4,7 +4,7 @@
 the figures of the two runs (both from the agent's own measurements, never the test's clock):
 
 - step_ms: cluster mean step time over steady steps
-- exposed_ms: the reference rank's wait in collectives per steady step
+- exposed_ms: the reference rank's wait in collectives per steady step (the median step's)
 - fetch_wait_ms: the same, all-gathers only (stage-3 parameter fetch)
 - skipped_ms: step time x the share of steps skipped for fp16 overflow (after settling)
 - offload_ms: offload copy time per steady step

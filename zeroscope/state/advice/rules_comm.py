@@ -1,18 +1,20 @@
 """Rules about collectives: bucket sizes (2), stage-3 prefetch (3) and overlap_comm (4).
 
-Collective times follow Hockney's model t = alpha + S / beta, with alpha the fastest message of
-the op and beta the best bus bandwidth any collective of the step reached (facts.hockney).
+Collective times follow Hockney's model t = alpha + S / beta, with alpha the median message time
+of the op; beta is the op's best bus bandwidth for bucket sizes, the bus bandwidth of the step's
+largest messages (facts.hockney) elsewhere.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 from zeroscope.agent.schema import Collective
 from zeroscope.formulas import param_bytes
 from zeroscope.state.bandwidth import bus_factor
 
-from .facts import Facts, hockney
+from .facts import Facts
 from .model import Advice, Change, Finding, Thresholds, ms, nbytes
 
 TINY = 64
@@ -26,14 +28,20 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
     if c is None or step is None or step <= 0 or c.dp_world_size <= 1:
         return []
     p = param_bytes(c.precision)
-    _, beta = hockney(f)
     out: list[Finding] = []
     ops = ["reduce_scatter", "all_reduce"] + (["all_gather"] if c.stage in (1, 2) else [])
     for op in ops:
-        data = [x for x in f.collectives(op) if x.nbytes > TINY]
+        data = [x for x in f.collectives(op) if x.nbytes > TINY and x.duration_s > 0]
         means = f.op(op)
-        if len(data) < 4 or beta is None or means.exposed / step < t.op_share_min:
+        if len(data) < 4 or means.exposed / step < t.op_share_min:
             continue
+        # The link's rate is this op's best message (a slower one waited for a peer); the
+        # median alpha below carries the typical wait once per collective. The step-wide
+        # facts.hockney beta is not used here: it time-weights the largest messages, and a
+        # stage 1-2 step's largest are the post-step gathers that wait for the peers'
+        # optimizer (measured: 4 KB gathers of 3-14 ms beside 4 KB reduce-scatters of 0.06 ms),
+        # which would price any bucket change as a loss.
+        beta = max(x.nbytes * bus_factor(op, max(1, x.group_size)) / x.duration_s for x in data)
         elements = sum(x.nbytes for x in data) / p
         key = "allgather_bucket_size" if op == "all_gather" else "reduce_bucket_size"
         current = c.allgather_bucket_size if op == "all_gather" else c.reduce_bucket_size
@@ -41,7 +49,7 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
         if target <= current:
             continue  # the count is not the bucket size's doing
         n, n_after = len(data), max(1, math.ceil(elements / target))
-        alpha = min(x.duration_s for x in data)
+        alpha = statistics.median(x.duration_s for x in data)
         now = sum(x.duration_s for x in data)
         wire = sum(x.nbytes * bus_factor(op, max(1, x.group_size)) for x in data)
         after = n_after * alpha + wire / beta
@@ -60,8 +68,8 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
                 evidence=(
                     f"{n} {op} of {nbytes(wire / n)} on the wire on average took {ms(now)} in "
                     f"step {f.latest.step if f.latest else '?'} of rank "
-                    f"{f.reference.rank if f.reference else '?'}; the fastest {ms(alpha)}, the "
-                    f"step's best busbw {beta / 1e9:.3g} GB/s",
+                    f"{f.reference.rank if f.reference else '?'}; the median {ms(alpha)}, the "
+                    f"best busbw {beta / 1e9:.3g} GB/s",
                     f"{op} wait {ms(means.exposed)} per step of a {ms(step)} step "
                     f"({f.steps_text}); {key} = {current:,} elements",
                 ),
@@ -82,17 +90,18 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
     return out
 
 
-def _unhideable(f: Facts, gathers: list[Collective]) -> float:
-    """Exposed wait of the gathers no prefetch can hide: the step's first fetch and the
-    gathers issued in the optimizer phase (the persistent parameters' refresh)."""
+def _unhideable(f: Facts, gathers: list[Collective], alpha: float) -> float:
+    """Wait on the gathers no prefetch can hide: the step's first fetch and those issued in the
+    optimizer phase (the persistent parameters' refresh), each at least a typical gather (the
+    wait for peers at those sync points moves there, it does not go away)."""
     if not gathers:
         return 0.0
     latest = f.latest
     spans = [(s.start_s, s.start_s + s.duration_s) for s in (latest.phase_spans if latest else [])
              if s.name == "optimizer"]  # fmt: skip
     first = min(gathers, key=lambda x: x.start_s)
-    late = [x for x in gathers if any(a <= x.start_s <= b for a, b in spans)]
-    return first.exposed_s + sum(x.exposed_s for x in late if x is not first)
+    late = [x for x in gathers if x is not first and any(a <= x.start_s <= b for a, b in spans)]
+    return sum(max(x.exposed_s, alpha) for x in [first, *late])
 
 
 def prefetch(f: Facts, t: Thresholds) -> Finding | None:
@@ -122,10 +131,15 @@ def prefetch(f: Facts, t: Thresholds) -> Finding | None:
         f"{largest:,}, gathered parameters {nonpersistent:,}; gathered peak {nbytes(f.gathered)}",
     )
     if ratio > t.prefetch_wait_max:
-        new = max(2 * largest, min(nonpersistent, 50_000_000))
+        # A window of k layers ahead, k covering one gather's time with the compute between
+        # two fetches; its first gather (k layers at once) is waited for.
+        alpha = statistics.median(x.duration_s for x in gathers) if gathers else 0.0
+        per_fetch = overlap / max(ag.count, 1.0)
+        k = max(2, math.ceil(alpha / per_fetch) + 1) if per_fetch > 0 else 2
+        new = min(max(k * largest, 2 * largest), max(nonpersistent, 2 * largest))
         if new <= c.prefetch_bucket_size:
             return None  # already covers the gathers: the wait is bandwidth, not prefetch
-        hideable = max(ag.exposed - _unhideable(f, gathers), 0.0)
+        hideable = max(ag.exposed - _unhideable(f, gathers, alpha) - k * alpha, 0.0)
         busy = ag.seconds
         saves = max(0.0, hideable - max(busy - overlap, 0.0))
         after = min(nonpersistent * size, f.gathered + (new - c.prefetch_bucket_size) * size)
@@ -140,9 +154,14 @@ def prefetch(f: Facts, t: Thresholds) -> Finding | None:
             change=Change(change),
             formula=f"saves_ms = hideable wait - max(0, fetch time - forward/backward compute) = "
             f"{ms(hideable)} - max(0, {ms(busy)} - {ms(overlap)}) = {ms(saves)} (hideable: all but "
-            f"the step's first fetch and the post-step refresh); saves_bytes = -(min(gathered params, "
+            f"the step's first fetch, the post-step refresh and the window's first gather of "
+            f"{k} layers, at least the median gather {ms(alpha)} each; assumes the gathers progress "
+            f"while the loop computes); saves_bytes = -(min(gathered params, "
             f"gathered peak + (new - old) bucket) * {size} B - gathered peak) = -{nbytes(extra)}",
-            confidence="medium",
+            # Hiding needs the gathers to progress while the loop computes: NCCL on a GPU does;
+            # gloo on a CPU only with a core to spare per rank (on an oversubscribed host the
+            # prefetched gathers starve and the step can get slower).
+            confidence="medium" if f.state.device.startswith("cuda") else "low",
             saves_ms=saves * 1e3,
             saves_bytes=-extra,
             ms_metric="fetch_wait_ms",

@@ -7,6 +7,8 @@ engine's accounting is tested against); everything else is measured.
 
 from __future__ import annotations
 
+import math
+
 from zeroscope.formulas import ModelStateBytes, model_state_bytes, param_bytes
 
 from .facts import Facts, hockney
@@ -58,9 +60,9 @@ def lower_stage(f: Facts, t: Thresholds) -> Finding | None:
         share = ag.exposed / step
         if share < t.exposed_share_min or ag.seconds <= 0:
             return None
-        # Stage 2 gathers the updated parameters once after the step, fully exposed: Hockney's
-        # t = alpha + S(N-1)/N / beta with the latency of the fastest all-gather measured here
-        # and the best bus bandwidth any collective reached in the step.
+        # Stage 2 gathers the updated parameters after the step, fully exposed: Hockney's
+        # t = alpha + S(N-1)/N / beta with alpha the median all-gather measured here and beta
+        # the bus bandwidth of the step's largest collectives (facts.hockney).
         n = c.dp_world_size
         size = (p.padded_total or p.total) * param_bytes(c.precision)
         alpha, beta = hockney(f)
@@ -68,17 +70,21 @@ def lower_stage(f: Facts, t: Thresholds) -> Finding | None:
             return NotJudged(
                 "stage", "no collective with a measurable bandwidth in the newest step"
             )
-        after = alpha + size * (n - 1) / n / beta
+        # Stage 2 gathers bucket by bucket (DeepSpeed: allgather_bucket_size; this engine lays
+        # its buckets out by reduce_bucket_size): the smaller bucket counts.
+        bucket = max(1, min(c.reduce_bucket_size, c.allgather_bucket_size))
+        gathers = max(1, math.ceil((p.padded_total or p.total) / bucket))
+        after = gathers * alpha + size * (n - 1) / n / beta
         saves = ag.exposed - after
         wait = (
             f"exposed all-gather wait {ms(ag.exposed)} of a {ms(step)} step ({share:.0%}), "
             f"{ag.count:.0f} all-gathers per step ({f.steps_text})"
         )
         formula = (
-            f"saves_ms = exposed all-gather wait - (alpha + Psi*p*(N-1)/N / beta) = "
-            f"{ms(ag.exposed)} - ({ms(alpha)} + {nbytes(size)}*{n - 1}/{n} / "
-            f"{beta / 1e9:.3g} GB/s) = {ms(saves)} (alpha: the fastest all-gather; beta: the best "
-            "busbw of the step's collectives)"
+            f"saves_ms = exposed all-gather wait - (buckets * alpha + Psi*p*(N-1)/N / beta) = "
+            f"{ms(ag.exposed)} - ({gathers} * {ms(alpha)} + {nbytes(size)}*{n - 1}/{n} / "
+            f"{beta / 1e9:.3g} GB/s) = {ms(saves)} (alpha: the median all-gather; beta: the "
+            "busbw of the step's largest collectives)"
         )
         metric = "exposed_ms"
     else:
