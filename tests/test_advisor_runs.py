@@ -250,7 +250,8 @@ def verify(runs: dict[str, Path], name: str, *extra: str, capacity: int | None =
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     trial = json.loads(done.stdout)
-    print(name, json.dumps(trial["advice"]), json.dumps(trial["checks"]))  # shown with -rP, and on failure
+    # Shown with -rP, and on failure: the advice against the measured outcome.
+    print(name, json.dumps(trial["advice"]), json.dumps(trial["checks"]))
     assert Path(trial["trial_trace"]).exists(), time.monotonic() - started
     return trial
 
