@@ -33,7 +33,7 @@ from .comm import CollectiveTracker, _cuda_event
 from .device_memory import DevicePeaks
 from .pending import PendingReport
 from .publish import TOKEN_ENV, Publisher
-from .sampler import Sampler
+from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
 from .schema import (
     SCHEMA_VERSION,
@@ -110,6 +110,9 @@ class LiveTelemetry(Telemetry):
         self.step = 1
         """The step in progress (the first StepReport is step 1)."""
         self.cuda = False
+        self.device_index: int | None = None
+        """The GPU named in Hello: allocator figures are read for it, not the current device
+        (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
         self._hello_sent = False
         self._timeline = StepTimeline()
@@ -138,10 +141,13 @@ class LiveTelemetry(Telemetry):
             if self.cuda:
                 index = torch.device(device).index
                 index = torch.cuda.current_device() if index is None else index
-                uuid = None
+                self.device_index = index
+                uuid = pci_bus = None
                 with contextlib.suppress(Exception):
-                    uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-                self.sampler.set_device(index, uuid)
+                    props = torch.cuda.get_device_properties(index)
+                    uuid = f"GPU-{props.uuid}"
+                    pci_bus = pci_bus_id(props)
+                self.sampler.set_device(index, uuid, pci_bus)
                 # The step's axis becomes the device's; peaks are sampled, never reset.
                 self._timeline.cuda_event = _cuda_event
                 self._peaks = DevicePeaks(torch.cuda, index)

@@ -146,6 +146,9 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     host_grads: int = 0
     host_optim: int = 0
     """Offloaded parts, in host memory or staged for NVMe (not included in params/grads/optim)."""
+    host_pinned: int | None = None
+    """Page-locked bytes the engine's host buffers really hold (the CUDA host allocator rounds
+    each block up to a power of two, so this can reach 2x their size); None: nothing pinned."""
     nvme_bytes: int = 0
     activations_layers: int = 0
     """Repeated blocks (``ParamCounts.layers``) entered in the measured forward; 0 = not split."""

@@ -1,4 +1,4 @@
-"""Everything the engine tells the agent, in one place (collectives are reported in comm.py,
+"""Everything the engine tells the agent, in one place (collectives are reported in process_group.py,
 where they are issued). The engine calls these few methods; nothing else in engine/ touches
 :mod:`zeroscope.agent.api`."""
 
@@ -48,9 +48,11 @@ def config_summary(cfg: DeepSpeedConfig, dp_world_size: int, optimizer: str) -> 
 
 
 def largest_layer(module: torch.nn.Module) -> int:
-    """Elements of the module that directly owns the most parameter elements."""
+    """Elements of the module that directly owns the most parameter elements (a parameter
+    partitioned by ``zero.Init`` counts with its full ``ds_numel``)."""
     return max(
-        (sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0
+        (sum(param_numel(p) for p in m.parameters(recurse=False)) for m in module.modules()),
+        default=0,
     )
 
 
@@ -77,6 +79,11 @@ def model_bytes(module: torch.nn.Module) -> tuple[int, bool]:
     return sum(p.numel() * p.element_size() for p in params), any(
         hasattr(p, "ds_tensor") for p in params
     )
+
+
+def param_numel(param: torch.Tensor) -> int:
+    """Elements of ``param``, also while it is a ZeRO-3 placeholder."""
+    return int(getattr(param, "ds_numel", param.numel()))
 
 
 class Reporter:

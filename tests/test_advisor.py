@@ -230,3 +230,32 @@ def test_cli_preflight_and_bad_input(tmp_path: Path) -> None:
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     no_world = _cli(str(config))
     assert no_world.returncode == 2 and "--world-size" in no_world.stderr
+
+
+def test_stage3_save_without_gathering_is_reported(tmp_path: Path) -> None:
+    """Rule 10's evidence: the engine's save_16bit_model at stage 3 without
+    stage3_gather_16bit_weights_on_model_save writes nothing, returns False, and tells the
+    agent so (a checkpoint event naming the key)."""
+    import torch
+
+    from tests.models import TinyGPT
+    from tests.recorder import RecordingTelemetry
+    from zeroscope.agent.api import set_telemetry
+    from zeroscope.engine.api import initialize
+
+    tel = RecordingTelemetry()
+    set_telemetry(tel)
+    try:
+        torch.manual_seed(0)
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 3},
+        }
+        engine, *_ = initialize(model=TinyGPT(), config=config)
+        assert engine.save_16bit_model(str(tmp_path)) is False
+    finally:
+        set_telemetry(None)
+    assert not any(tmp_path.iterdir())
+    (event,) = [e for e in tel.events if e[0] == "checkpoint"]
+    assert "skipped" in event[1] and "stage3_gather_16bit_weights_on_model_save" in event[1]

@@ -16,7 +16,7 @@ applied. Known answers:
 
 For the memory and time rules (stage, fp16, activations), the trial must move the predicted figure
 in the predicted direction by at least half the predicted amount: figures the agent measured in
-both runs (the collective waits, skipped share, engine bytes), never a clock in the test. The
+both runs (the all-gather wait, skipped share, engine bytes), never a clock in the test. The
 prefetch rule's trial is not asserted here: hiding fetches needs the gathers to progress while the
 loop computes, which gloo on an oversubscribed 2-core host does not do (measured: prefetched 16 KB
 gathers taking 10-30 ms each against 0.01-2 ms when waited for); the rule says so (low
@@ -266,7 +266,7 @@ def test_verify_lower_stage(runs: dict[str, Path]) -> None:
     trial = verify(runs, "zero3")
     assert trial["advice"]["rule"] == "stage"
     assert json.loads(Path(trial["config"]).read_text())["zero_optimization"]["stage"] == 2
-    assert _held(trial, "exposed_ms")["predicted"] > 0
+    assert _held(trial, "fetch_wait_ms")["predicted"] > 0
     assert _held(trial, "model_state_bytes")["predicted"] < 0
 
 

@@ -110,9 +110,9 @@ def _engine_run(
         state["engine"] = eng
         model_step = eng._take_model_step
 
-        def timed_step() -> None:
+        def timed_step(*args: object, **kwargs: object) -> None:
             t0 = time.perf_counter()
-            model_step()
+            model_step(*args, **kwargs)
             clock.append(time.perf_counter() - t0)
 
         eng._take_model_step = timed_step
