@@ -10,6 +10,7 @@ SCREENS: dict[str, tuple[str, str]] = {
     "comm": ("Communication", "bytes per step vs 2Ψ/3Ψ, bus bandwidth per op, exposed share"),
     "loss_scale": ("Loss scale", "fp16 loss scale on a log2 axis, overflow and skip events"),
     "advice": ("Advice", "which ds_config change buys how much memory or time, with evidence"),
+    "log": ("Log", "the job's own output (runs/<job>.log), followed live"),
 }
 
 
@@ -30,4 +31,8 @@ def screen_for(name: str) -> StateScreen:
         from .advice_screen import AdviceScreen
 
         return AdviceScreen()
+    if name == "log":
+        from .log_screen import LogScreen
+
+        return LogScreen()
     raise ValueError(f"no screen named {name!r}")
