@@ -9,6 +9,12 @@ through backward; the step's A is their peak.
 What counts: the *storage* behind each saved tensor, once, however many tensors (views, the
 same tensor saved by two ops) share it, because that is the memory actually held. Parameters
 (``nn.Parameter`` or views of one) are skipped: they are P, reported by the engine.
+
+Only the innermost pair of saved-tensor hooks applies, so counting hooks entered inside a
+script's own (``torch.autograd.graph.save_on_cpu``, a compression hook) would silently switch
+the script's off. The counter's hooks therefore hand each tensor on to the hooks that were
+active when they were entered, and unpack through them: the count is of what autograd saved,
+the script's hooks still decide how it is kept.
 """
 
 from __future__ import annotations
@@ -29,14 +35,18 @@ class BlockSplit:
 
 
 class _Saved:
-    """Pack-hook handle: holds the tensor for autograd, releases its storage's bytes on death."""
+    """Pack-hook handle: holds what is kept for autograd (the tensor, or what the enclosing
+    hooks packed it into) and releases its storage's bytes on death."""
 
-    __slots__ = ("counter", "key", "tensor")
+    __slots__ = ("counter", "key", "tensor", "unpack")
 
-    def __init__(self, counter: ActivationCounter, tensor: torch.Tensor, key: Any) -> None:
+    def __init__(
+        self, counter: ActivationCounter, tensor: Any, key: Any, unpack: Any = None
+    ) -> None:
         self.counter = counter
         self.tensor = tensor
         self.key = key
+        self.unpack = unpack
 
     def __del__(self) -> None:
         if self.key is not None:
@@ -62,19 +72,24 @@ class ActivationCounter:
         self._block_start = 0
         self._blocks = BlockSplit()
 
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        """A fresh context manager that counts what is saved while it is entered."""
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+    def hooks(self) -> _DelegatingHooks:
+        """A fresh context manager that counts what is saved while it is entered, passing each
+        tensor on to the saved-tensor hooks already active then (see the module docstring)."""
+        return _DelegatingHooks(self)
 
-    def _pack(self, tensor: torch.Tensor) -> Any:
+    def _pack(self, tensor: torch.Tensor, outer: Any = None) -> Any:
+        kept: Any = tensor
+        unpack = None
+        if outer is not None:
+            kept, unpack = outer[0](tensor), outer[1]
         try:
             if _is_parameter(tensor):
-                return _Saved(self, tensor, None)
+                return _Saved(self, kept, None, unpack)
             storage = tensor.untyped_storage()
             key = (tensor.device, storage.data_ptr())
             nbytes = storage.nbytes()
         except Exception:  # e.g. tensor subclasses without storage: not counted, never fatal
-            return _Saved(self, tensor, None)
+            return _Saved(self, kept, None, unpack)
         with self._lock:
             entry = self._refs.get(key)
             if entry is None:
@@ -84,11 +99,11 @@ class ActivationCounter:
                     self.peak = self.live
             else:
                 entry[0] += 1
-        return _Saved(self, tensor, key)
+        return _Saved(self, kept, key, unpack)
 
     @staticmethod
     def _unpack(saved: _Saved) -> torch.Tensor:
-        return saved.tensor
+        return saved.tensor if saved.unpack is None else saved.unpack(saved.tensor)
 
     def _release(self, key: Any) -> None:
         with self._lock:
@@ -127,3 +142,20 @@ class ActivationCounter:
         with self._lock:
             peak, self.peak = self.peak, self.live
         return peak
+
+
+class _DelegatingHooks(torch.autograd.graph.saved_tensors_hooks):
+    """The counter's saved-tensor hooks, chained to the pair active when entered."""
+
+    def __init__(self, counter: ActivationCounter) -> None:
+        self._counter = counter
+        super().__init__(counter._pack, counter._unpack)
+
+    def __enter__(self) -> None:
+        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        counter = self._counter
+        if outer is not None:
+            self.pack_hook = lambda tensor: counter._pack(tensor, outer)
+        else:
+            self.pack_hook = counter._pack
+        super().__enter__()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
 from .schema import (
@@ -120,12 +120,22 @@ class NullTelemetry(Telemetry):
 
 
 _current: Telemetry | None = None
+_claim_listeners: list[Callable[[], None]] = []
+
+
+def on_claim(listener: Callable[[], None]) -> None:
+    """Call ``listener`` (once) when code in this process first asks for :func:`telemetry`:
+    that engine reports for itself, so the attach (agent/attach) stands down and nothing is
+    counted twice."""
+    _claim_listeners.append(listener)
 
 
 def telemetry() -> Telemetry:
     """This process's reporter: the live agent when ``ZEROSCOPE_COLLECTOR`` is set, else a
     no-op. Created once per process."""
     global _current
+    while _claim_listeners:
+        _claim_listeners.pop()()
     if _current is None:
         if os.environ.get(COLLECTOR_ENV):
             from .live import start_agent  # imported lazily: costs nothing when off

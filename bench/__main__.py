@@ -2,7 +2,7 @@
 
     python -m bench                      # full run, ~10-15 min on 2 cores
     python -m bench --quick              # smaller sizes, fewer rounds, ~3 min
-    python -m bench --only engine,agent  # sections: engine, agent, ingest, tui, gpu
+    python -m bench --only engine,agent  # sections: engine, agent, attach, ingest, tui, gpu
     python -m bench --update-docs        # also refresh the tables in docs/bench.md
 
 Each section is independent: one that fails is recorded as failed in the table and the rest
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS: dict[str, Callable[[bool], list[Table]]] = {
     "engine": sections.engine,
     "agent": sections.agent,
+    "attach": sections.attach,
     "ingest": sections.ingest,
     "tui": sections.tui,
     "gpu": sections.gpu,

@@ -162,28 +162,9 @@ def _ablate(live: Any, parts: str) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run both ranks; per rank: paired on/off ratios (CPU and wall), A/A control, agent-call
     time, wire bytes per step; plus the collector's counts."""
-    import multiprocessing as mp
-    import socket
-
     from bench.harness import paired_ratio
-    from zeroscope.collector import Collector
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with Collector() as col:
-        q = ctx.Queue()
-        procs = [
-            ctx.Process(target=rank_main, args=(r, 2, port, col.ingest_address, args, q))
-            for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        results = sorted(q.get(timeout=1800) for _ in procs)
-        for p in procs:
-            p.join()
-        received = col.stats()
+    results, received = spawn_ranks(rank_main, args, timeout=1800)
     ranks = []
     for rank, times, cpu, direct, errors, dropped, wire in results:
         ranks.append(
@@ -203,6 +184,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     return {"ranks": ranks, "collector": received}
+
+
+def spawn_ranks(target: Any, args: Any, timeout: float) -> tuple[list[Any], dict[str, Any]]:
+    """Run ``target(rank, 2, port, collector_address, args, queue)`` on 2 spawned ranks with a
+    real collector; their results (sorted by rank) and the collector's counts. A rank that dies
+    without a result fails the run at once instead of waiting out ``timeout``."""
+    import multiprocessing as mp
+    import queue
+    import socket
+    import time
+
+    from zeroscope.collector import Collector
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with Collector() as col:
+        q = ctx.Queue()
+        procs = [
+            ctx.Process(target=target, args=(r, 2, port, col.ingest_address, args, q))
+            for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        results: list[Any] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < len(procs):
+                try:
+                    results.append(q.get(timeout=5))
+                except queue.Empty:
+                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                    if dead or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"a rank failed (exit codes {dead}) or timed out"
+                        ) from None
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+        received = col.stats()
+    return sorted(results, key=lambda r: r[0]), received
 
 
 def parser() -> argparse.ArgumentParser:

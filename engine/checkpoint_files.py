@@ -1,17 +1,26 @@
 """``engine.save_checkpoint`` / ``engine.load_checkpoint`` with DeepSpeed's names, files and
 return values, written so that a kill at any instant leaves the previous checkpoint loadable.
 
-Layout (DeepSpeed's runtime/engine.py and checkpoint/constants.py names)::
+Layout: the file names DeepSpeed 0.19.8 writes (runtime/engine.py, checkpoint/constants.py;
+checked by running it, tests/test_differential.py)::
 
     save_dir/latest                                     the newest complete tag (text)
-    save_dir/<tag>/mp_rank_00_model_states.pt           rank 0: module weights (stage 3: buffers
-                                                        only), step counters, scheduler, loss
-                                                        scaler, client_state, and the layout
-                                                        that zero_to_fp32 needs
+    save_dir/<tag>/mp_rank_00_model_states.pt           stages 0-2, rank 0: module weights, step
+                                                        counters, scheduler, loss scaler,
+                                                        client_state, the layout that
+                                                        zero_to_fp32 needs; at stage 0 also the
+                                                        optimizer state and every rank's RNG
+                                                        states (DeepSpeed keeps stage 0's
+                                                        optimizer in this file too)
+    save_dir/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt
+                                                        stage 3, every rank: the same, with the
+                                                        module's buffers only (its weights are
+                                                        the shards)
     save_dir/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt
-                                                        every rank: its fp32 master and Adam
-                                                        shards (from RAM, host or NVMe), RNG
-                                                        states (CPU, and CUDA's)
+                                                        stages 1-3, every rank: its fp32 master
+                                                        and Adam shards (from RAM, host or
+                                                        NVMe), stage 3's frozen-parameter
+                                                        shards, RNG states (CPU, and CUDA's)
 
 Atomicity: every rank writes into ``save_dir/.<tag>.tmp`` (each file flushed and fsynced); after
 a barrier rank 0 fsyncs the folder, renames it to ``<tag>`` (an older ``<tag>`` is first
@@ -38,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint_layout import strategy_layout
+from .deepspeed_checkpoint import is_torch_pickle
 from .tensor_tree import load_tree, save_tree
 
 log = logging.getLogger("zeroscope.engine")
@@ -51,6 +61,53 @@ SLEEP_ENV = "ZEROSCOPE_CHECKPOINT_TEST_SLEEP"
 def optim_file(rank: int, precision: str) -> str:
     prefix = "bf16_" if precision == "bf16" else ""
     return f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def model_file(stage: int, rank: int) -> str:
+    """DeepSpeed's model-states name: one file at stages 0-2, one per rank at stage 3."""
+    return f"zero_pp_rank_{rank}_{MODEL_FILE}" if stage == 3 else MODEL_FILE
+
+
+def model_path(folder: Path, rank: int = 0) -> Path:
+    """The model-states file ``rank`` reads in a checkpoint folder, whatever its stage."""
+    for name in (MODEL_FILE, model_file(3, rank)):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(
+        f"checkpoint {folder} has neither {MODEL_FILE} nor {model_file(3, rank)} "
+        f"(incomplete checkpoint?)"
+    )
+
+
+def _rng_states(engine: Any) -> dict[str, Any]:
+    return {
+        "rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+
+
+def _gather_rng_states(engine: Any) -> list[dict[str, Any]]:
+    """Every rank's RNG states (collective): stage 0 has no per-rank file to keep them in."""
+    mine = _rng_states(engine)
+    if engine.comm.world_size == 1 or not dist.is_initialized():
+        return [mine]
+    out: list[dict[str, Any]] = [{} for _ in range(engine.comm.world_size)]
+    for key, value in mine.items():
+        if value is None:
+            for one in out:
+                one[key] = None
+            continue
+        parts = [torch.empty_like(value, device=engine.device) for _ in out]
+        dist.all_gather(parts, value.to(engine.device), group=engine.comm.group)
+        for one, part in zip(out, parts):
+            one[key] = part.cpu()
+    return out
+
+
+def _restore_rng(saved: dict[str, Any]) -> None:
+    torch.set_rng_state(saved["rng_state"])
+    if saved.get("cuda_rng_state") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(saved["cuda_rng_state"])
 
 
 def _barrier(engine: Any) -> None:
@@ -118,20 +175,25 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier(engine)
+    stage = engine.zero_optimization_stage()
     optim = {
         "optimizer_state_dict": engine.strategy.state_dict(),
         "rank": rank,
         "dp_world_size": engine.comm.world_size,
-        "zero_stage": engine.zero_optimization_stage(),
-        "rng_state": torch.get_rng_state(),
-        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "zero_stage": stage,
+        **_rng_states(engine),
     }
-    _write(tmp / optim_file(rank, engine._config.precision), optim)
-    if rank == 0:
+    extra: dict[str, Any] = {}
+    if stage == 0:  # every rank holds the same optimizer state: one file, as DeepSpeed
+        extra = {"optimizer": optim, "rng_states": _gather_rng_states(engine)}
+    else:
+        _write(tmp / optim_file(rank, engine._config.precision), optim)
+    if rank == 0 or stage == 3:
         scheduler = engine.lr_scheduler
         _write(
-            tmp / MODEL_FILE,
+            tmp / model_file(stage, rank),
             {
+                **extra,
                 "module": _module_state(engine),
                 "layout": strategy_layout(engine),
                 "global_steps": engine.global_steps,
@@ -191,6 +253,12 @@ def resolve(load_dir: str, tag: str | None) -> Path | None:
 def _load(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file {path} is missing (incomplete checkpoint?)")
+    if is_torch_pickle(path):
+        raise ValueError(
+            f"{path} is a torch pickle (a DeepSpeed checkpoint?), not this engine's: consolidate "
+            f"it with `python -m zeroscope.engine.zero_to_fp32 {path.parent.parent} weights.pt` "
+            f"and load those weights into the model before initialize()"
+        )
     return load_tree(path)
 
 
@@ -209,7 +277,7 @@ def load_checkpoint(
     if path is None:
         log.warning("no 'latest' file in %s: nothing loaded", load_dir)
         return None, None
-    model = _load(path / MODEL_FILE)
+    model = _load(model_path(path, engine.comm.rank))
     stage, world = engine.zero_optimization_stage(), engine.comm.world_size
     with_optimizer = load_optimizer_states and not load_module_only
     if (model["zero_stage"], model["dp_world_size"]) != (stage, world) and with_optimizer:
@@ -221,13 +289,15 @@ def load_checkpoint(
     strict = load_module_strict and stage != 3
     engine.module.load_state_dict(model["module"], strict=strict)
     inner = getattr(engine.strategy, "inner", engine.strategy)
-    if with_optimizer:
+    if with_optimizer and "optimizer" in model:  # stage 0: one file holds it all
+        engine.strategy.load_state_dict(model["optimizer"]["optimizer_state_dict"])
+        restore_optimizer_hyper(engine, model.get("optimizer_hyper"))
+        _restore_rng(model["rng_states"][engine.comm.rank])
+    elif with_optimizer:
         optim = _load(path / optim_file(engine.comm.rank, engine._config.precision))
         engine.strategy.load_state_dict(optim["optimizer_state_dict"])
         restore_optimizer_hyper(engine, model.get("optimizer_hyper"))
-        torch.set_rng_state(optim["rng_state"])
-        if optim.get("cuda_rng_state") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(optim["cuda_rng_state"])
+        _restore_rng(optim)
     elif stage == 3:
         raise ValueError(
             "loading only the module of a stage-3 checkpoint is not supported (its weights are "

@@ -9,7 +9,8 @@ Two layouts, as plain lists and dicts (weights_only-loadable):
   cut into ``shards`` equal pieces, piece r on rank r (stage 0: one piece, every rank).
 - ``stage3`` (zero/stage3/partition.py): per parameter, its numel, shape, ``shard_numel`` and
   ``offset`` in each rank's flat buffer; rank r holds elements ``[r*s, (r+1)*s)`` of the padded
-  parameter. The rank's trainable masters are the first ``trainable_numel`` elements.
+  parameter. The rank's trainable masters are the first ``trainable_numel`` elements, its
+  frozen-parameter shards (saved beside the masters) the rest.
 
 ``aliases`` maps every ``state_dict`` key that is a parameter to the parameter's canonical name
 (a tied weight appears under each of its names).
@@ -74,8 +75,8 @@ def consolidate(layout: dict[str, Any], ranks: list[list[torch.Tensor]]) -> dict
         flats = [torch.cat([m.reshape(-1) for m in shards]) for shards in ranks]
         for p in layout["params"]:
             start, s = p["offset"], p["shard_numel"]
-            if start + s > layout["trainable_numel"]:
-                continue  # frozen: no master (not stepped)
+            if start + s > flats[0].numel():
+                continue  # frozen, in a checkpoint that did not keep the frozen shards
             pieces = [flats[r][start : start + s] for r in range(world)]
             full[p["name"]] = torch.cat(pieces)[: p["numel"]].reshape(p["shape"]).clone()
         return full

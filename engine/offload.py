@@ -211,7 +211,11 @@ class OffloadStrategy:
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"shards": self.store.state_shards()}
         if hasattr(self.inner, "partition"):
-            state.update(stage=3, world_size=self.inner.partition.world_size)
+            state.update(
+                stage=3,
+                world_size=self.inner.partition.world_size,
+                frozen=self.inner.frozen_shards(),  # type: ignore[attr-defined]
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -223,8 +227,12 @@ class OffloadStrategy:
                     f"{state.get('world_size')}; this run is stage 3 at {world}"
                 )
         self.store.load(state["shards"])
+        frozen = state.get("frozen")
         if self.params is not None:
-            self.params.begin_write()
+            self.params.begin_write(frozen)
+        elif frozen is not None:  # stage 3, parameters on the device
+            part = self.inner.partition  # type: ignore[attr-defined]
+            part.shards[part.flat_numel - frozen.numel() :].copy_(frozen)
         for i, saved in enumerate(state["shards"]):
             self._write_param(i, 0, saved["master"].to(torch.float32))
         self.copier.flush()

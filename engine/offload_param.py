@@ -50,6 +50,9 @@ class ParamHome:
         self.numel = part.shards.numel()
         self.element_size = part.element_size
         self.pin = pin
+        # The optimizer rewrites the trainable shards, which come first in the flat buffer
+        # (stage 3 sorts frozen parameters last); the rest is written only at start-up.
+        self.stepped_numel = sum(shard.master.numel() for shard in strategy.shards)
         self.swapper: NvmeSwapper | None = None
         self.host: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
@@ -105,9 +108,24 @@ class ParamHome:
 
     # -- NVMe: the optimizer writes the new 16-bit shards through a staging buffer ------------
 
-    def begin_write(self) -> None:
-        if self.swapper is not None:
-            self._staging = host_empty(self.numel, self.dtype, pin=self.pin)
+    def begin_write(self, frozen: torch.Tensor | None = None) -> None:
+        """Before the optimizer writes the trainable shards: ``frozen`` (a checkpoint's frozen
+        shards) replaces the frozen elements. With NVMe a whole new file is staged: the
+        optimizer fills the trainable elements and the frozen ones come from ``frozen`` or are
+        read back from the file, else the rewrite would replace them with whatever the fresh
+        buffer held (NaN from the next gather)."""
+        start = self.stepped_numel
+        if self.host is not None:
+            if frozen is not None:
+                self.host[start:].copy_(frozen)
+            return
+        assert self.swapper is not None
+        self._staging = host_empty(self.numel, self.dtype, pin=self.pin)
+        kept = self._staging[start:]
+        if frozen is not None:
+            kept.copy_(frozen)
+        elif kept.numel():
+            self.swapper.record(self.swapper.read(_UNIT, kept, offset=start * self.element_size))
 
     def staging(self, start: int, numel: int) -> torch.Tensor:
         """Where the updated shard elements ``[start, start + numel)`` go before the file."""

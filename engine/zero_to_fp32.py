@@ -7,7 +7,10 @@ reads ``CHECKPOINT_DIR/latest`` (or ``--tag``), every rank's fp32 master shards 
 saved beside them (engine/checkpoint_layout.py), and writes a ``state_dict`` that
 ``model.load_state_dict(torch.load(OUTPUT.pt, weights_only=True))`` accepts on the plain,
 unwrapped model: fp32 weights under every ``state_dict`` name (tied weights under each), the
-buffers, and frozen parameters as saved. It needs no GPU, no process group, and not the model.
+buffers, and the frozen parameters. It needs no GPU, no process group, and not the model.
+
+The checkpoint may also be one DeepSpeed wrote (torch pickles): it is read without running code
+(engine/deepspeed_checkpoint.py), so a run moves between DeepSpeed and this engine.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_files import MODEL_FILE, optim_file, resolve
+from .checkpoint_files import model_path, optim_file, resolve
 from .checkpoint_layout import consolidate
+from .deepspeed_checkpoint import DeepSpeedCheckpointError, fp32_state_dict, is_torch_pickle
 from .tensor_tree import load_tree
 
 
@@ -30,15 +34,27 @@ def get_fp32_state_dict_from_zero_checkpoint(
     path = resolve(checkpoint_dir, tag)
     if path is None:
         raise FileNotFoundError(f"{checkpoint_dir} has no 'latest' file: pass a tag")
-    model = load_tree(path / MODEL_FILE)
+    first = model_path(path)
+    if is_torch_pickle(first):
+        return fp32_state_dict(path)
+    model = load_tree(first)
     world = model["dp_world_size"]
+    if "optimizer" in model:  # stage 0: every rank held the same optimizer state
+        optims = [model["optimizer"]]
+    else:
+        optims = []
+        for r in range(world):
+            file = path / optim_file(r, model["precision"])
+            if not file.is_file():
+                raise FileNotFoundError(f"{file} is missing: the checkpoint has {world} ranks")
+            optims.append(load_tree(file))
     ranks = []
-    for r in range(world):
-        file = path / optim_file(r, model["precision"])
-        if not file.is_file():
-            raise FileNotFoundError(f"{file} is missing: the checkpoint has {world} ranks")
-        optim = load_tree(file)
-        ranks.append([s["master"] for s in optim["optimizer_state_dict"]["shards"]])
+    for optim in optims:
+        state = optim["optimizer_state_dict"]
+        masters = [s["master"] for s in state["shards"]]
+        if state.get("frozen") is not None:  # stage 3: the frozen shards follow the masters
+            masters.append(state["frozen"].float())
+        ranks.append(masters)
     layout = model["layout"]
     full = consolidate(layout, ranks)
     out: dict[str, torch.Tensor] = {}
@@ -73,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         state = convert_zero_checkpoint_to_fp32_state_dict(
             args.checkpoint_dir, args.output_file, args.tag
         )
-    except (FileNotFoundError, KeyError, ValueError) as exc:
+    except (FileNotFoundError, KeyError, ValueError, DeepSpeedCheckpointError) as exc:
         print(f"zero_to_fp32: {exc}", file=sys.stderr)
         return 1
     numel = sum(t.numel() for t in state.values())

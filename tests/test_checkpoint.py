@@ -197,10 +197,13 @@ def test_one_process_round_trip(tmp_path: Path, stage: int, precision: str) -> N
     first = build(config)
     train(first, 0, 1, range(2))
     first.engine.save_checkpoint(str(tmp_path))
-    prefix = "bf16_" if precision == "bf16" else ""
-    assert (
-        tmp_path / "global_step2" / f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    ).is_file()
+    # DeepSpeed 0.19.8's names: stage 0 keeps its optimizer in the one model-states file.
+    want = {"mp_rank_00_model_states.pt"}
+    if stage:
+        want.add(
+            f"{'bf16_' if precision == 'bf16' else ''}zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        )
+    assert {p.name for p in (tmp_path / "global_step2").iterdir()} == want
     second = build(config, seed=3)
     second.engine.load_checkpoint(str(tmp_path))
     assert train(second, 0, 1, range(2, 3)) == whole[2:]

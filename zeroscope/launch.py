@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.agent.schema import Message
 
 COLLECTOR_ENV = "ZEROSCOPE_COLLECTOR"
@@ -68,13 +69,22 @@ def torchrun_argv(args: argparse.Namespace, script: str, script_args: list[str])
 def job_environment(
     base: Mapping[str, str], collector: str, job_id: str, token: str | None = None
 ) -> dict[str, str]:
-    env = dict(base)
+    env = with_bootstrap(base)
     env[COLLECTOR_ENV] = collector
     env[JOB_ID_ENV] = job_id
     if token:
         env[TOKEN_ENV] = token
     else:
         env.pop(TOKEN_ENV, None)
+    return env
+
+
+def with_bootstrap(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with zeroscope's bootstrap first on ``PYTHONPATH``: its ``sitecustomize`` attaches
+    the agent to DeepSpeed, FSDP2, DDP and HF Trainer jobs with no change to the script
+    (zeroscope.agent.attach). The job's own ``PYTHONPATH`` entries follow it."""
+    env = dict(base)
+    env["PYTHONPATH"] = pythonpath_with_bootstrap(env.get("PYTHONPATH"))
     return env
 
 

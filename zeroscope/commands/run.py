@@ -22,6 +22,7 @@ from zeroscope.launch import (
     add_torchrun_arguments,
     job_environment,
     torchrun_argv,
+    with_bootstrap,
 )
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
@@ -69,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
 
         base = alias_environment(base)
     if not plan.hosts_collector:
-        env = {**base, **plan.rank_env()}
+        env = with_bootstrap({**base, **plan.rank_env()})
         return multinode.run_worker_node(Job(argv, env), plan)
     job_id = plan.job_id
     trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
@@ -151,10 +152,20 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
     for agg in state.flush():
         print(step_line(agg), flush=True)
     code = job.exit_code()
-    for line in summary_lines(state, trace):
+    for line in summary_lines(state, trace) + silent_job_notice(state):
         print(line, flush=True)
     print(f"job exit code {code}", flush=True)
     return code
+
+
+def silent_job_notice(state: ClusterState) -> list[str]:
+    """One line when no rank ever reported: the workers did not load zeroscope's bootstrap."""
+    if state.ranks:
+        return []
+    return [
+        "zeroscope: no rank reported; the workers did not load zeroscope's sitecustomize "
+        "(python -S, or a launcher that resets PYTHONPATH?) or found no engine to attach to"
+    ]
 
 
 def _print_steps(state: ClusterState, messages: list) -> None:
@@ -193,7 +204,7 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
     _drain(state, source)
     state.flush()
     code = job.exit_code()
-    for line in summary_lines(state, trace):
+    for line in summary_lines(state, trace) + silent_job_notice(state):
         print(line)
     if code != 0 and job.log:
         _print_log_tail(job.log)

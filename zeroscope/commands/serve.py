@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zeroscope import discovery
+from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.cli import CliError
 from zeroscope.multinode import (
     COLLECTOR_ENV,
@@ -99,6 +100,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def job_environment(ingest: str, token: str | None, job_id: str) -> dict[str, str]:
     """What a rank needs in its environment to report to this collector."""
     env = {COLLECTOR_ENV: ingest, JOB_ID_ENV: job_id}
+    env["PYTHONPATH"] = pythonpath_with_bootstrap(os.environ.get("PYTHONPATH"))
     if token:
         env[TOKEN_ENV] = token
     return env

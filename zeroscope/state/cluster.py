@@ -145,6 +145,9 @@ class ClusterState:
         self.config: ConfigSummary | None = None
         self.params: ParamCounts | None = None
         self.device = ""
+        self.engine = ""
+        """What the ranks run on (Hello.engine): ``zeroscope`` (the bundled engine), or the
+        engine the attach found (``deepspeed``, ``fsdp2``, ``ddp``, ``hf-trainer+...``)."""
         self.clock_s = 0.0
         self.messages = 0
         self.version = 0
@@ -202,6 +205,7 @@ class ClusterState:
             self.config = self.config or message.config
             self.params = self.params or message.params
             self.device = self.device or message.device
+            self.engine = message.engine or self.engine
         elif isinstance(message, Event):
             self.events.append(message)
         elif isinstance(message, Heartbeat):

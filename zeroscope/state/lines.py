@@ -40,7 +40,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     memory, and the alerts still standing."""
     done = state.complete_steps()
     t = state.totals
-    lines = [f"job {state.job_id or 'NA'}: {t.steps} steps on {len(state.ranks)} ranks"]
+    engine = "" if state.engine in ("", "zeroscope") else f" ({state.engine})"
+    lines = [f"job {state.job_id or 'NA'}: {t.steps} steps on {len(state.ranks)} ranks" + engine]
     lines += missing_lines(state)
     if done:
         last = done[-1]

@@ -31,7 +31,8 @@ def header_segments(
             if c.offload_param == "none"
             else (f"{c.offload_optimizer}+param {c.offload_param}")
         )
-        segments.append((f"ZeRO-{c.stage} {c.precision} offload {offload}", ""))
+        engine = "" if state.engine in ("", "zeroscope") else f"{state.engine} "
+        segments.append((f"{engine}ZeRO-{c.stage} {c.precision} offload {offload}", ""))
     else:
         segments.append(("config NA", ""))
     segments.append((f"step {latest.step if latest else 'NA'}", "bold"))

@@ -10,6 +10,7 @@ arXiv 1910.02054, P_os+g+p).
 - ``save``        the consolidated 16-bit weights file (safetensors, no pickle)
 """
 
+from .coordinator import register_external_parameter
 from .strategy import Stage3Strategy
 
-__all__ = ["Stage3Strategy"]
+__all__ = ["Stage3Strategy", "register_external_parameter"]

@@ -50,6 +50,17 @@ class _ParamUse:
 _NEVER = -(10**12)
 
 
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """DeepSpeed's ``deepspeed.zero.register_external_parameter``: ``parameter`` (owned by
+    another module) is used inside ``module``'s forward, so stage 3 gathers it for ``module``
+    too. Stored where DeepSpeed stores it (``module._external_params``, keyed by id), so a model
+    that registers in its ``__init__``, before any engine exists, works on either engine."""
+    if not isinstance(parameter, nn.Parameter):
+        raise RuntimeError("Parameter is not a torch.nn.Parameter")
+    marked: dict[int, nn.Parameter] = module.__dict__.setdefault("_external_params", {})
+    marked[id(parameter)] = parameter
+
+
 class ParameterCoordinator:
     """Gathers a module's parameters before it runs and releases them after, per the trace."""
 
@@ -94,7 +105,10 @@ class ParameterCoordinator:
         found = self._params_of.get(module)
         if found is None:
             own = [self.partition.by_param[p] for p in module.parameters(recurse=False)]
-            found = own + [sp for sp in self.external.get(module, []) if sp not in own]
+            # DeepSpeed's register_external_parameter stores them on the module itself.
+            marked = module.__dict__.get("_external_params", {}).values()
+            external = self.external.get(module, []) + [self.partition.by_param[p] for p in marked]
+            found = own + [sp for sp in dict.fromkeys(external) if sp not in own]
             self._params_of[module] = found
         registered = module.__dict__.get("_external_params")
         if registered:
@@ -104,7 +118,8 @@ class ParameterCoordinator:
 
     def register_external_parameter(self, module: nn.Module, param: nn.Parameter) -> None:
         """``param`` (owned elsewhere) is used inside ``module``'s forward: gather it there too
-        (DeepSpeed's ``register_external_parameter``)."""
+        (DeepSpeed's ``register_external_parameter``; a module marked before the engine was
+        built, by :func:`register_external_parameter`, is read by :meth:`params_of`)."""
         self.external.setdefault(module, []).append(self.partition.by_param[param])
         self._params_of.pop(module, None)
 

@@ -229,6 +229,11 @@ class Partition:
             piece = torch.cat([piece, full.new_zeros(sp.shard_numel - piece.numel())])
         return piece
 
+    @property
+    def flat_numel(self) -> int:
+        """Elements of the rank's flat shard buffer (its shards of every parameter)."""
+        return sum(sp.shard_numel for sp in self.params)
+
     def shard_span(self, start: int, end: int) -> torch.Tensor:
         """Elements ``[start, end)`` of the flat shard buffer (offload_param overrides this and
         ``shard_of`` to bring the shards in from host memory or NVMe: engine/offload_param.py)."""

@@ -174,12 +174,28 @@ class Stage3Strategy:
         params = self.partition.params
         return sum(sp.numel for sp in params), sum(sp.padded_numel for sp in params)
 
+    @property
+    def trainable_numel(self) -> int:
+        """Elements of this rank's flat shards that the optimizer steps. The trainable
+        parameters' shards come first; the frozen ones follow and are never stepped."""
+        return sum(shard.master.numel() for shard in self._shards)
+
+    def frozen_shards(self) -> torch.Tensor:
+        """A copy of this rank's shards of the frozen parameters (training dtype). Nothing
+        else holds them: a checkpoint without them resumes with whatever the new model's
+        initialisation put there (DeepSpeed saves them as ``frozen_param_fragments``)."""
+        start, end = self.trainable_numel, self.partition.flat_numel
+        if start == end:
+            return torch.empty(0, dtype=self.partition.dtype, device="cpu")
+        return self.partition.shard_span(start, end).detach().cpu().clone()
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's shards: fp32 masters and Adam moments (the 16-bit shards follow from the
-        masters)."""
+        masters), and the frozen parameters' shards."""
         return {
             "stage": 3,
             "world_size": self.partition.world_size,
+            "frozen": self.frozen_shards(),
             "shards": [
                 {
                     "master": shard.master.clone(),
@@ -202,6 +218,10 @@ class Stage3Strategy:
             shard.state.exp_avg.copy_(saved["exp_avg"])
             shard.state.exp_avg_sq.copy_(saved["exp_avg_sq"])
             shard.state.step = int(saved["step"])
+        frozen = state.get("frozen")
+        if frozen is not None and frozen.numel():
+            # publish_params casts the whole master (frozen tail included) into the shards.
+            self.master[self.trainable_numel :].copy_(frozen)
         self.publish_params()
 
     # -- stage 3 only ------------------------------------------------------------------------

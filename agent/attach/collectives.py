@@ -1,0 +1,301 @@
+"""Every collective of every engine, seen where all their paths end: the ``ProcessGroup``
+methods, wrapped at class level.
+
+DeepSpeed caches ``torch.distributed`` functions at start-up, FSDP2 calls the ``*_single``
+methods, DDP's comm hooks call ``dist.all_reduce``: all of them end in a Python call of a
+``ProcessGroup`` method, so wrapping the class catches every group, including groups created
+before the wrap. Each call costs the training thread two clock reads, a size computation and
+one list append; nothing is timed per op beyond that:
+
+- completion: the end of ``Work.wait()`` (also wrapped at class level; the time spent inside
+  it is the *exposed* time), or the work's future when a consumer asked for it
+  (``Work.get_future``: DDP's comm hooks hand futures to the reducer and never call ``wait``),
+  whichever comes first. No future callback is attached to ops nobody asked a future of (that
+  per-op callback, a GIL hand-off on the backend's thread, is what issue 18 budgets away).
+  An op nobody waited on is resolved at the step boundary, in bulk: complete then (or its
+  work object gone) means it ended by that boundary, which is the time recorded; one still
+  running is left to the step's pending report (agent/pending.py), which keeps it in its step.
+- bytes follow nccl-tests (``agent/schema.py``): the full gathered size for all-gather and
+  reduce-scatter, the buffer for all-reduce and broadcast.
+
+``alltoall``, ``gather``, ``scatter`` and ``barrier`` are not recorded (the wire schema has no
+op for them, and none of the engines here uses them in a step).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import ProcessGroup, Work
+
+from zeroscope.agent.comm import CollectiveTracker
+from zeroscope.agent.schema import Collective, CollectiveOp
+
+from . import patches
+
+_now = time.perf_counter_ns
+
+MAX_IN_FLIGHT = 10_000
+"""Ops kept while no step boundary takes them (no engine found yet); beyond it the oldest half
+is dropped and counted in ``abandoned``."""
+
+# Record fields (a plain list per op: cheapest to build on the training thread).
+OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY = range(9)
+
+
+def _bytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.nbytes
+    return sum(_bytes(t) for t in x)
+
+
+def _first(args: tuple) -> int:
+    return _bytes(args[0])
+
+
+def _second(args: tuple) -> int:
+    return _bytes(args[1])
+
+
+OPS: dict[str, tuple[CollectiveOp, Callable[[tuple], int]]] = {
+    # ProcessGroup method: (wire op, bytes from its positional arguments)
+    "allreduce": ("all_reduce", _first),
+    "allreduce_coalesced": ("all_reduce", _first),
+    "allgather": ("all_gather", _first),  # (output lists, inputs): S = everything gathered
+    "allgather_coalesced": ("all_gather", _first),
+    "all_gather_single": ("all_gather", _first),  # (output, input)
+    "_allgather_base": ("all_gather", _first),
+    "allgather_into_tensor_coalesced": ("all_gather", _first),
+    "all_gather_single_coalesced": ("all_gather", _first),
+    "reduce_scatter": ("reduce_scatter", _second),  # (outputs, input lists): S = the input
+    "reduce_scatter_single": ("reduce_scatter", _second),
+    "_reduce_scatter_base": ("reduce_scatter", _second),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", _second),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", _second),
+    "broadcast": ("broadcast", _first),
+    "reduce": ("reduce", _first),
+    "send": ("p2p", _first),
+    "recv": ("p2p", _first),
+    "recv_anysource": ("p2p", _first),
+}
+
+
+class CollectiveLog(CollectiveTracker):
+    """Collectives recorded by the class-level wrappers, resolved in bulk at step boundaries.
+
+    A subclass of the agent's tracker so the live agent takes these records at ``step_end``
+    exactly as it takes the ones reported through the API (which an attached job has none of).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(cuda=False)
+        self.recording = True
+        self.label = ""
+        """What the engine is doing now (a phase, a bucket); stamped on each op issued."""
+        self.records: list[list[Any]] = []
+        self.waiting: dict[int, list[Any]] = {}
+        """id(work) -> record, until its wait() or its resolution at a step boundary."""
+        self.recorded = 0
+        self.abandoned = 0
+
+    def add(self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any) -> None:
+        records = self.records
+        if len(records) >= MAX_IN_FLIGHT:  # nobody takes them (no step boundary seen yet)
+            self.abandoned += len(records) // 2
+            del records[: len(records) // 2]
+        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0]
+        if work is not None:
+            rec[REF] = weakref.ref(work)
+            rec[KEY] = key = id(work)
+            self.waiting[key] = rec
+        records.append(rec)
+        self.recorded += 1
+
+    def take_all(self) -> list[Any]:
+        """The step that just ended: every op issued since the last call, as records the
+        agent's pending report resolves (agent/pending.py). Ops nobody waited on that are
+        complete now (or whose work object is gone) ended by this boundary: stamped now."""
+        now = _now()
+        # Swap first: an op issued by another thread meanwhile lands in the new list.
+        pending, self.records = self.records, []
+        waiting = self.waiting
+        out: list[Any] = []
+        for rec in pending:
+            if not rec[END]:
+                ref = rec[REF]
+                work = ref() if ref is not None else None
+                try:
+                    done = work is None or work.is_completed()
+                except Exception:
+                    self.errors += 1
+                    done = True
+                if done:
+                    rec[END] = now
+            if rec[END] and waiting.get(rec[KEY]) is rec:
+                del waiting[rec[KEY]]
+            out.append(LoggedOp(rec, waiting))
+        return out + super().take_all()
+
+    def clear(self) -> None:
+        self.records = []
+        self.waiting.clear()  # in place: the Work wrappers hold this very dict
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.records)
+
+
+class LoggedOp:
+    """One op of the log as the agent's pending report reads it (the interface of
+    ``agent.comm.CollectiveRecord``): complete once its end is stamped (by ``wait()``, its
+    future, or the step boundary), or once its work object says so."""
+
+    __slots__ = ("_rec", "_waiting")
+
+    cuda_events = None
+    """Host timing only: the wrappers record no CUDA events."""
+
+    def __init__(self, rec: list[Any], waiting: dict[int, list[Any]]) -> None:
+        self._rec = rec
+        self._waiting = waiting
+
+    def resolve(self, step_start_ns: int, step_start_event: Any = None) -> Collective | None:
+        rec = self._rec
+        if not rec[END]:
+            ref = rec[REF]
+            work = ref() if ref is not None else None
+            if work is not None and not work.is_completed():
+                return None  # still in flight: the report waits (agent/pending.py)
+            rec[END] = _now()
+            if self._waiting.get(rec[KEY]) is rec:
+                del self._waiting[rec[KEY]]
+        duration = max(rec[END] - rec[ISSUE], 0)
+        return Collective(
+            op=rec[OP],
+            nbytes=rec[NBYTES],
+            group_size=rec[GROUP],
+            start_s=(rec[ISSUE] - step_start_ns) / 1e9,
+            duration_s=duration / 1e9,
+            exposed_s=min(rec[EXPOSED], duration) / 1e9,
+            label=rec[LABEL],
+        )
+
+
+LOG = CollectiveLog()
+"""This process's log (one per process, like the ProcessGroup classes it watches)."""
+
+_installed: list[bool] = []
+_lock = threading.Lock()
+
+
+def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int]) -> Any:
+    original = getattr(ProcessGroup, name)
+    log = LOG
+
+    def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not log.recording:
+            return original(self, *args, **kwargs)
+        issue = _now()
+        work = original(self, *args, **kwargs)
+        try:
+            log.add(op, size_of(args), self.size(), issue, work)
+        except Exception:
+            log.errors += 1
+        return work
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = original.__doc__
+    return collective
+
+
+def _wrap_wait() -> Any:
+    original = Work.wait
+    waiting = LOG.waiting
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = waiting.pop(id(self), None)
+        if rec is None:
+            return original(self, *args, **kwargs)
+        t0 = _now()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            t1 = _now()
+            rec[EXPOSED] += t1 - t0
+            if not rec[END] or t1 < rec[END]:
+                rec[END] = t1
+
+    wait.__doc__ = original.__doc__
+    return wait
+
+
+def future_of(work: Any) -> Any:
+    """``work``'s future, not through the wrapper: for a caller that stamps completion in the
+    callback it attaches anyway (the DDP comm hook's: no second callback per bucket)."""
+    return _raw_get_future[0](work)
+
+
+def _stamp_when_done(rec: list[Any], _: Any) -> None:
+    stamp_end(rec)
+
+
+def stamp_end(rec: list[Any] | None) -> None:
+    """``rec`` completed now (called from a future callback, on the backend's thread)."""
+    if rec is not None:
+        t = _now()
+        if not rec[END] or t < rec[END]:
+            rec[END] = t
+
+
+_raw_get_future: list[Any] = [Work.get_future]
+
+
+def _wrap_get_future() -> Any:
+    original = Work.get_future
+    _raw_get_future[0] = original
+    waiting = LOG.waiting
+
+    def get_future(self: Any, *args: Any, **kwargs: Any) -> Any:
+        future = original(self, *args, **kwargs)
+        rec = waiting.get(id(self))
+        if rec is not None:
+            try:
+                future.then(functools.partial(_stamp_when_done, rec))
+            except Exception:
+                LOG.errors += 1
+        return future
+
+    get_future.__doc__ = original.__doc__
+    return get_future
+
+
+def install() -> None:
+    """Wrap the ProcessGroup collectives and ``Work.wait`` / ``Work.get_future`` (once)."""
+    with _lock:
+        if _installed:
+            return
+        for name, (op, size_of) in OPS.items():
+            if hasattr(ProcessGroup, name):
+                patches.replace(ProcessGroup, name, _wrap_collective(name, op, size_of))
+        patches.replace(Work, "wait", _wrap_wait())
+        patches.replace(Work, "get_future", _wrap_get_future())
+        patches.on_restore(_stop)
+        _installed.append(True)
+        LOG.recording = True
+
+
+def _stop() -> None:
+    LOG.recording = False
+    LOG.clear()
+    _installed.clear()
+
+
+def installed() -> bool:
+    """Whether the wrappers are in place now."""
+    return bool(_installed)

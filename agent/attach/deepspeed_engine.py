@@ -1,0 +1,287 @@
+"""DeepSpeed (the real one): memory, steps and loss-scale events from the engine's own state.
+
+Found when a ``DeepSpeedEngine`` is built (its ``__init__`` is wrapped at class level; HF
+Trainer/Accelerate build it the same way). ``forward``, ``backward`` and ``step`` are wrapped
+too: phases, the micro-batch losses given to ``backward``, and the step boundary, which is a
+``step()`` call that advanced ``global_steps`` (an accumulation boundary).
+
+Per step, from DeepSpeed's own counters: ``skipped_steps`` advancing = overflow, step skipped;
+the optimizer's ``cur_scale`` before and after = ``scale_change``; an overflow at
+``loss_scaler.min_scale`` = ``scale_at_minimum``; ``get_global_grad_norm()``; ``get_lr()``.
+
+Memory, exact, from the tensors DeepSpeed holds (each storage once, :mod:`.census`):
+
+- stages 1 and 2 (``DeepSpeedZeroOptimizer``): P = the flat 16-bit groups
+  (``bit16_groups_flat``, padded to a multiple of 2 x world); G = the reduced gradients kept
+  before the step (``averaged_gradients``, ``ipg_buffer``, the fp32 partitions' ``.grad`` and
+  ``accumulated_grads_in_cpu`` with CPU offload); O = the fp32 master partitions
+  (``single_partition_of_fp32_groups``) and the inner optimizer's state.
+- stage 3 (``DeepSpeedZeroOptimizer_Stage3``): P = the 16-bit partitions
+  (``fp16_partitioned_groups_flat`` / each parameter's ``ds_tensor``) plus persistent
+  parameters (``ds_persist``, also in ``persistent_params``); G = the reduce buckets
+  (``ipg_buckets``, ``reduce_bucket_size`` elements each), ``grad_partitions_flat_buffer`` and
+  the fp32 partitions' ``.grad``; O = ``fp32_partitioned_groups_flat`` and the optimizer
+  state; ``gathered_params`` = full parameters gathered at the moment of the count.
+- offload: what the config places on the host (``offload_optimizer``: O and the fp32 grads;
+  ``offload_param``: P partitions) is counted in ``host_*`` instead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import ModuleType
+from typing import Any
+
+from zeroscope.agent.schema import ConfigSummary, MemoryBytes, OffloadDevice, ParamCounts
+
+from . import patches
+from .census import Census, tensors_in
+from .session import SESSION, EngineReader
+
+
+def _device(offload: Any) -> OffloadDevice:
+    """DeepSpeed's offload config (None or a model with ``.device``) as the schema's name."""
+    device = getattr(offload, "device", None)
+    name = str(getattr(device, "value", device) or "none").lower()
+    return name if name in ("cpu", "nvme") else "none"
+
+
+def _persistent(p: Any) -> bool:
+    return bool(getattr(p, "ds_persist", False))
+
+
+class DeepSpeedReader(EngineReader):
+    kind = "deepspeed"
+    priority = 30
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+
+    def alive(self) -> bool:
+        return self._engine() is not None
+
+    def _parts(self) -> tuple[Any, Any, int]:
+        engine = self._engine()
+        assert engine is not None
+        return engine, engine.optimizer, int(engine.zero_optimization_stage())
+
+    def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
+        engine, opt, stage = self._parts()
+        fp16 = engine._config.float16_config
+        inner = getattr(opt, "optimizer", opt)
+        config = ConfigSummary(
+            stage=stage,
+            precision="bf16"
+            if engine.bfloat16_enabled()
+            else "fp16"
+            if engine.fp16_enabled()
+            else "fp32",
+            dp_world_size=int(engine.dp_world_size),
+            offload_optimizer=_device(engine.zero_offload_optimizer()),
+            offload_param=_device(engine.zero_offload_param()),
+            overlap_comm=bool(engine.zero_overlap_comm()),
+            micro_batch_size=int(engine.train_micro_batch_size_per_gpu()),
+            gradient_accumulation_steps=int(engine.gradient_accumulation_steps()),
+            train_batch_size=int(engine.train_batch_size()),
+            gradient_clipping=float(engine.gradient_clipping() or 0.0),
+            reduce_bucket_size=int(engine.zero_reduce_bucket_size()),
+            allgather_bucket_size=int(engine.zero_allgather_bucket_size()),
+            prefetch_bucket_size=int(engine.zero_prefetch_bucket_size()),
+            param_persistence_threshold=int(engine.zero_param_persistence_threshold()),
+            max_live_parameters=int(engine.zero_max_live_parameters()),
+            max_reuse_distance=int(engine.zero_max_reuse_distance()),
+            optimizer=type(inner).__name__,
+            loss_scale_window=int(fp16.loss_scale_window),
+            min_loss_scale=float(fp16.min_loss_scale),
+        )
+        params = list(engine.module.parameters())
+
+        def numel(p: Any) -> int:
+            return int(getattr(p, "ds_numel", p.numel()))
+
+        if stage == 3:
+            padded = sum(p.ds_tensor.numel() for p in params if hasattr(p, "ds_tensor"))
+            padded *= int(engine.dp_world_size)
+        else:
+            padded = sum(t.numel() for t in getattr(opt, "bit16_groups_flat", []))
+        counts = ParamCounts(
+            total=sum(numel(p) for p in params),
+            trainable=sum(numel(p) for p in params if p.requires_grad),
+            persistent=sum(numel(p) for p in params if _persistent(p)),
+            padded_total=padded,
+            largest_layer=max(
+                (
+                    sum(numel(p) for p in m.parameters(recurse=False))
+                    for m in engine.module.modules()
+                ),
+                default=0,
+            ),
+        )
+        return config, counts, str(engine.device)
+
+    def _offload(self, engine: Any) -> tuple[bool, bool]:
+        return (
+            _device(engine.zero_offload_optimizer()) != "none",
+            _device(engine.zero_offload_param()) != "none",
+        )
+
+    def count_grads(self, census: Census) -> None:
+        engine, opt, stage = self._parts()
+        off_opt, _ = self._offload(engine)
+        if stage == 3:
+            # The reduce bucket (``reduce_bucket_size`` elements) stays on the device; the
+            # partitioned gradients live where the optimizer steps (stage3.py: self.device).
+            buckets = getattr(opt, "ipg_buckets", {}) or {}
+            census.add("grads", (getattr(b, "buffer", None) for b in buckets.values()))
+            flat = getattr(opt, "grad_partitions_flat_buffer", None)
+            census.add("grads", [flat], host=off_opt)
+            fp32 = getattr(opt, "fp32_partitioned_groups_flat", [])
+        elif stage in (1, 2):
+            census.add("grads", tensors_in(getattr(opt, "averaged_gradients", {})))
+            census.add("grads", tensors_in(getattr(opt, "ipg_buffer", None) or []))
+            census.add("grads", [getattr(opt, "grads_in_partition", None)])
+            census.add("grads", tensors_in(getattr(opt, "accumulated_grads_in_cpu", {})), host=True)
+            fp32 = getattr(opt, "single_partition_of_fp32_groups", [])
+        else:  # stage 0: the module's own gradients
+            census.add("grads", (p.grad for p in engine.module.parameters()))
+            return
+        census.add("grads", (t.grad for t in fp32), host=off_opt)
+
+    def count_state(self, census: Census) -> None:
+        engine, opt, stage = self._parts()
+        off_opt, off_param = self._offload(engine)
+        inner = getattr(opt, "optimizer", None)
+        if stage == 3:
+            params = list(engine.module.parameters())
+            census.add("params", (p.data for p in params if _persistent(p)))
+            census.add("params", getattr(opt, "fp16_partitioned_groups_flat", []), host=off_param)
+            census.add("params", (getattr(p, "ds_tensor", None) for p in params), host=off_param)
+            census.add("optim", getattr(opt, "fp32_partitioned_groups_flat", []), host=off_opt)
+        elif stage in (1, 2):
+            census.add("params", getattr(opt, "bit16_groups_flat", []))
+            census.add("optim", getattr(opt, "single_partition_of_fp32_groups", []), host=off_opt)
+        else:
+            census.add("params", engine.module.parameters())
+            fp32 = getattr(opt, "fp32_groups_flat", None) or getattr(opt, "fp32_groups", None)
+            census.add("optim", tensors_in(fp32 or []))
+        if inner is not None:
+            census.add("optim", tensors_in(getattr(inner, "state", {})), host=off_opt)
+
+    def layout(self) -> Any:
+        _, opt, _ = self._parts()
+        return len(getattr(getattr(opt, "optimizer", opt), "state", ()))
+
+    def memory_extras(self, memory: MemoryBytes) -> None:
+        engine, _, stage = self._parts()
+        if stage != 3:
+            return
+        persistent = gathered = 0
+        for p in engine.module.parameters():
+            if _persistent(p):
+                persistent += p.data.nbytes
+            elif p.data.numel() and str(getattr(p, "ds_status", "")).endswith("AVAILABLE"):
+                gathered += p.data.nbytes
+        memory.persistent_params = persistent
+        memory.gathered_params = gathered
+
+
+def _loss_scale(engine: Any) -> float | None:
+    if not engine.fp16_enabled():
+        return None
+    try:
+        scale = engine._get_optimizer_loss_scale()
+        return None if scale is None else float(scale)
+    except Exception:
+        return None
+
+
+def _min_scale(engine: Any) -> float | None:
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    value = getattr(scaler, "min_scale", None)
+    return None if value is None else float(value)
+
+
+def install(module: ModuleType) -> None:
+    """Wrap ``DeepSpeedEngine`` (``module`` is the imported ``deepspeed`` package)."""
+    engine_cls = module.DeepSpeedEngine
+    init, forward, backward, step = (
+        engine_cls.__init__,
+        engine_cls.forward,
+        engine_cls.backward,
+        engine_cls.step,
+    )
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        s = SESSION
+        if not s.passive:
+            s.claim_source("deepspeed")
+            s.found(DeepSpeedReader(self))
+
+    def forward_(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        with SESSION.phase("forward"):
+            return forward(self, *inputs, **kwargs)
+
+    def backward_(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        s = SESSION
+        # With scale_wrt_gas=False (HF Trainer, Accelerate) the caller divided by the
+        # accumulation steps itself: the step's loss is still the mean of the unscaled ones.
+        scaled = kwargs.get("scale_wrt_gas", args[1] if len(args) > 1 else True)
+        s.add_loss(loss, 1.0 if scaled else float(self.gradient_accumulation_steps()))
+        with s.phase("backward"):
+            return backward(self, loss, *args, **kwargs)
+
+    def step_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        s = SESSION
+        if not s.drives("deepspeed"):
+            return step(self, *args, **kwargs)
+        try:
+            steps, skipped = self.global_steps, self.skipped_steps
+            scale = _loss_scale(self)
+            if self.is_gradient_accumulation_boundary():
+                s.before_step("deepspeed")
+        except Exception:
+            s.errors += 1
+            return step(self, *args, **kwargs)
+        with s.phase("optimizer"):
+            out = step(self, *args, **kwargs)
+        if self.global_steps != steps:
+            _step_end(self, skipped, scale)
+        return out
+
+    __init__.__doc__ = init.__doc__
+    forward_.__doc__ = forward.__doc__
+    backward_.__doc__ = backward.__doc__
+    step_.__doc__ = step.__doc__
+    patches.replace(engine_cls, "__init__", __init__)
+    patches.replace(engine_cls, "forward", forward_)
+    patches.replace(engine_cls, "backward", backward_)
+    patches.replace(engine_cls, "step", step_)
+
+
+def _step_end(engine: Any, skipped_before: int, scale_before: float | None) -> None:
+    s = SESSION
+    try:
+        skipped = engine.skipped_steps != skipped_before
+        scale = _loss_scale(engine)
+        if skipped:
+            at = scale_before if scale_before is not None else 0.0
+            s.event("overflow", f"gradient overflow at loss scale {at:g}: step skipped", at)
+            minimum = _min_scale(engine)
+            if scale is not None and minimum is not None and scale_before == scale == minimum:
+                s.event("scale_at_minimum", f"overflow with the loss scale at {scale:g}", scale)
+        if scale is not None and scale_before is not None and scale != scale_before:
+            s.event("scale_change", f"loss scale {scale_before:g} -> {scale:g}", scale)
+        lr = engine.get_lr()
+        s.end_step(
+            "deepspeed",
+            lr=float(lr[0]) if lr else None,
+            grad_norm=engine.get_global_grad_norm(),
+            loss_scale=scale,
+            overflow=skipped,
+            skipped=skipped,
+            samples=int(engine.train_micro_batch_size_per_gpu())
+            * int(engine.gradient_accumulation_steps()),
+        )
+    except Exception:
+        s.errors += 1

@@ -1,0 +1,84 @@
+"""Hugging Face ``Trainer``: a callback, added to every Trainer as it is built, ends the steps.
+
+The Trainer runs on an engine underneath (DeepSpeed with ``TrainingArguments(deepspeed=...)``,
+DDP when distributed, a plain optimizer otherwise); that engine's reader reports the memory,
+and the header names both (``hf-trainer+deepspeed``). Step boundaries come from the callback's
+``on_step_end`` (once per optimizer step, after gradient accumulation), unless DeepSpeed is
+underneath: its ``engine.step()`` is then the boundary (it also carries the loss scale and the
+skipped steps). The loss of a step is what ``training_step`` returned, summed over the
+micro-batches (each already divided by the accumulation steps, as the Trainer logs it).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from . import patches
+from .session import SESSION, mean_loss
+from .torch_loop import learning_rate
+
+_losses: list[Any] = []
+
+
+def _step_loss() -> Any:
+    """The sum of the step's micro-batch losses (a device tensor stays on the device: it is
+    read later without a sync)."""
+    losses = [(x, float(len(_losses))) for x in _losses]
+    _losses.clear()
+    return mean_loss(losses)
+
+
+def install(module: ModuleType) -> None:
+    """Wrap ``Trainer`` (``module`` is ``transformers.trainer``)."""
+    from transformers.trainer_callback import TrainerCallback
+
+    class ZeroscopeCallback(TrainerCallback):
+        """Added by zeroscope's attach: reports each optimizer step (see zeroscope.agent.attach)."""
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            SESSION.before_step("hf-trainer")
+            if SESSION.drives("hf-trainer"):
+                SESSION.enter("optimizer")
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if SESSION.drives("hf-trainer"):
+                SESSION.exit("optimizer")
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            loss = _step_loss()
+            s = SESSION
+            if s.drives("hf-trainer"):
+                s.end_step(
+                    "hf-trainer",
+                    loss=loss,
+                    lr=learning_rate(kw.get("optimizer")),
+                    samples=int(args.per_device_train_batch_size)
+                    * int(args.gradient_accumulation_steps),
+                )
+
+    trainer_cls = module.Trainer
+    init, training_step = trainer_cls.__init__, trainer_cls.training_step
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        s = SESSION
+        if s.passive:
+            return
+        try:
+            s.frontend = "hf-trainer"
+            s.claim_source("hf-trainer")
+            self.add_callback(ZeroscopeCallback())
+        except Exception:
+            s.errors += 1
+
+    def training_step_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = training_step(self, *args, **kwargs)
+        if SESSION.drives("hf-trainer"):
+            _losses.append(loss)
+        return loss
+
+    __init__.__doc__ = init.__doc__
+    training_step_.__doc__ = training_step.__doc__
+    patches.replace(trainer_cls, "__init__", __init__)
+    patches.replace(trainer_cls, "training_step", training_step_)

@@ -1,0 +1,72 @@
+"""What the bootstrap calls: post-import hooks that install the attach piece by piece.
+
+- ``torch.distributed`` finished importing (after the whole of ``torch``): ProcessGroup
+  collective wrappers, global optimizer hooks, DDP and FSDP2 readers.
+- ``deepspeed`` finished importing: the DeepSpeedEngine reader (unless ``deepspeed`` is the
+  bundled engine under an import alias, which reports through the agent API itself).
+- ``transformers.trainer`` finished importing: the Trainer callback.
+
+The first code to ask the agent API for its reporter (the bundled engine, a script using
+``zeroscope.agent.api``) makes the attach stand down (:meth:`AttachSession.stand_down`).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from . import postimport
+
+_done: list[bool] = []
+_claimed: list[bool] = []
+"""Set when the job asked the agent API for its reporter: hooks that fire later do nothing."""
+
+
+def _stand_down() -> None:
+    _claimed.append(True)
+    session = sys.modules.get(__package__ + ".session")
+    if session is not None:  # only loaded once torch was: nothing to undo before that
+        session.SESSION.stand_down()
+
+
+def _torch_ready(_: ModuleType) -> None:
+    if _claimed:
+        return
+    from . import collectives, ddp, fsdp2, torch_loop
+
+    collectives.install()
+    torch_loop.install()
+    ddp.install()
+    fsdp2.install()
+
+
+def _deepspeed_ready(module: ModuleType) -> None:
+    if _claimed:
+        return
+    engine = getattr(module, "DeepSpeedEngine", None)
+    if engine is None or not str(getattr(engine, "__module__", "")).startswith("deepspeed."):
+        return  # the bundled engine under an import alias: it reports for itself
+    from . import deepspeed_engine
+
+    deepspeed_engine.install(module)
+
+
+def _trainer_ready(module: ModuleType) -> None:
+    if _claimed:
+        return
+    from . import hf_trainer
+
+    hf_trainer.install(module)
+
+
+def install() -> None:
+    """Register the hooks (once per process)."""
+    if _done:
+        return
+    _done.append(True)
+    from zeroscope.agent import api
+
+    api.on_claim(_stand_down)
+    postimport.when_imported("torch.distributed", _torch_ready)
+    postimport.when_imported("deepspeed", _deepspeed_ready)
+    postimport.when_imported("transformers.trainer", _trainer_ready)

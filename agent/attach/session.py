@@ -1,0 +1,301 @@
+"""One attach session per process: which engine was found, when a step ends, what it held.
+
+Engines are found as they are built (a DeepSpeedEngine, an FSDP2 module, a DDP wrapper, a
+Trainer, or a plain torch optimizer stepping). Each has an :class:`EngineReader`; the most
+specific one found is the one whose state is reported (DeepSpeed > FSDP2 > DDP > optimizer).
+Step boundaries come from one *step source*, the most specific seen: DeepSpeed's
+``engine.step()`` at an accumulation boundary, else the Trainer's ``on_step_end``, else the
+first torch optimizer's ``step()``. Sources of lower rank stay silent, so a step is never
+counted twice.
+
+Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on steps 1-3 and then
+every ``ZEROSCOPE_MEMORY_EVERY``-th step (default 10): P and O after the optimizer step, G just
+before it (most engines free their gradients in ``step()``). Steps in between repeat the latest
+count: engine state has the same size step after step, and walking thousands of parameters
+every step would cost more than the agent's whole budget (issue 18).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamCounts, Precision
+
+from . import collectives, patches
+from .census import Census
+
+STEP_SOURCES = {"optimizer": 0, "hf-trainer": 1, "deepspeed": 2}
+MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
+MEMORY_EVERY_DEFAULT = 10
+
+
+def precision_of(dtype: torch.dtype) -> Precision:
+    return "bf16" if dtype == torch.bfloat16 else "fp16" if dtype == torch.float16 else "fp32"
+
+
+class EngineReader:
+    """Reads one engine's state into the schema; subclasses know one engine."""
+
+    kind = "torch"
+    """Shown in the header (``Hello.engine``)."""
+    priority = 0
+    """Higher wins when several engines are found in one process (DeepSpeed over DDP)."""
+
+    def alive(self) -> bool:
+        """False once the engine object is gone (a later engine takes over)."""
+        return True
+
+    def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
+        """(config, parameter counts, device) for the Hello."""
+        raise NotImplementedError
+
+    def count_grads(self, census: Census) -> None:
+        """Gradients held just before the optimizer step."""
+
+    def count_state(self, census: Census) -> None:
+        """Parameters (first) and optimizer state, after the optimizer step."""
+
+    def memory_extras(self, memory: MemoryBytes) -> None:
+        """Engine-specific fields (persistent or gathered stage-3 parameters)."""
+
+    def layout(self) -> Any:
+        """A cheap value that changes when the engine's state changes size (the optimizer
+        creating its state on its first real step): memory is then counted again at once."""
+        return None
+
+
+class AttachSession:
+    """See the module docstring. All entry points are called from the engines' wrappers and
+    never raise: a failure is counted in ``errors`` and the job goes on."""
+
+    def __init__(self) -> None:
+        self.tel: Any = None
+        self.passive = False
+        """The process reports through the agent API itself: the attach stood down."""
+        self.reader: EngineReader | None = None
+        self.source = -1
+        self.frontend = ""
+        """A wrapper around the engine (``hf-trainer``), named before it in the header."""
+        self.errors = 0
+        self.steps = 0
+        self._hello_for: tuple[int, str] | None = None
+        self._optimizer: Any = None  # weakref to the primary torch optimizer
+        self._losses: list[Any] = []
+        self._depth: dict[str, int] = {}
+        self._open: dict[str, Any] = {}
+        self._grads: tuple[int, int] = (0, 0)
+        self._memory = MemoryBytes()
+        self._layout: Any = None
+        try:
+            self._every = max(1, int(os.environ.get(MEMORY_EVERY_ENV, MEMORY_EVERY_DEFAULT)))
+        except ValueError:
+            self._every = MEMORY_EVERY_DEFAULT
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def found(self, reader: EngineReader, *, just_built: bool = True) -> None:
+        """An engine was found; it becomes the reported one if none more specific is alive.
+        ``just_built``: found as it was constructed (not mid-step, like a plain loop's
+        optimizer): what its construction issued (broadcasts of the initial weights, stage-3
+        partitioning) belongs to no training step and is dropped."""
+        if self.passive:
+            return
+        current = self.reader
+        if current is None or not current.alive() or reader.priority >= current.priority:
+            self.reader = reader
+            if just_built:
+                collectives.LOG.clear()
+        self._start()
+
+    def claim_source(self, source: str) -> None:
+        """A step source exists in this process (the most specific one drives steps)."""
+        self.source = max(self.source, STEP_SOURCES[source])
+
+    def drives(self, source: str) -> bool:
+        return not self.passive and STEP_SOURCES[source] == self.source
+
+    def primary_optimizer(self, optimizer: Any = None) -> Any:
+        """The optimizer whose ``step()`` ends a step of a plain torch loop: the first one seen
+        stepping (a later one takes over once the first is gone)."""
+        current = self._optimizer() if self._optimizer is not None else None
+        if current is None and optimizer is not None:
+            self._optimizer = weakref.ref(optimizer)
+            return optimizer
+        return current
+
+    def _start(self) -> None:
+        if self.tel is not None or self.passive:
+            return
+        from zeroscope.agent import api
+        from zeroscope.agent.live import LiveTelemetry, start_agent
+
+        tel = start_agent()
+        if isinstance(tel, LiveTelemetry):
+            tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
+        api.set_telemetry(tel)
+        self.tel = tel
+
+    def stand_down(self) -> None:
+        """The job reports through the agent API itself: undo every patch, report nothing.
+        An agent the attach already started is the job's from now on, under its own name."""
+        self.passive = True
+        if self.tel is not None:
+            from zeroscope.agent.live import ENGINE_ENV
+
+            self.tel.engine = os.environ.get(ENGINE_ENV, "zeroscope")
+        self.tel = None
+        self.reader = None
+        patches.restore_all()
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def enter(self, name: str) -> None:
+        """Begin a phase (nested entries of the same phase count once)."""
+        depth = self._depth.get(name, 0)
+        self._depth[name] = depth + 1
+        tel = self.tel
+        if depth or tel is None:
+            return
+        try:
+            cm = tel.phase(name)
+            cm.__enter__()
+            self._open[name] = cm
+            collectives.LOG.label = name
+        except Exception:
+            self.errors += 1
+
+    def exit(self, name: str) -> None:
+        depth = self._depth.get(name, 0) - 1
+        self._depth[name] = max(depth, 0)
+        if depth > 0:
+            return
+        cm = self._open.pop(name, None)
+        if cm is not None:
+            try:
+                cm.__exit__(None, None, None)
+            except Exception:
+                self.errors += 1
+        collectives.LOG.label = ""
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.exit(name)
+
+    def add_loss(self, loss: Any, weight: float = 1.0) -> None:
+        """A micro-batch's loss (a tensor, detached here; read at the step end without a sync).
+        ``weight`` undoes a scaling the caller applied (a loss already divided by the
+        accumulation steps)."""
+        try:
+            if isinstance(loss, torch.Tensor):
+                if loss.numel() != 1:
+                    return
+                loss = loss.detach()
+            losses = self._losses
+            if len(losses) >= 4096:  # backward() without any step ending (no engine found)
+                del losses[:2048]
+            losses.append((loss, weight))
+        except Exception:
+            self.errors += 1
+
+    def event(self, kind: EventKind, message: str, value: float | None = None) -> None:
+        """Something the engine did now (overflow, scale change), sent at once."""
+        if self.tel is not None and not self.passive:
+            self.tel.event(kind, message, value)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _memory_due(self) -> bool:
+        step = self.steps + 1
+        if step <= 3 or step % self._every == 0:
+            return True
+        try:
+            reader = self.reader
+            return reader is not None and (id(reader), reader.layout()) != self._layout
+        except Exception:
+            self.errors += 1
+            return False
+
+    def before_step(self, source: str) -> None:
+        """Just before the optimizer step of ``source``: count gradients when due."""
+        if not self.drives(source) or self.reader is None or not self._memory_due():
+            return
+        try:
+            census = Census()
+            self.reader.count_grads(census)
+            self._grads = (census.device["grads"], census.host["grads"])
+        except Exception:
+            self.errors += 1
+
+    def end_step(self, source: str, **figures: Any) -> None:
+        """The optimizer step of ``source`` finished: send this step's report."""
+        if not self.drives(source):
+            return
+        tel, reader = self.tel, self.reader
+        if tel is None or reader is None:
+            return
+        try:
+            self._send(tel, reader, figures)
+        except Exception:
+            self.errors += 1
+        self.steps += 1
+        self._losses = []
+
+    def _send(self, tel: Any, reader: EngineReader, figures: dict[str, Any]) -> None:
+        engine = f"{self.frontend}+{reader.kind}" if self.frontend else reader.kind
+        if self._hello_for != (id(reader), engine):
+            self._hello_for = (id(reader), engine)
+            config, params, device = reader.hello()
+            tel.engine = engine
+            tel.hello(config=config, params=params, device=device)
+        if self._memory_due():
+            census = Census()
+            reader.count_state(census)
+            grads, host_grads = self._grads
+            self._grads = (0, 0)
+            memory = MemoryBytes(
+                params=census.device["params"],
+                grads=grads,
+                optim=census.device["optim"],
+                host_params=census.host["params"],
+                host_grads=host_grads,
+                host_optim=census.host["optim"],
+            )
+            reader.memory_extras(memory)
+            self._memory = memory
+            self._layout = (id(reader), reader.layout())
+        if "loss" not in figures:
+            figures["loss"] = mean_loss(self._losses)
+        tel.step_end(memory=self._memory, **figures)
+
+
+def mean_loss(losses: list[tuple[Any, float]]) -> Any:
+    """The step's loss: the one micro-batch loss, or the mean of several (device tensors are
+    averaged on the device, read later without a sync)."""
+    if not losses:
+        return None
+    if len(losses) == 1 and losses[0][1] == 1.0:
+        return losses[0][0]
+    values = [x for x, _ in losses]
+    if not any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in values):
+        return sum(float(x) * w for x, w in losses) / len(losses)
+    stacked = torch.stack([torch.as_tensor(x).float().reshape(()) * w for x, w in losses])
+    return stacked.mean()
+
+
+SESSION = AttachSession()
+
+
+def notice(message: str) -> None:
+    """One line on stderr (the attach never raises into the job)."""
+    print(f"zeroscope: {message}", file=sys.stderr)

@@ -1,0 +1,174 @@
+"""Plain torch training loops: step boundaries from ``optimizer.step()``, backward timing.
+
+torch calls global optimizer hooks around every ``Optimizer.step`` (torch.optim.optimizer's
+``register_optimizer_step_pre_hook`` / ``_post_hook``), whatever the optimizer class, so a loop
+that owns its optimizer needs nothing else. The first optimizer seen stepping ends the step (a
+GAN's second optimizer does not end it again); with DeepSpeed or the HF Trainer in the process
+a more specific step source drives the steps and these hooks stay silent.
+
+Backward has no hook of its own: the forward's output gets a ``grad_fn`` pre-hook (backward
+reached it: the phase starts) that queues an autograd-engine callback (backward finished: it
+ends), the way DDP and FSDP find the end of backward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zeroscope.agent.schema import ConfigSummary, ParamCounts
+
+from . import patches
+from .census import Census, local_tensor, tensors_in
+from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
+
+
+def optimizer_params(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in getattr(optimizer, "param_groups", []) for p in group["params"]]
+
+
+def world_size(group: Any = None) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size(group))
+    return 1
+
+
+def learning_rate(optimizer: Any) -> float | None:
+    """The first group's lr (None for an lr kept on a device: reading it would sync)."""
+    try:
+        lr = optimizer.param_groups[0]["lr"]
+        if isinstance(lr, torch.Tensor) and lr.device.type != "cpu":
+            return None
+        return float(lr)
+    except Exception:
+        return None
+
+
+class OptimizerReader(EngineReader):
+    """A loop with no distributed wrapper: P, G, O are the optimizer's parameters, their
+    gradients and its state."""
+
+    kind = "torch"
+    priority = 0
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = weakref.ref(optimizer)
+
+    def alive(self) -> bool:
+        return self._optimizer() is not None
+
+    def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
+        opt = self._optimizer()
+        params = optimizer_params(opt)
+        numel = sum(local_tensor(p).numel() for p in params)
+        first = local_tensor(params[0]) if params else torch.empty(0)
+        config = ConfigSummary(
+            stage=0,
+            precision=precision_of(first.dtype),
+            dp_world_size=world_size(),
+            optimizer=type(opt).__name__,
+        )
+        return config, ParamCounts(total=numel, trainable=numel), str(first.device)
+
+    def layout(self) -> Any:
+        return state_size(self._optimizer())
+
+    def count_grads(self, census: Census) -> None:
+        census.add("grads", (p.grad for p in optimizer_params(self._optimizer())))
+
+    def count_state(self, census: Census) -> None:
+        opt = self._optimizer()
+        census.add("params", optimizer_params(opt))
+        census.add("optim", tensors_in(getattr(opt, "state", {})))
+
+
+def state_size(optimizer: Any) -> int:
+    """Entries in an optimizer's state (0 until its first step creates them)."""
+    return len(getattr(optimizer, "state", ()))
+
+
+def optimizer_state(census: Census, optimizer: Any) -> None:
+    """O of any reader: the state of the loop's (primary) optimizer."""
+    if optimizer is not None:
+        census.add("optim", tensors_in(getattr(optimizer, "state", {})))
+
+
+def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    s = SESSION
+    if s.passive or s.primary_optimizer(optimizer) is not optimizer:
+        return
+    s.claim_source("optimizer")
+    if s.reader is None or not s.reader.alive():
+        s.found(OptimizerReader(optimizer), just_built=False)
+    if s.drives("optimizer"):
+        s.before_step("optimizer")
+        s.enter("optimizer")
+
+
+def _post_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    s = SESSION
+    if not s.drives("optimizer") or s.primary_optimizer() is not optimizer:
+        return
+    s.exit("optimizer")
+    s.end_step("optimizer", lr=learning_rate(optimizer))
+
+
+def first_tensor(output: Any, depth: int = 3) -> torch.Tensor | None:
+    """The first tensor with a ``grad_fn`` in a forward's output (a tensor, tuple, dict or a
+    ``ModelOutput``, whose first field is the loss when labels were given)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.grad_fn is not None else None
+    if depth == 0:
+        return None
+    items = output.values() if isinstance(output, dict) else output
+    if isinstance(items, (list, tuple)) or isinstance(output, dict):
+        for item in items:
+            found = first_tensor(item, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def time_backward(output: Any) -> None:
+    """Time the backward pass that will run through ``output`` (see the module docstring)."""
+    s = SESSION
+    if s.tel is None:
+        return
+    t = first_tensor(output)
+    if t is None or t.grad_fn is None:
+        return
+
+    def started(grad_outputs: Any) -> None:
+        s.enter("backward")
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: s.exit("backward"))
+
+    try:
+        t.grad_fn.register_prehook(started)
+    except Exception:
+        s.errors += 1
+
+
+def install() -> None:
+    """Global optimizer hooks and ``Tensor.backward`` (the loss of a plain loop is the scalar
+    the script calls ``backward()`` on); all undone if the job reports through the API."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    patches.on_restore(register_optimizer_step_pre_hook(_pre_step).remove)
+    patches.on_restore(register_optimizer_step_post_hook(_post_step).remove)
+    backward = torch.Tensor.backward
+    plain_loop = STEP_SOURCES["optimizer"]
+
+    def backward_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        s = SESSION
+        if s.source <= plain_loop and not s.passive:  # before the first step too
+            s.add_loss(self)
+        return backward(self, *args, **kwargs)
+
+    backward_.__doc__ = backward.__doc__
+    patches.replace(torch.Tensor, "backward", backward_)

@@ -1,0 +1,99 @@
+"""Running unmodified training scripts twice, under ``zeroscope run --headless --record`` and
+under bare torchrun, and reading back what zeroscope recorded (the attach tests' harness)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeroscope.agent.schema import Event, Hello, StepReport, decode
+from zeroscope.trace import TraceReader
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "tests" / "jobs"
+FP16_ON_CPU = JOBS / "fp16_on_cpu"
+"""A sitecustomize letting DeepSpeed's CPU accelerator accept fp16 (see the file)."""
+
+
+def job_env(extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+    paths = [str(ROOT)] + ([str(extra_path)] if extra_path else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("ZEROSCOPE_COLLECTOR", None)
+    return env
+
+
+def run_plain(script: Path, args: list[str], env: dict[str, str], timeout: float) -> None:
+    """The script under torchrun alone: the reference run."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def run_zeroscope(
+    script: Path, args: list[str], env: dict[str, str], trace: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*argv, "--record", str(trace), str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+@dataclass
+class RankTrace:
+    """What one rank reported, in order."""
+
+    hellos: list[Hello] = field(default_factory=list)
+    steps: list[StepReport] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+def read_trace(path: Path) -> dict[int, RankTrace]:
+    ranks: dict[int, RankTrace] = {}
+    with sqlite3.connect(path) as conn:  # every Hello in arrival order (a sweep sends several)
+        rows = conn.execute("SELECT payload FROM messages WHERE kind = 'hello' ORDER BY seq")
+        for (payload,) in rows.fetchall():
+            hello = decode(payload)
+            assert isinstance(hello, Hello)
+            rank = ranks.setdefault(hello.rank, RankTrace())
+            if not rank.hellos or rank.hellos[-1] != hello:
+                rank.hellos.append(hello)
+    with TraceReader(path) as reader:
+        for message in reader.messages():
+            rank = ranks.setdefault(getattr(message, "rank", -1), RankTrace())
+            if isinstance(message, StepReport):
+                rank.steps.append(message)
+            elif isinstance(message, Event):
+                rank.events.append(message)
+    return ranks
+
+
+def read_outputs(prefix: Path) -> list[dict[str, Any]]:
+    return [json.loads(Path(f"{prefix}.{rank}").read_text()) for rank in range(2)]
+
+
+def segments(steps: list[StepReport], sizes: list[int]) -> list[list[StepReport]]:
+    """Split a rank's consecutive StepReports into the runs of a sweep script."""
+    assert [s.step for s in steps] == list(range(1, sum(sizes) + 1))
+    out, start = [], 0
+    for n in sizes:
+        out.append(steps[start : start + n])
+        start += n
+    return out
+
+
+def bytes_by_op(report: StepReport, op: str) -> list[int]:
+    return [c.nbytes for c in report.collectives if c.op == op]

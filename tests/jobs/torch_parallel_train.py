@@ -1,0 +1,81 @@
+"""A plain PyTorch script with nothing of zeroscope in it: it trains the same small MLP with
+DistributedDataParallel, then with FSDP2 (``fully_shard``), then with FSDP2 and
+``CPUOffloadPolicy``, one after the other in one process (one launch for three engines).
+
+Per mode and rank it writes each step's loss (the exact float, hex) and what the engine itself
+says of its layout (DDP's bucket sizes, FSDP2's sharded shapes) to ``--out``.RANK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+IN, WIDTH, OUT = 32, 40, 3
+
+
+def build_model() -> torch.nn.Sequential:
+    """Three layers whose row counts do not divide by 2 everywhere (FSDP2 pads its shards)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, WIDTH),
+        torch.nn.GELU(),
+        torch.nn.Linear(WIDTH, 21),
+        torch.nn.Linear(21, OUT),
+    )
+
+
+def wrap(mode: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, dict]:
+    if mode == "ddp":
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.004)
+        return ddp, {}
+    offload = CPUOffloadPolicy(pin_memory=False) if mode == "fsdp2-offload" else None
+    kwargs = {"offload_policy": offload} if offload is not None else {}
+    for layer in (model[0], model[2]):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    shapes = {name: list(p.to_local().shape) for name, p in model.named_parameters()}
+    return model, {"local_shapes": shapes}
+
+
+def train(mode: str, steps: int) -> dict:
+    model, layout = wrap(mode, build_model())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.Generator().manual_seed(dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, IN, generator=data)
+        y = torch.randn(8, OUT, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item().hex())
+    if mode == "ddp":
+        layout["bucket_sizes"] = [
+            int(b) for b in model._get_ddp_logging_data()["bucket_sizes"].split(", ")
+        ]
+    return {"losses": losses, **layout}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="ddp,fsdp2,fsdp2-offload")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    results = {mode: train(mode, args.steps) for mode in args.modes.split(",")}
+    with open(f"{args.out}.{dist.get_rank()}", "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Unmodified torch DDP and FSDP2 jobs under ``zeroscope run``: one launch of
+tests/jobs/torch_parallel_train.py trains DDP, FSDP2 and FSDP2 with CPUOffloadPolicy in turn;
+the same script also runs under bare torchrun. Oracles: the run without zeroscope (losses, bit
+for bit), DDP's and FSDP2's own layout (bucket sizes, local shard shapes, reported by the
+script), and the sharding formulas of each engine."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.attach_support import (
+    JOBS,
+    bytes_by_op,
+    job_env,
+    read_outputs,
+    read_trace,
+    run_plain,
+    run_zeroscope,
+    segments,
+)
+from tests.jobs.torch_parallel_train import build_model
+
+# Two launches of one script (three engines each): end to end, like tests/test_run.py's.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SCRIPT = JOBS / "torch_parallel_train.py"
+MODES = ["ddp", "fsdp2", "fsdp2-offload"]
+STEPS = 3
+N = 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("torch-attach")
+    env = job_env()
+    args = ["--modes", ",".join(MODES), "--steps", str(STEPS)]
+    run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=600)
+    done = run_zeroscope(SCRIPT, [*args, "--out", str(tmp / "zs")], env, tmp / "t.zstrace", 600)
+    return {
+        "plain": read_outputs(tmp / "plain"),
+        "zs": read_outputs(tmp / "zs"),
+        "trace": read_trace(tmp / "t.zstrace"),
+        "trace_path": tmp / "t.zstrace",
+        "stdout": done.stdout,
+    }
+
+
+def _params() -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(p.shape)) for name, p in build_model().named_parameters()]
+
+
+def _local_rows(d0: int, rank: int) -> tuple[int, int]:
+    """FSDP2 shards dim 0 in chunks of ceil(d0/N) rows: (padded rows, this rank's real rows)."""
+    chunk = math.ceil(d0 / N)
+    return chunk, max(0, min(chunk, d0 - rank * chunk))
+
+
+def _groups() -> dict[str, list[tuple[int, ...]]]:
+    """The script's fully_shard units: layers 0 and 2, and the root holding layer 3."""
+    groups: dict[str, list[tuple[int, ...]]] = {"FSDP 0": [], "FSDP 2": [], "FSDP root": []}
+    for name, shape in _params():
+        layer = name.split(".")[0]
+        groups["FSDP root" if layer == "3" else f"FSDP {layer}"].append(shape)
+    return groups
+
+
+def _padded(shape: tuple[int, ...]) -> int:
+    return _local_rows(shape[0], 0)[0] * math.prod(shape[1:])
+
+
+def test_losses_are_bit_identical_with_and_without_zeroscope(runs: dict) -> None:
+    for rank in range(N):
+        for mode in MODES:
+            assert runs["zs"][rank][mode]["losses"] == runs["plain"][rank][mode]["losses"]
+            reported = [s.loss for s in _mode_steps(runs, rank, mode)]
+            assert reported == [float.fromhex(h) for h in runs["plain"][rank][mode]["losses"]]
+
+
+def _mode_steps(runs: dict, rank: int, mode: str) -> list:
+    parts = segments(runs["trace"][rank].steps, [STEPS] * len(MODES))
+    return parts[MODES.index(mode)]
+
+
+def test_the_header_names_each_engine_found(runs: dict) -> None:
+    for rank in range(N):
+        hellos = runs["trace"][rank].hellos
+        assert [h.engine for h in hellos] == ["ddp", "fsdp2", "fsdp2"]
+        ddp, fsdp, offload = (h.config for h in hellos)
+        assert (ddp.stage, ddp.dp_world_size, ddp.precision) == (0, N, "fp32")
+        assert (fsdp.stage, fsdp.offload_param) == (3, "none")
+        assert (offload.stage, offload.offload_param, offload.offload_optimizer) == (
+            3,
+            "cpu",
+            "cpu",
+        )
+        psi = sum(math.prod(s) for _, s in _params())
+        assert all(h.params.total == psi for h in hellos)
+
+
+def test_ddp_memory_is_a_replica_plus_buckets_and_its_buckets_are_all_reduced(runs: dict) -> None:
+    shapes = [s for _, s in _params()]
+    psi = sum(math.prod(s) for s in shapes)
+    for rank in range(N):
+        buckets = runs["zs"][rank]["ddp"]["bucket_sizes"]  # DDP's own logging data
+        assert sum(buckets) == 4 * psi
+        for step in _mode_steps(runs, rank, "ddp"):
+            m = step.memory
+            assert m.params == 4 * psi
+            assert m.grads == 4 * psi + sum(buckets)  # .grad tensors + the reducer's buckets
+            assert m.optim == 8 * psi + 4 * len(shapes)  # AdamW m, v + a step tensor each
+            assert bytes_by_op(step, "all_reduce") == buckets
+            labels = [c.label for c in step.collectives if c.op == "all_reduce"]
+            assert labels == [f"bucket {i}" for i in range(len(buckets))]
+            assert all(c.duration_s > 0 and c.exposed_s <= c.duration_s for c in step.collectives)
+            assert step.phases.forward is not None and step.phases.backward is not None
+            assert step.memory.activations and step.memory.activations > 0
+
+
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-offload"])
+def test_fsdp2_memory_equals_its_padded_shards(runs: dict, mode: str) -> None:
+    shapes = [s for _, s in _params()]
+    padded = 4 * sum(_padded(s) for s in shapes)
+    for rank in range(N):
+        local = runs["zs"][rank][mode]["local_shapes"]  # FSDP2's own to_local() shapes
+        local_numel = 0
+        for name, shape in _params():
+            rows = _local_rows(shape[0], rank)[1]
+            assert local[name][0] == rows
+            local_numel += rows * math.prod(shape[1:])
+        expected = {
+            "params": padded,  # each FSDPParam's padded local shard
+            "grads": padded,  # views into the padded reduce-scatter output
+            "optim": 8 * local_numel + 4 * len(shapes),  # AdamW on the unpadded local shards
+        }
+        host = mode == "fsdp2-offload"
+        for step in _mode_steps(runs, rank, mode):
+            m = step.memory
+            got = {"params": m.params, "grads": m.grads, "optim": m.optim}
+            got_host = {"params": m.host_params, "grads": m.host_grads, "optim": m.host_optim}
+            assert (got_host if host else got) == expected
+            assert (got if host else got_host) == dict.fromkeys(expected, 0)
+
+
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-offload"])
+def test_fsdp2_collective_bytes_per_step_match_its_sharding(runs: dict, mode: str) -> None:
+    expected: list[tuple[str, str, int]] = []
+    for label, shapes in _groups().items():
+        size = 4 * N * sum(_padded(s) for s in shapes)  # nccl-tests S: the gathered size
+        forward_and_backward = 1 if label == "FSDP root" else 2  # the root is not resharded
+        expected += [("all_gather", label, size)] * forward_and_backward
+        expected.append(("reduce_scatter", label, size))
+    for rank in range(N):
+        for step in _mode_steps(runs, rank, mode):
+            got = sorted((c.op, c.label, c.nbytes) for c in step.collectives)
+            assert got == sorted(expected)
+            assert all(c.group_size == N for c in step.collectives)
+
+
+def test_summary_replay_and_export_read_an_attached_jobs_trace(
+    runs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroscope.cli import main
+
+    trace = str(runs["trace_path"])
+    assert main(["summary", trace]) == 0
+    assert f"steps [1, {STEPS * len(MODES)}]" in capsys.readouterr().out
+    assert main(["replay", "--headless", trace]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == [
+        str(i) for i in range(1, STEPS * len(MODES) + 1)
+    ]
+    out = tmp_path / "chrome.json"
+    assert main(["export", trace, "--format", "chrome", "-o", str(out)]) == 0
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
+    assert {"all_reduce bucket 0", "all_gather FSDP 0", "reduce_scatter FSDP root"} <= names
+    assert "(fsdp2)" in runs["stdout"]  # the run's own summary names the engine last found
