@@ -25,6 +25,15 @@ from typing import Any
 import torch
 
 
+class BlockSplit:
+    """What the marked blocks saved during one counted window."""
+
+    __slots__ = ("count", "inputs", "inside", "largest")
+
+    def __init__(self) -> None:
+        self.count = self.inputs = self.inside = self.largest = 0
+
+
 class _Saved:
     """Pack-hook handle: holds what is kept for autograd (the tensor, or what the enclosing
     hooks packed it into) and releases its storage's bytes on death."""
@@ -50,13 +59,18 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class ActivationCounter:
-    """Live and peak bytes of distinct storages saved for backward."""
+    """Live and peak bytes of distinct storages saved for backward, and (when the engine marks
+    its repeated blocks) how much of it each block saved: what activation checkpointing of those
+    blocks would keep (their inputs) and drop (what they save inside)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._refs: dict[Any, list[int]] = {}  # storage key -> [handles alive, nbytes]
         self.live = 0
         self.peak = 0
+        self._depth = 0
+        self._block_start = 0
+        self._blocks = BlockSplit()
 
     def hooks(self) -> _DelegatingHooks:
         """A fresh context manager that counts what is saved while it is entered, passing each
@@ -100,6 +114,28 @@ class ActivationCounter:
             if entry[0] == 0:
                 del self._refs[key]
                 self.live -= entry[1]
+
+    def block_enter(self, input_bytes: int) -> None:
+        """A repeated block's forward starts (nested blocks count as part of the outer one)."""
+        with self._lock:
+            self._depth += 1
+            if self._depth == 1:
+                self._block_start = self.live
+                self._blocks.inputs += input_bytes
+
+    def block_exit(self) -> None:
+        with self._lock:
+            if self._depth == 1:
+                saved = max(self.live - self._block_start, 0)
+                b = self._blocks
+                b.count, b.inside, b.largest = b.count + 1, b.inside + saved, max(b.largest, saved)
+            self._depth = max(self._depth - 1, 0)
+
+    def take_blocks(self) -> BlockSplit:
+        """The block split since the previous call (then reset)."""
+        with self._lock:
+            split, self._blocks, self._depth = self._blocks, BlockSplit(), 0
+        return split
 
     def take_peak(self) -> int:
         """The peak since the previous call; the next window starts from what is live now."""

@@ -79,6 +79,14 @@ class Telemetry:
         accumulation runs forward/backward once per micro-batch; the times add up)."""
         yield
 
+    def block_enter(self, input_bytes: int = 0) -> None:
+        """One of the model's repeated blocks (transformer layers) starts its forward;
+        ``input_bytes`` is its input tensor's size. Lets the agent split activation bytes by
+        block (what activation checkpointing would save). Optional for an engine."""
+
+    def block_exit(self) -> None:
+        """The block whose forward :meth:`block_enter` announced has returned."""
+
     def collective(
         self,
         work: Waitable,

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import torch
 
-from .activations import ActivationCounter
+from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
 from .device_memory import DevicePeaks
@@ -122,7 +122,10 @@ class LiveTelemetry(Telemetry):
         self._activations = ActivationCounter()
         self._activations_every = activations_every()
         self._counted_this_step = False
+        self._counting = False
+        """Inside a forward whose saved tensors are being counted (block marks count then)."""
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
+        self._last_blocks: BlockSplit | None = None
         self._collectives = CollectiveTracker(cuda=False)
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
@@ -177,6 +180,20 @@ class LiveTelemetry(Telemetry):
                 self._collectives.cuda = False
             self._peaks = DevicePeaks(torch.cuda, index)
 
+    def block_enter(self, input_bytes: int = 0) -> None:
+        if self._counting:
+            try:
+                self._activations.block_enter(input_bytes)
+            except Exception:
+                self.errors += 1
+
+    def block_exit(self) -> None:
+        if self._counting:
+            try:
+                self._activations.block_exit()
+            except Exception:
+                self.errors += 1
+
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
     ) -> None:
@@ -199,6 +216,8 @@ class LiveTelemetry(Telemetry):
                 engine=self.engine,
                 parallel=self._layout,
                 local_world_size=self.local_world_size,
+                device_memory_bytes=device_capacity(device, self.local_world_size),
+                init_rss_peak_bytes=rss_peak(),
             )
         )
 
@@ -221,6 +240,8 @@ class LiveTelemetry(Telemetry):
                 self._counted_this_step = True
                 hooks = self._activations.hooks()
                 hooks.__enter__()
+                self._activations.take_blocks()  # each forward's own split (the last is kept)
+                self._counting = True
             token = self._timeline.enter(name)
             if self._peaks is not None:
                 self._peaks.sample()
@@ -230,6 +251,7 @@ class LiveTelemetry(Telemetry):
             yield
         finally:
             if hooks is not None:
+                self._counting = False
                 hooks.__exit__(None, None, None)
             try:
                 if token is not None:
@@ -323,11 +345,18 @@ class LiveTelemetry(Telemetry):
         peak = self._activations.take_peak()
         if self._counted_this_step:
             self._last_activations = (peak, self.step)
+            self._last_blocks = self._activations.take_blocks()
         if forward_seen and self._last_activations is not None:
             activations, measured_at = self._last_activations
             mem = msgspec.structs.replace(
                 memory, activations=activations, activations_step=measured_at
             )
+            blocks = self._last_blocks
+            if blocks is not None and blocks.count:
+                mem.activations_layers = blocks.count
+                mem.activations_in_layers = blocks.inside
+                mem.activations_layer_max = blocks.largest
+                mem.activations_layer_inputs = blocks.inputs
         else:
             mem = msgspec.structs.replace(memory)
         if self._peaks is not None:
@@ -433,6 +462,32 @@ class LiveTelemetry(Telemetry):
 
         sys.excepthook = excepthook
         atexit.register(self.close)
+
+
+def device_capacity(device: str, local_world_size: int) -> int:
+    """This rank's share of its device's memory [bytes]: a GPU's total, or the host's RAM over
+    the ranks on the node when the device is the CPU; 0 when unknown."""
+    try:
+        if device.startswith("cuda"):
+            index = torch.device(device).index
+            index = torch.cuda.current_device() if index is None else index
+            return int(torch.cuda.get_device_properties(index).total_memory)
+        import psutil
+
+        return int(psutil.virtual_memory().total) // max(1, local_world_size)
+    except Exception:
+        return 0
+
+
+def rss_peak() -> int:
+    """The process's peak resident set size so far [bytes] (``ru_maxrss``); 0 when unknown."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
+    except Exception:
+        return 0
 
 
 def start_agent() -> Telemetry:

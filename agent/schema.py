@@ -65,6 +65,14 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     optimizer: str = "AdamW"
     loss_scale_window: int = 1000
     min_loss_scale: float = 1.0
+    # Optional, for the advisor (zeroscope/state/advice); defaults are DeepSpeed's.
+    hysteresis: int = 2
+    initial_scale_power: int = 16
+    offload_pin_memory: bool = True
+    """``offload_optimizer.pin_memory`` (page-locked host buffers for the offload copies)."""
+    gather_16bit_weights_on_model_save: bool = False
+    """``stage3_gather_16bit_weights_on_model_save``."""
+    contiguous_gradients: bool = True
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):
@@ -78,6 +86,15 @@ class ParamCounts(msgspec.Struct, omit_defaults=True):
     padded_total: int = 0
     """Elements after padding each flat buffer to a multiple of the DP world size."""
     largest_layer: int = 0
+    layers: int = 0
+    """Repeated blocks (the longest list of same-class modules, e.g. transformer layers) whose
+    activation bytes ``MemoryBytes.activations_in_layers`` splits out; 0 = not said."""
+    zero_init: bool | None = None
+    """Stage 3: the parameters came partitioned at construction (``zero.Init``); None = not
+    said."""
+    built_bytes: int = 0
+    """Bytes of the parameters as handed to the engine, before any cast or partition: what the
+    rank held whole at start-up (0 = not said)."""
 
 
 class ParallelLayout(msgspec.Struct, omit_defaults=True):
@@ -125,6 +142,12 @@ class Hello(_Base, tag="hello"):
     local_world_size: int = 0
     """Ranks on this rank's node (torchrun's LOCAL_WORLD_SIZE; 0 = not said): lets a viewer tell
     which node a rank that never reported belongs to."""
+    device_memory_bytes: int = 0
+    """This rank's share of its device's memory [bytes]: a GPU's total memory, or on the CPU the
+    host's RAM divided by the ranks on the node; 0 = not said. The advisor's headroom."""
+    init_rss_peak_bytes: int = 0
+    """The process's peak resident memory up to this Hello (``ru_maxrss``): what start-up
+    (model construction, engine build) cost the host; 0 = not said."""
 
 
 class MemoryBytes(msgspec.Struct, omit_defaults=True):
@@ -152,6 +175,14 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     """Page-locked bytes the engine's host buffers really hold (the CUDA host allocator rounds
     each block up to a power of two, so this can reach 2x their size); None: nothing pinned."""
     nvme_bytes: int = 0
+    activations_layers: int = 0
+    """Repeated blocks (``ParamCounts.layers``) entered in the measured forward; 0 = not split."""
+    activations_in_layers: int = 0
+    """Of ``activations``: bytes saved for backward inside those blocks (all of them)."""
+    activations_layer_max: int = 0
+    """The most any one block saved [bytes]: what recomputing it in backward holds again."""
+    activations_layer_inputs: int = 0
+    """Bytes of the blocks' inputs: what activation checkpointing of every block keeps."""
     device_allocated: int | None = None
     """CUDA: ``torch.cuda.memory_allocated`` of the rank's device at the step's end."""
     device_reserved: int | None = None

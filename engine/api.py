@@ -29,7 +29,7 @@ from .parallel.setup import plan_parallel
 from .precision import DTYPES, make_loss_scaler
 from .process_group import Comm, pick_device
 from .process_group import init_distributed as _init_distributed
-from .report import Reporter, largest_layer, param_numel
+from .report import Reporter, largest_layer, model_bytes, param_numel
 from .zero.stage3.zero_init import materialize
 from .zero.stages import make_strategy
 
@@ -234,6 +234,7 @@ def initialize(
     cfg = load_config(raw, dp_world_size=comm.world_size, auto_values=auto_values)
     report_ignored(cfg, rank=comm.rank)
 
+    built = model_bytes(model)  # before the cast: what each rank held whole at start-up
     if cfg.zero_optimization.stage < 3:  # zero.Init partitioned it; stages 0-2 keep it whole
         materialize(model)
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
@@ -280,6 +281,7 @@ def initialize(
     )
     # After the engine: a model-parallel engine has told the agent its layout by now, so the
     # one Hello carries it.
+    layers = reporter.watch_blocks(model)
     psi, padded = strategy.param_counts()
     reporter.hello(
         cfg=cfg,
@@ -291,6 +293,8 @@ def initialize(
         largest=largest,
         persistent=getattr(strategy, "persistent_numel", 0),
         device=device,
+        layers=layers,
+        built=built,
     )
     if training_data is not None and hasattr(engine, "set_training_data"):  # a pipeline
         engine.set_training_data(training_data, collate_fn)

@@ -16,6 +16,7 @@ from typing_extensions import Self
 if TYPE_CHECKING:
     from .config import DeepSpeedConfig
     from .process_group import Comm
+    from .report import Reporter
 
 
 class EngineCalls:
@@ -26,6 +27,7 @@ class EngineCalls:
     _inside_no_sync: bool
     comm: Comm
     module: torch.nn.Module
+    reporter: Reporter
     strategy: Any
 
     @contextlib.contextmanager
@@ -127,7 +129,14 @@ class EngineCalls:
         (else it logs why and returns False)."""
         save = getattr(self.strategy, "save_16bit_model", None)
         if save is not None:
-            return bool(save(save_dir, save_filename, exclude_frozen_parameters))
+            saved = bool(save(save_dir, save_filename, exclude_frozen_parameters))
+            if not saved:  # stage 3 without gathering: the advisor names the fix
+                self.reporter.tel.event(
+                    "checkpoint",
+                    "save_16bit_model skipped: stage3_gather_16bit_weights_on_model_save is off",
+                    value=0.0,
+                )
+            return saved
         if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
             from .model_save import write_model_file
 

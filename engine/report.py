@@ -46,6 +46,11 @@ def config_summary(cfg: DeepSpeedConfig, dp_world_size: int, optimizer: str) -> 
         optimizer=optimizer,
         loss_scale_window=cfg.fp16.loss_scale_window,
         min_loss_scale=cfg.fp16.min_loss_scale,
+        hysteresis=cfg.fp16.hysteresis,
+        initial_scale_power=cfg.fp16.initial_scale_power,
+        offload_pin_memory=zero.offload_optimizer.pin_memory,
+        gather_16bit_weights_on_model_save=zero.stage3_gather_16bit_weights_on_model_save,
+        contiguous_gradients=zero.contiguous_gradients,
     )
 
 
@@ -55,6 +60,31 @@ def largest_layer(module: torch.nn.Module) -> int:
     return max(
         (sum(param_numel(p) for p in m.parameters(recurse=False)) for m in module.modules()),
         default=0,
+    )
+
+
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: the longest ModuleList / Sequential of two or more modules
+    of one class that hold parameters (transformer layers, ResNet stages); [] when none."""
+    best: list[torch.nn.Module] = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
+            kids = list(m.children())
+            if (
+                len(kids) > max(1, len(best))
+                and len({type(k) for k in kids}) == 1
+                and any(True for k in kids for _ in k.parameters())
+            ):
+                best = kids
+    return best
+
+
+def model_bytes(module: torch.nn.Module) -> tuple[int, bool]:
+    """(bytes of the parameters as the engine receives them, whether they came partitioned by
+    ``zero.Init``: such parameters carry ``ds_tensor`` and an empty placeholder)."""
+    params = list(module.parameters())
+    return sum(p.numel() * p.element_size() for p in params), any(
+        hasattr(p, "ds_tensor") for p in params
     )
 
 
@@ -81,6 +111,8 @@ class Reporter:
         largest: int,
         device: torch.device,
         persistent: int = 0,
+        layers: int = 0,
+        built: tuple[int, bool] = (0, False),
     ) -> None:
         self.tel.hello(
             config=config_summary(cfg, dp_world_size, optimizer),
@@ -90,9 +122,33 @@ class Reporter:
                 persistent=persistent,
                 padded_total=padded,
                 largest_layer=largest,
+                layers=layers,
+                built_bytes=built[0],
+                zero_init=built[1],
             ),
             device=str(device),
         )
+
+    def watch_blocks(self, module: torch.nn.Module) -> int:
+        """Mark the forward of each repeated block for the agent (it splits activation bytes by
+        block: what activation checkpointing would keep and drop); returns the block count.
+        Nothing is hooked when no agent listens."""
+        blocks = repeated_blocks(module)
+        if not self.tel.enabled:
+            return len(blocks)
+        tel = self.tel
+
+        def enter(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0] if args else None
+            tel.block_enter(x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0)
+
+        def leave(_: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            tel.block_exit()
+
+        for block in blocks:
+            block.register_forward_pre_hook(enter)
+            block.register_forward_hook(leave)
+        return len(blocks)
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:

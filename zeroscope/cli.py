@@ -20,6 +20,7 @@ VERBS: dict[str, str] = {
     "summary": "per-rank table and totals of a recorded trace",
     "export": "convert a trace (e.g. to Chrome/Perfetto JSON)",
     "estimate": "model-state memory per rank by the ZeRO formulas",
+    "advise": "which ds_config change buys how much memory or time (a trace or a ds_config)",
     "serve": "headless collector and recorder for a job started elsewhere",
     "jobs": "list the collectors running on this machine",
     "attach": "open the live view on a job on another machine, over SSH",

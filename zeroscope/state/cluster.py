@@ -28,6 +28,7 @@ from .alerts import Alert, AlertRules, evaluate
 from .history import StepSeries, step_point
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
+from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
 
@@ -162,6 +163,8 @@ class ClusterState:
         """Stragglers and slow links (zeroscope.state.stragglers)."""
         self.roster = Roster()
         """The collector's Admission records: who was turned away (state/roster.py)."""
+        self.sequences = SequenceBook()
+        """Steps whose ranks issued different collective sequences (state/sequences.py)."""
         self.series = StepSeries(history_steps)
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
 
@@ -262,6 +265,7 @@ class ClusterState:
     def _judge(self, agg: StepAggregate) -> None:
         """A step closed: rank standings (stragglers, slow links) and the run's totals."""
         agg.standings = judge(agg.summaries)
+        self.sequences.add(agg, self.ranks)
         for r, st in agg.standings.items():
             rs = self.ranks[r]
             if rs.summary is not None and rs.summary.step == agg.step:

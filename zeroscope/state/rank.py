@@ -101,6 +101,10 @@ class StepSummary:
     collectives: int
     """Collectives reported in the step."""
     ops: dict[str, OpTotals]
+    sequence: int = 0
+    """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), to
+    compare ranks within this process (zeroscope.state.sequences); 0 = not comparable (some
+    collectives unfinished) or none issued."""
 
     @property
     def compute_s(self) -> float:
@@ -136,6 +140,14 @@ class StepSummary:
         parts = [v for v in (self.params, self.grads, self.optim, self.activations) if v]
         known = (self.params, self.grads, self.optim, self.activations)
         return sum(parts) if any(v is not None for v in known) else None
+
+
+def fingerprint(report: StepReport) -> int:
+    """Hash of the step's collective sequence, the part every rank must agree on (op, size,
+    label in issue order; timing left out); 0 when some were unfinished or none issued."""
+    if report.collectives_unfinished or not report.collectives:
+        return 0
+    return hash(tuple((c.op, c.nbytes, c.label) for c in report.collectives)) or 1
 
 
 def summarize(report: StepReport) -> StepSummary:
@@ -202,6 +214,7 @@ def summarize(report: StepReport) -> StepSummary:
         prefetched=prefetched,
         collectives=len(report.collectives),
         ops=ops,
+        sequence=fingerprint(report),
     )
 
 

@@ -8,9 +8,13 @@ from textual.widgets import Static
 from zeroscope.state import Alert
 
 
-def alerts_text(alerts: list[Alert], limit: int = 3) -> Text:
+def alerts_text(alerts: list[Alert], limit: int = 3, pointer: str | None = None) -> Text:
+    """The strip's text; ``pointer`` (a line naming the top advice) goes last."""
     if not alerts:
-        return Text(" ✓ no alerts", style="green")
+        text = Text(" ✓ no alerts", style="green")
+        if pointer:
+            text.append(f"   ➜ {pointer}", style="cyan")
+        return text
     ordered = sorted(alerts, key=lambda a: a.severity != "critical")
     text = Text()
     for i, alert in enumerate(ordered[:limit]):
@@ -21,13 +25,16 @@ def alerts_text(alerts: list[Alert], limit: int = 3) -> Text:
         text.append(alert.message)
     if len(ordered) > limit:
         text.append(f"  (+{len(ordered) - limit} more)", style="dim")
+    if pointer:
+        text.append(f"\n ➜ {pointer}", style="cyan")
     return text
 
 
 class AlertsStrip(Static):
     DEFAULT_CSS = """
-    AlertsStrip { height: auto; max-height: 3; border-top: solid $primary-darken-2; }
+    AlertsStrip { height: auto; max-height: 5; border-top: solid $primary-darken-2; }
     """
 
     def show(self, alerts: list[Alert]) -> None:
-        self.update(alerts_text(alerts))
+        pointer = getattr(self.app, "advice_pointer", None)
+        self.update(alerts_text(alerts, pointer=pointer() if callable(pointer) else None))

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from zeroscope.state import Alert, ClusterState
+from zeroscope.state.advice import Advisory, advise
 from zeroscope.state.history import StepSeries
 
 from .base import StateScreen
@@ -28,6 +29,8 @@ from .feed import Batch, ReplayFeed
 from .screens import SCREENS, screen_for
 
 CHUNK = 256
+ADVICE_EVERY_S = 2.0
+"""The Advice screen and the alerts strip's pointer are recomputed at most this often."""
 """Messages folded into ClusterState per UI-thread call (~5 ms at 1024 ranks)."""
 
 
@@ -57,6 +60,7 @@ class ZeroscopeApp(App[str]):
         Binding("l", "show('loss_scale')", "scale"),
         Binding("o", "show('log')", "log"),
         Binding("p", "show('pipeline')", "pipeline", show=False),
+        Binding("a", "show('advice')", "advice", show=False),
         Binding("escape", "go_back", "back", show=False),
         Binding("space", "pause", "pause", show=False),
         # Replay's step keys win over a focused heatmap's cursor (check_action lets them through
@@ -87,6 +91,7 @@ class ZeroscopeApp(App[str]):
         self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
+        self._advisory: tuple[int, Advisory, float] | None = None
         self.run_series: StepSeries | None = None
         """Replay: the whole run's history series (read in the background); None until then."""
 
@@ -154,6 +159,27 @@ class ZeroscopeApp(App[str]):
     # -- what screens ask --------------------------------------------------------------------
     def alerts(self) -> list[Alert]:
         return self.state.alerts(time.time() if self.live_clock else None)
+
+    def advisory(self) -> Advisory:
+        """The advisor's conclusions on the state (recomputed when it moved, at most every
+        ADVICE_EVERY_S seconds: a live 1024-rank job moves four times a second)."""
+        now = time.monotonic()
+        cached = self._advisory
+        if cached is None or (
+            cached[0] != self.state.version and now - cached[2] >= ADVICE_EVERY_S
+        ):
+            self._advisory = (self.state.version, advise(self.state), now)
+        assert self._advisory is not None
+        return self._advisory[1]
+
+    def advice_pointer(self) -> str | None:
+        """The alerts strip's line pointing to the Advice screen (None when there is none)."""
+        advisory = self.advisory()
+        top = advisory.top
+        if top is None:
+            return None
+        more = f" (+{len(advisory.advice) - 1} more)" if len(advisory.advice) > 1 else ""
+        return f"advice: {top.title}{more}: press a"
 
     @property
     def cursor(self) -> int | None:

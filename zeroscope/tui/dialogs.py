@@ -18,6 +18,7 @@ KEYS = """\
   tab           next pane
   m  c  l  o    memory · communication · loss scale · the job's log
   p             pipeline screen (stages x time, bubbles; 3D-parallel jobs)
+  a             advice: which ds_config change buys how much memory or time
   s             sort the table (heatmap: metric)
   v             table / heatmap
   n             more history plots (when they do not all fit)

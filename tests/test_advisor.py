@@ -1,0 +1,261 @@
+"""Tier 1: the advisor's pieces without a process group.
+
+- preflight (rule 8) against DeepSpeed 0.19.8's own config reader: a batch triad is flagged
+  exactly when DeepSpeed refuses it, and the change the advice names is one DeepSpeed accepts;
+- a change applied to a raw ds_config (dotted keys, removal);
+- advice never exists without evidence; the JSON shape;
+- rule 12 against the pipeline telemetry it reads (Hello.parallel, StepReport.pipeline): says
+  plainly that the figures are absent on a schema without them, and on a 1F1B run with a bubble
+  above the bound names it, priced by (p-1)/(m+p-1);
+- the first differing collective of two sequences;
+- ``zeroscope advise`` on a ds_config: one line per problem, exit 1; bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from zeroscope.agent.schema import Collective
+from zeroscope.state import ClusterState
+from zeroscope.state.advice import Advice, Change, preflight
+from zeroscope.state.advice.facts import Facts
+from zeroscope.state.advice.model import Thresholds
+from zeroscope.state.advice.patch import apply_change
+from zeroscope.state.advice.rules_run import one_f_one_b, pipeline
+from zeroscope.state.sequences import first_difference
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TRIADS = [
+    # (train_batch_size, micro, accumulation, world size)
+    (32, 4, 2, 4),
+    (32, 4, 2, 2),  # 4 x 2 x 2 = 16
+    (30, 4, None, 2),  # 30 // 8 = 3 -> 24
+    (64, None, 2, 3),  # 64 // 6 = 10 -> 60
+    (16, None, None, 3),  # 16 // 3 = 5 -> 15
+    (None, 4, 3, 2),
+    (24, 4, None, 3),
+    (48, 3, 4, 4),
+]
+
+
+class _Mpu:
+    """What DeepSpeed's config reader asks of an mpu: the data-parallel size."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+def deepspeed_accepts(raw: dict[str, Any], world: int) -> bool:
+    """DeepSpeed's own config reader at data-parallel size ``world`` (through an mpu, so no
+    process group is needed; its rank query is answered as rank 0)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime import config as ds_config
+
+    real = ds_config.dist.get_rank
+    ds_config.dist.get_rank = lambda *a, **k: 0  # type: ignore[assignment]
+    try:
+        ds_config.DeepSpeedConfig(json.loads(json.dumps(raw)), mpu=_Mpu(world))
+    except (AssertionError, ValueError) as exc:
+        return "batch" not in str(exc).lower() and "train_batch_size" not in str(exc)
+    finally:
+        ds_config.dist.get_rank = real  # type: ignore[assignment]
+    return True
+
+
+def _raw(tb: int | None, mb: int | None, gas: int | None) -> dict[str, Any]:
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    return {k: v for k, v in zip(keys, (tb, mb, gas)) if v is not None}
+
+
+@pytest.mark.parametrize(("tb", "mb", "gas", "world"), TRIADS)
+def test_preflight_triad_matches_deepspeed(
+    tb: int | None, mb: int | None, gas: int | None, world: int
+) -> None:
+    raw = _raw(tb, mb, gas)
+    found = [a for a in preflight(raw, world) if a.rule == "batch_triad"]
+    accepted = deepspeed_accepts(raw, world)
+    assert bool(found) == (not accepted), (raw, world, found)
+    if found:
+        (advice,) = found
+        assert advice.severity == "error" and advice.evidence
+        fixed = apply_change(raw, advice.change.ds_config)
+        assert deepspeed_accepts(fixed, world), (fixed, world)
+        assert not [a for a in preflight(fixed, world) if a.rule == "batch_triad"]
+
+
+def test_preflight_pipeline_and_precision() -> None:
+    raw = {
+        "train_batch_size": 16,
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+        "fp16": {"enabled": True},
+        "bf16": {"enabled": True},
+    }
+    rules = {a.rule: a for a in preflight(raw, 8, pipeline_stages=2)}
+    assert rules["pipeline_zero"].change.ds_config == {"zero_optimization.stage": 1}
+    assert rules["precision"].severity == "error"
+    assert "batch_triad" not in rules  # 16 over dp 4: micro 4, accumulation 1
+    staged = {
+        a.rule
+        for a in preflight(
+            {**raw, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, 2
+        )
+    }
+    assert "offload_param" in staged
+    assert {a.rule for a in preflight({"train_batch_size": 8}, 6, pipeline_stages=4)} == {
+        "world_size"
+    }
+
+
+def test_apply_change() -> None:
+    raw = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "fp16": 1}
+    out = apply_change(
+        raw,
+        {
+            "zero_optimization.stage": 2,
+            "zero_optimization.offload_param": None,
+            "bf16.enabled": True,
+            "fp16.enabled": False,
+        },
+    )
+    assert out == {
+        "zero_optimization": {"stage": 2},
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": True},
+    }
+    assert raw["zero_optimization"]["stage"] == 3  # the original is left alone
+
+
+def test_no_advice_without_evidence() -> None:
+    with pytest.raises(ValueError, match="without evidence"):
+        Advice(rule="x", title="t", evidence=(), change=Change(), formula="", confidence="low")
+    a = Advice(
+        rule="x",
+        title="t",
+        evidence=("step 2: 5 ms",),
+        change=Change({"zero_optimization.stage": 2}),
+        formula="f",
+        confidence="high",
+        saves_ms=1.5,
+    )
+    d = a.as_dict()
+    assert {"rule", "evidence", "change", "saves_bytes", "saves_ms", "confidence"} <= set(d)
+    assert d["change"]["text"] == "zero_optimization.stage = 2"
+
+
+def _pipeline_state(bubble_ranks: dict[int, tuple[int, float, float]], micro: int) -> Facts:
+    """A state whose ranks carry pipeline telemetry shaped as the pipeline branch sends it."""
+    state = ClusterState()
+    for rank, (pp, step_s, busy) in bubble_ranks.items():
+        layout = SimpleNamespace(pp=pp, pp_size=2, microbatches=micro)
+        actions = [SimpleNamespace(duration_s=busy)]
+        rs = state.rank(rank)
+        rs.hello = SimpleNamespace(parallel=layout)  # type: ignore[assignment]
+        rs.latest = SimpleNamespace(  # type: ignore[assignment]
+            step=4, pipeline=SimpleNamespace(step_s=step_s, actions=actions), collectives=[]
+        )
+    return Facts(state)
+
+
+def test_pipeline_rule_without_telemetry_says_so() -> None:
+    state = ClusterState()
+    state.rank(0).hello = SimpleNamespace()  # type: ignore[assignment]
+    found = pipeline(Facts(state), Thresholds())
+    assert found is not None and not isinstance(found, Advice)
+    assert "no pipeline telemetry" in found.missing
+
+
+def test_pipeline_rule_bubble_above_bound() -> None:
+    # 2 stages, 4 micro-batches: bound 1/5 = 20%; each stage busy 50 of 100 ms: bubble 50%.
+    facts = _pipeline_state({0: (0, 0.100, 0.050), 1: (1, 0.100, 0.050)}, micro=4)
+    found = pipeline(facts, Thresholds())
+    assert isinstance(found, Advice), found
+    assert found.change.ds_config == {"gradient_accumulation_steps": 8}
+    assert found.saves_ms == pytest.approx((0.5 - one_f_one_b(2, 8)) * 100)
+    unbalanced = pipeline(_pipeline_state({0: (0, 0.1, 0.09), 1: (1, 0.1, 0.03)}, 4), Thresholds())
+    assert isinstance(unbalanced, Advice) and "stage 0" in unbalanced.title
+
+
+def test_first_difference() -> None:
+    a = [Collective("all_gather", 64, 2, 0.0, 0.1, 0.0, False, "w0"),
+         Collective("all_gather", 64, 2, 0.1, 0.1, 0.0, False, "w1")]  # fmt: skip
+    b = [a[0], Collective("all_gather", 64, 2, 0.1, 0.1, 0.0, False, "w2")]
+    assert first_difference(a, a) is None
+    index, text = first_difference(a, b)  # type: ignore[misc]
+    assert index == 1 and "'w1'" in text and "'w2'" in text
+    assert first_difference(a, a[:1]) == (1, first_difference(a, a[:1])[1])  # type: ignore[index]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zeroscope", "advise", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_cli_preflight_and_bad_input(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_batch_size": 32, // comments as real configs carry\n'
+                      '"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}')  # fmt: skip
+    done = _cli(str(config), "--world-size", "2", "--json")
+    assert done.returncode == 1, done.stderr
+    (advice,) = json.loads(done.stdout)
+    assert advice["rule"] == "batch_triad"
+    assert advice["change"]["ds_config"] == {"gradient_accumulation_steps": 4}
+    assert _cli(str(config), "--world-size", "4").returncode == 0
+    missing = _cli(str(tmp_path / "nope.zstrace"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    no_world = _cli(str(config))
+    assert no_world.returncode == 2 and "--world-size" in no_world.stderr
+
+
+def test_stage3_save_without_gathering_is_reported(tmp_path: Path) -> None:
+    """Rule 10's evidence: the engine's save_16bit_model at stage 3 without
+    stage3_gather_16bit_weights_on_model_save writes nothing, returns False, and tells the
+    agent so (a checkpoint event naming the key)."""
+    import torch
+
+    from tests.models import TinyGPT
+    from tests.recorder import RecordingTelemetry
+    from zeroscope.agent.api import set_telemetry
+    from zeroscope.engine.api import initialize
+
+    tel = RecordingTelemetry()
+    set_telemetry(tel)
+    try:
+        torch.manual_seed(0)
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 3},
+        }
+        engine, *_ = initialize(model=TinyGPT(), config=config)
+        assert engine.save_16bit_model(str(tmp_path)) is False
+    finally:
+        set_telemetry(None)
+    assert not any(tmp_path.iterdir())
+    (event,) = [e for e in tel.events if e[0] == "checkpoint"]
+    assert "skipped" in event[1] and "stage3_gather_16bit_weights_on_model_save" in event[1]

@@ -1,0 +1,51 @@
+"""Pilot tests of the Advice screen (key ``a``) and the alerts strip's pointer to it, on the
+deterministic fixture run with an fp16 overflow storm (every other step overflows after the
+start-up descent): the advice is bf16, priced at the skipped share of the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures import RunShape, synthetic_run
+from tests.test_tui import screen_text, sync
+from zeroscope.state import ClusterState
+from zeroscope.state.advice import advise
+from zeroscope.tui.advice_screen import AdviceScreen
+from zeroscope.tui.app import ZeroscopeApp
+from zeroscope.tui.cluster_screen import ClusterScreen
+
+STORM = (0, 1, 2, 3, *range(10, 40, 2))
+
+
+def storm_state() -> ClusterState:
+    state = ClusterState()
+    state.ingest_all(synthetic_run(RunShape(ranks=4, steps=40, overflow_steps=STORM)))
+    state.flush()
+    return state
+
+
+def test_storm_is_advised_bf16() -> None:
+    state = storm_state()
+    top = advise(state).top
+    assert top is not None and top.rule == "fp16"
+    assert top.change.ds_config == {"bf16.enabled": True, "fp16.enabled": False}
+    # The fixture's first four steps are the start-up descent; of the 36 steps from the first
+    # applied one on, 15 overflow (every other one from the 11th step).
+    assert top.saves_ms == pytest.approx(15 / 36 * state.totals.mean_step_s * 1e3, rel=1e-9)
+
+
+@sync
+async def test_advice_screen_and_pointer() -> None:
+    app = ZeroscopeApp(storm_state())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ClusterScreen)
+        assert "press a" in screen_text(app) and "bf16" in screen_text(app)
+        await pilot.press("a")
+        await pilot.pause()
+        assert isinstance(app.screen, AdviceScreen)
+        text = screen_text(app)
+        assert "fp16 overflow storm" in text and "bf16.enabled = true" in text
+        assert "skipped for overflow" in text  # the evidence is shown with the advice
+        await pilot.press("escape")
+        assert isinstance(app.screen, ClusterScreen)

@@ -1,0 +1,89 @@
+"""Ranks whose collective sequences diverge: the step, the ranks and the first collective that
+differs, found when a step closes and before any hang it leads to.
+
+Every rank of a data-parallel group must issue the same collectives in the same order (ops,
+sizes; the engine's labels name the parameters too). Data-dependent control flow (a branch that
+skips or reorders a module on one rank, uneven batches) breaks that: when sizes differ the job
+hangs or fails in a collective; when they happen to agree it silently mixes up data. Each
+StepSummary carries a fingerprint of its sequence (zeroscope.state.rank.fingerprint); a closed
+step whose ranks disagree is recorded here with the first differing position, read off the
+ranks' newest full reports when those are of that step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroscope.agent.schema import Collective
+
+    from .cluster import StepAggregate
+    from .rank import RankState
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """One step whose ranks issued different collective sequences."""
+
+    step: int
+    ranks: tuple[int, ...]
+    """The ranks off the reference sequence."""
+    reference: tuple[int, ...]
+    """The ranks sharing the reference (the most common one; ties: the lowest rank's)."""
+    detail: str
+    """The first differing collective, or why it is not known."""
+
+
+def _describe(c: Collective | None) -> str:
+    if c is None:
+        return "nothing (its sequence ended)"
+    return f"{c.op} of {c.nbytes} B" + (f" '{c.label}'" if c.label else "")
+
+
+def first_difference(mine: list[Collective], theirs: list[Collective]) -> tuple[int, str] | None:
+    """(index, text) of the first collective where two sequences differ; None if equal."""
+    for i in range(max(len(mine), len(theirs))):
+        a = mine[i] if i < len(mine) else None
+        b = theirs[i] if i < len(theirs) else None
+        if a is None or b is None or (a.op, a.nbytes, a.label) != (b.op, b.nbytes, b.label):
+            return i, f"collective #{i + 1}: {_describe(a)} where the others issued {_describe(b)}"
+    return None
+
+
+class SequenceBook:
+    """Divergent steps as they close (the first ones and the latest are kept)."""
+
+    KEEP = 16
+
+    def __init__(self) -> None:
+        self.divergences: list[Divergence] = []
+        self.count = 0
+        """Divergent steps seen in all."""
+
+    def add(self, agg: StepAggregate, ranks: dict[int, RankState]) -> None:
+        prints = {r: s.sequence for r, s in agg.summaries.items() if s.sequence}
+        if len(set(prints.values())) <= 1:
+            return
+        tally = Counter(prints.values())
+        best = max(tally.values())
+        lowest = {v: min(r for r, p in prints.items() if p == v) for v in tally}
+        ref = min((v for v, n in tally.items() if n == best), key=lambda v: lowest[v])
+        odd = tuple(sorted(r for r, p in prints.items() if p != ref))
+        same = tuple(sorted(r for r, p in prints.items() if p == ref))
+        self.count += 1
+        record = Divergence(agg.step, odd, same, self._detail(agg.step, odd[0], same[0], ranks))
+        if len(self.divergences) >= self.KEEP:
+            self.divergences.pop(self.KEEP // 2)  # keep the first half and the newest
+        self.divergences.append(record)
+
+    @staticmethod
+    def _detail(step: int, odd: int, ref: int, ranks: dict[int, RankState]) -> str:
+        a, b = ranks[odd].latest, ranks[ref].latest
+        if a is None or b is None or a.step != step or b.step != step:
+            return f"rank {odd}'s step-{step} collectives are no longer held (only a fingerprint)"
+        found = first_difference(a.collectives, b.collectives)
+        if found is None:
+            return "the sequences differ only in collectives left unfinished"
+        return f"rank {odd} {found[1]} (rank {ref})"

@@ -1,0 +1,76 @@
+"""Advice (key ``a``): which ds_config change buys how much memory or time, from what was
+measured (zeroscope.state.advice). Each piece of advice shows its price, the measured evidence,
+the exact change and the formula; rules that lacked their figures say what was missing."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Footer
+
+from zeroscope.state.advice.model import ms, nbytes
+
+from .base import StateScreen
+from .header import ClusterHeader
+from .pane import Pane
+
+
+def _price(saves_ms: float | None, saves_bytes: float | None) -> str:
+    parts = []
+    if saves_ms is not None:
+        word = "saves" if saves_ms >= 0 else "costs"
+        parts.append(f"{word} {ms(abs(saves_ms) / 1e3)}/step")
+    if saves_bytes is not None:
+        word = "saves" if saves_bytes >= 0 else "costs"
+        parts.append(f"{word} {nbytes(abs(saves_bytes))}/rank")
+    return ", ".join(parts) or "no price"
+
+
+class AdviceScreen(StateScreen):
+    def __init__(self) -> None:
+        super().__init__(name="advice")
+
+    def compose(self) -> ComposeResult:
+        yield ClusterHeader()
+        with VerticalScroll():
+            yield Pane(
+                "advice, sorted by gain (evidence, change, price)", self._advice, id="advice"
+            )
+            yield Pane("rules that could not judge", self._missing, id="missing")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#advice", Pane).focus()
+        self.refresh_view()
+
+    def refresh_view(self) -> None:
+        self.query_one(ClusterHeader).show(self.state, self.zapp.status_text())
+        for pane in self.query(Pane):
+            pane.refresh(layout=True)
+
+    def _advice(self, width: int) -> Text:
+        advisory = self.zapp.advisory()
+        if not advisory.advice:
+            return Text("no advice yet: no rule found a change worth making", style="dim")
+        text = Text()
+        for i, a in enumerate(advisory.advice, 1):
+            if i > 1:
+                text.append("\n\n")
+            style = "bold red" if a.severity == "error" else "bold"
+            text.append(f"{i}. {a.title}", style=style)
+            text.append(f"  [{a.rule}]\n", style="dim")
+            text.append(f"   {_price(a.saves_ms, a.saves_bytes)}", style="green")
+            text.append(f"  (confidence {a.confidence})\n", style="dim")
+            for e in a.evidence:
+                text.append(f"   • {e}\n")
+            text.append("   change: ", style="cyan")
+            text.append(f"{a.change.text}\n")
+            text.append(f"   price:  {a.formula}", style="dim")
+        return text
+
+    def _missing(self, width: int) -> Text:
+        notes = self.zapp.advisory().not_judged
+        if not notes:
+            return Text("every rule had the figures it needs", style="dim")
+        return Text("\n".join(f"{n.rule}: {n.missing}" for n in notes), style="dim")
