@@ -10,6 +10,10 @@ Placement: a step ends at its report's wall clock and starts ``duration_s`` earl
 and transfer instants are measured relative to the step start. Phase durations are measured but
 their positions are not recorded, so phase slices are laid back to back in the order data,
 forward, backward, optimizer. Each rank's timeline uses that rank's own clock.
+
+Time origin: the earliest instant anything in the trace starts (a step, a collective issued
+before its step began, such as an init broadcast, or an event), so every timestamp is >= 0.
+All events are shifted by the same amount, which keeps their order and their distances.
 """
 
 from __future__ import annotations
@@ -179,7 +183,21 @@ def chrome_events(path: Path) -> list[dict[str, Any]]:
                     "args": {k: v for k, v in counters.items() if v is not None},
                 }
             )
+    _start_at_zero(out)
     return out
+
+
+def _start_at_zero(events: list[dict[str, Any]]) -> None:
+    """Shift every timestamp so the earliest is 0. ``ts - earliest`` is exactly 0 for the
+    earliest and >= 0 for the rest (float subtraction rounds monotonically), so neither float
+    noise (a step at -2.9e-11) nor a collective issued before its step began is negative."""
+    stamps = [e["ts"] for e in events if "ts" in e]
+    if not stamps:
+        return
+    earliest = min(stamps)
+    for e in events:
+        if "ts" in e:
+            e["ts"] -= earliest
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from zeroscope.job_over import all_ranks_said_bye
 from zeroscope.state import Alert, ClusterState
 
 from .base import StateScreen
@@ -37,6 +38,10 @@ class Feed(Protocol):
 
 
 class JobHandle(Protocol):
+    """What the view needs of the job (zeroscope.job.Job). Optional, read with getattr:
+    ``alerts() -> list[Alert]`` (its failure, shown first) and ``final_code() -> int | None``
+    (the job's own exit code once known, which torchrun's may not be)."""
+
     @property
     def returncode(self) -> int | None: ...
 
@@ -84,6 +89,8 @@ class ZeroscopeApp(App[str]):
         self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
+        self.job_over = False
+        """Set (mark_over) by a viewer that learns the job is gone (attach's tunnel keeper)."""
 
     @property
     def replay(self) -> ReplayFeed | None:
@@ -124,6 +131,7 @@ class ZeroscopeApp(App[str]):
         if batch.reset:
             old = self.state
             self.state = ClusterState(history_steps=old.history_steps, rules=old.rules)
+            self.state.job_id = old.job_id
         now = time.time() if self.live_clock else None
         for message in batch.messages:
             self.state.ingest(message, now)
@@ -144,7 +152,9 @@ class ZeroscopeApp(App[str]):
 
     # -- what screens ask --------------------------------------------------------------------
     def alerts(self) -> list[Alert]:
-        return self.state.alerts(time.time() if self.live_clock else None)
+        alerts = self.state.alerts(time.time() if self.live_clock else None)
+        job_alerts = getattr(self.job, "alerts", None)
+        return [*job_alerts(), *alerts] if callable(job_alerts) else alerts
 
     def status_text(self) -> str:
         if self.replay is not None:
@@ -153,9 +163,17 @@ class ZeroscopeApp(App[str]):
             return f"REPLAY {mode} {r.speed:g}x  step {r.position}/{r.last}"
         if self.job is not None and self.job.returncode is not None:
             log = getattr(self.job, "log", None)
-            code = self.job.returncode
+            final = getattr(self.job, "final_code", None)
+            code = final() if callable(final) else self.job.returncode
             return f"job exited ({code})" + (f", output in {log}" if code and log else "")
+        if self.live_clock and (self.job_over or all_ranks_said_bye(self.state)):
+            return "ENDED"  # attach: the job finished, what is shown is its last state
         return "LIVE" if self.live_clock else ""
+
+    def mark_over(self) -> None:
+        """The job is over (its collector is gone): the view stops saying LIVE."""
+        self.job_over = True
+        self.redraw()
 
     def open_rank(self, rank: int) -> None:
         from .rank_screen import RankScreen
