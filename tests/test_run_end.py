@@ -6,7 +6,8 @@
   rank ever reported;
 - Ctrl-C: "stopped on request" and exit code 130, whether it comes while torchrun is still
   starting or while the ranks train, and nothing is left running;
-- ``kill -9`` of zeroscope takes torchrun and the ranks with it.
+- ``kill -9`` of zeroscope takes torchrun and the ranks with it;
+- a reader that goes away (``| head``) stops the printing, not the job.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import psutil
 import pytest
 
 from tests.scripts.failing_train import MESSAGE
+from zeroscope.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILING = ROOT / "tests" / "scripts" / "failing_train.py"
@@ -164,3 +166,17 @@ def test_kill_9_of_zeroscope_takes_torchrun_and_the_ranks_with_it(tmp_path: Path
         for p in tree:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def test_a_reader_that_goes_away_stops_the_printing_not_the_job(tmp_path: Path) -> None:
+    proc = _start(
+        "run", "--headless", "--nproc-per-node", "2", "--record", "t.zstrace", str(TRAINING),
+        "--steps", "20", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # | head -0
+    err = proc.stderr.read()
+    assert proc.wait(timeout=240) == 0, err  # the job's own code: it ran to its end
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    with TraceReader(tmp_path / "t.zstrace") as trace:
+        assert trace.steps() == (1, 20)
