@@ -59,6 +59,21 @@ def _start(*argv: str, cwd: Path) -> subprocess.Popen[str]:
     )
 
 
+def _start_training(cwd: Path) -> subprocess.Popen[str]:
+    """A headless run that trains until stopped."""
+    return _start(
+        "run", "--headless", "--nproc-per-node", "2", str(TRAINING), "--steps", "100000", cwd=cwd
+    )
+
+
+def _wait_for_step_3(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step     3"):
+            return
+    raise AssertionError(f"no step 3; exit code {proc.wait()}")
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -101,16 +116,7 @@ def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) ->
 
 @pytest.mark.parametrize("when", ["torchrun starting", "ranks training"])
 def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> None:
-    proc = _start(
-        "run",
-        "--headless",
-        "--nproc-per-node",
-        "2",
-        str(TRAINING),
-        "--steps",
-        "100000",
-        cwd=tmp_path,
-    )
+    proc = _start_training(tmp_path)
     try:
         assert proc.stdout is not None
         if when == "torchrun starting":
@@ -120,9 +126,7 @@ def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> 
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.01)
         else:
-            for line in proc.stdout:
-                if line.startswith("step     3"):
-                    break
+            _wait_for_step_3(proc)
         tree = _descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
@@ -140,22 +144,10 @@ def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> 
 
 
 def test_kill_9_of_zeroscope_takes_torchrun_and_the_ranks_with_it(tmp_path: Path) -> None:
-    proc = _start(
-        "run",
-        "--headless",
-        "--nproc-per-node",
-        "2",
-        str(TRAINING),
-        "--steps",
-        "100000",
-        cwd=tmp_path,
-    )
+    proc = _start_training(tmp_path)
     tree: list[psutil.Process] = []
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("step     3"):
-                break
+        _wait_for_step_3(proc)
         tree = _descendants(proc.pid)
         assert len(tree) >= 3  # torchrun and two ranks
         proc.kill()

@@ -4,18 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from torch.distributed.run import get_args_parser
 
+from tests.test_run import _zeroscope
 from zeroscope.cli import main
 from zeroscope.launch import TORCHRUN_MODULE, TORCHRUN_OPTIONS, torchrun_argv
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _torch_options() -> dict[frozenset[str], bool]:
@@ -111,18 +107,6 @@ def test_a_module_or_a_program_is_not_looked_for_as_a_file(
     assert runs_a_file(parser.parse_args(["run", "train.py"]))
 
 
-def _zeroscope(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "zeroscope", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 @pytest.mark.slow
 def test_module_role_log_dir_and_redirects_reach_torchrun(tmp_path: Path) -> None:
     package = tmp_path / "pkgx"
@@ -145,6 +129,7 @@ def test_module_role_log_dir_and_redirects_reach_torchrun(tmp_path: Path) -> Non
         "-m",
         "pkgx.train",
         cwd=tmp_path,
+        timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     # torchrun's own layout: <log-dir>/<run id>/attempt_0/<local rank>/stdout.log
@@ -156,7 +141,9 @@ def test_module_role_log_dir_and_redirects_reach_torchrun(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_no_python_runs_a_program(tmp_path: Path) -> None:
     run = _zeroscope(
-        "run", "--headless", "--nproc-per-node", "1", "--no-python", "echo", "hello", cwd=tmp_path
+        *("run", "--headless", "--nproc-per-node", "1", "--no-python", "echo", "hello"),
+        cwd=tmp_path,
+        timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "hello" in run.stdout.splitlines()

@@ -33,6 +33,14 @@ def _engine_ready() -> bool:
         return False
 
 
+def _run_command(script: str) -> str:
+    """``zeroscope run`` (live view) of a script given relative to the repository."""
+    return (
+        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
+        f"--record t.zstrace {ROOT}/{script}"
+    )
+
+
 class Tmux:
     def __init__(self, name: str) -> None:
         self.sock = f"zs-test-{os.getpid()}-{name}"
@@ -94,10 +102,7 @@ class Tmux:
 )
 def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: str) -> None:
     term = Tmux(script.split("/")[-1].split(".")[0])
-    command = (
-        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
-        f"--record t.zstrace {ROOT}/{script.format(root=ROOT)}"
-    )
+    command = _run_command(script.format(root=ROOT))
     try:
         term.start(command, tmp_path)
         cluster = term.wait_for(
@@ -123,10 +128,7 @@ def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: s
 
 def test_a_failed_rank_is_on_screen_before_quitting(tmp_path: Path) -> None:
     term = Tmux("failing")
-    command = (
-        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
-        f"--record t.zstrace {ROOT}/tests/scripts/failing_train.py"
-    )
+    command = _run_command("tests/scripts/failing_train.py")
     try:
         term.start(command, tmp_path)
         shown = term.wait_for(lambda s: "did you mean" in s and "job exited" in s, 150, False)
@@ -145,10 +147,7 @@ def test_a_failed_rank_is_on_screen_before_quitting(tmp_path: Path) -> None:
 
 def test_kill_9_leaves_no_job_running_and_gives_the_terminal_back(tmp_path: Path) -> None:
     term = Tmux("kill9")
-    command = (
-        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
-        f"--record t.zstrace {ROOT}/tests/scripts/agent_only_train.py --steps 100000"
-    )
+    command = _run_command("tests/scripts/agent_only_train.py --steps 100000")
     tree: list[psutil.Process] = []
     try:
         term.start(command, tmp_path)
