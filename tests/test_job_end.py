@@ -106,6 +106,9 @@ def test_the_first_failure_decides_the_code_and_the_line() -> None:
         [early_r1, r0],
     )
     assert (end.rank, end.error) == (1, "RuntimeError: CUDA error")
+    # Its output went elsewhere (torchrun's --redirects): what its agent reported.
+    end = classify(1, Outcome(exits=(RankExit(rank=0, exitcode=1),)), [], reported={0: ERROR})
+    assert (end.rank, end.error) == (0, ERROR)
     # sys.exit(3): the rank's own code.
     end = classify(1, Outcome(exits=(RankExit(rank=2, exitcode=3),)), [])
     assert (end.code, end.error) == (3, "exited with code 3 without a traceback")

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any, BinaryIO
 
@@ -183,13 +184,17 @@ class Job:
             self._outcome = Outcome.load(self._outcome_path)
         return self._outcome
 
-    def end(self) -> JobEnd:
-        """Wait for torchrun and the last of its output; the job's end, classified."""
+    def end(self, reported: Mapping[int, str] | None = None) -> JobEnd:
+        """Wait for torchrun and the last of its output; the job's end, classified
+        (``reported``: rank -> the error its agent reported, for ranks whose output went
+        elsewhere)."""
         if self._end is None:
             returncode = self.process.wait()
             self.relay.join(OUTPUT_DRAIN_S)
+            errors = self.scanner.errors()
+            outcome = self.outcome()
             self._end = classify(
-                returncode, self.outcome(), self.scanner.errors(), self.stopped, self.stop_code
+                returncode, outcome, errors, self.stopped, self.stop_code, reported
             )
             self._watchdog.close()
             with contextlib.suppress(OSError):

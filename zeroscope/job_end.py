@@ -16,6 +16,7 @@ stopped the job itself. The rules:
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,13 +119,18 @@ def first_failure(exits: tuple[RankExit, ...], errors: list[RankError]) -> RankE
     return min(leaders, key=lambda e: (order.get(e.rank, 1 << 62), e.rank))
 
 
-def how_it_ended(failed: RankExit, errors: list[RankError]) -> str:
-    """The rank's own error line, else what killed it, else its bare exit code."""
+def how_it_ended(
+    failed: RankExit, errors: list[RankError], reported: Mapping[int, str] | None = None
+) -> str:
+    """The rank's own error line, else what killed it, else what its agent reported (its
+    output may have gone elsewhere: torchrun's ``--redirects``), else its bare exit code."""
     if failed.signal_name:
         return f"killed by {failed.signal_name}"
     for e in errors:
         if e.rank == failed.rank:
             return e.line
+    if reported and reported.get(failed.rank):
+        return reported[failed.rank]
     return f"exited with code {failed.code} without a traceback"
 
 
@@ -134,9 +140,11 @@ def classify(
     errors: list[RankError],
     stopped: str | None = None,
     stop_code: int = 130,
+    reported: Mapping[int, str] | None = None,
 ) -> JobEnd:
     """The job's end from torchrun's ``returncode`` (negative: killed by that signal), the
-    outcome file, the ranks' error lines and zeroscope's own stop (``stopped``: why)."""
+    outcome file, the ranks' error lines, zeroscope's own stop (``stopped``: why) and the
+    errors the ranks' agents reported (``reported``, rank -> their Bye's message)."""
     if stopped:
         return JobEnd(stop_code, stopped=stopped)
     code = returncode if returncode >= 0 else 128 - returncode
@@ -157,6 +165,6 @@ def classify(
     return JobEnd(
         failed.code,
         rank=failed.rank,
-        error=how_it_ended(failed, errors),
+        error=how_it_ended(failed, errors, reported),
         followers=followers,
     )

@@ -138,7 +138,8 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
 
 def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
-    end = job.end()
+    said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
+    end = job.end(said)
     for line in [*summary_lines(state, trace), *end.sentences(job.log)]:
         say(line)
     say(f"job exit code {end.code}")
