@@ -28,8 +28,17 @@ from zeroscope.tui.rank_rows import flags_from_alerts
 ROOT = Path(__file__).resolve().parent.parent
 ERROR = "ConfigError: unknown key 'reduce_bucket_sise' (did you mean 'reduce_bucket_size'?)"
 TORCHRUN_STANDIN = f"""
-import os, sys, time
+import os, signal, sys, time
 from zeroscope.job_end import OUTCOME_ENV, Outcome, RankExit
+from zeroscope.supervision import announce_ready
+
+def finish(*_):
+    exits = (RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-15))
+    Outcome(exits=exits).save(os.environ[OUTCOME_ENV])
+    sys.exit(1)
+
+signal.signal(signal.SIGINT, finish)  # as torchrun: stop the workers, say how they ended
+announce_ready(os.environ)
 sys.stderr.write(
     "[rank0]: Traceback (most recent call last):\\n"
     '[rank0]:   File "train.py", line 9, in <module>\\n'
@@ -38,9 +47,7 @@ sys.stderr.write(
 sys.stderr.flush()
 while not os.path.exists(sys.argv[1]):  # the test says when the job ends
     time.sleep(0.05)
-exits = (RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-15))
-Outcome(exits=exits).save(os.environ[OUTCOME_ENV])
-sys.exit(1)
+finish()
 """
 
 
@@ -155,3 +162,22 @@ async def test_a_view_of_a_finished_job_stops_saying_live() -> None:
         await pilot.pause()
         header = screen_text(app).splitlines()[0]
         assert "ENDED" in header and "LIVE" not in header
+
+
+def test_a_stop_after_a_rank_failed_keeps_the_failure(tmp_path: Path) -> None:
+    """Ctrl-C while torchrun is already shutting down after a rank's failure only hurries it:
+    the end is that failure, not "stopped on request"."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    job = Job(
+        [sys.executable, "-c", TORCHRUN_STANDIN, str(tmp_path / "never")],
+        env,
+        None,
+        forward=False,
+    )
+    deadline = time.monotonic() + 60
+    while not job.scanner.errors():
+        assert time.monotonic() < deadline and job.returncode is None
+        time.sleep(0.05)
+    job.interrupt("Ctrl-C")
+    end = job.end()
+    assert (end.stopped, end.code, end.rank, end.error) == (None, 1, 0, ERROR)

@@ -63,6 +63,7 @@ class Job:
         self.scanner = ErrorScanner()
         self._end: JobEnd | None = None
         self._pending: tuple[int, float] | None = None
+        self._stop_asked = False
         """A stop waiting for torchrun to handle signals: (signal, give-up instant)."""
         self._outcome: Outcome | None = None
         fd, self._outcome_path = tempfile.mkstemp(prefix="zeroscope-outcome-", suffix=".json")
@@ -140,13 +141,23 @@ class Job:
         delivered by the next look at :attr:`returncode`."""
         if self.process.poll() is not None:
             return
-        if self.stopped is None:
-            self.stopped, self.stop_code = reason, code
+        if self._first_stop(reason, code):
             self._pending = (signal.SIGINT, time.monotonic() + READY_WAIT_S)
             self._deliver_pending()
         else:
             self._pending = None
             self.signal(signal.SIGKILL)
+
+    def _first_stop(self, reason: str, code: int) -> bool:
+        """Take a stop request; True for the first. It makes the end "stopped on request"
+        unless a rank had already failed on its own: then that failure is what ended the job
+        (the user only hurried torchrun's shutdown)."""
+        first = not self._stop_asked
+        self._stop_asked = True
+        failed = any(not e.line.startswith("KeyboardInterrupt") for e in self.scanner.errors())
+        if first and not failed:
+            self.stopped, self.stop_code = reason, code
+        return first
 
     def _deliver_pending(self) -> None:
         """Send the stop once torchrun handles signals (a second or so after it started); if it
@@ -166,9 +177,8 @@ class Job:
         own shutdown timeout), then, after ``grace_s``, SIGKILL to everything under it. (Not
         SIGTERM to torchrun: mid-shutdown it would abandon its workers.) Returns torchrun's
         exit status."""
-        if self.process.poll() is None and self.stopped is None:
-            self.stopped = reason
         if self.process.poll() is None:
+            self._first_stop(reason, 130)
             if self._watchdog.wait_ready(READY_WAIT_S):
                 self.signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -182,6 +192,8 @@ class Job:
         """What torchrun said about the ranks (None while it runs, or when it said nothing)."""
         if self._outcome is None and self.process.poll() is not None:
             self._outcome = Outcome.load(self._outcome_path)
+            with contextlib.suppress(OSError):
+                os.unlink(self._outcome_path)
         return self._outcome
 
     def end(self, reported: Mapping[int, str] | None = None) -> JobEnd:
@@ -197,8 +209,6 @@ class Job:
                 returncode, outcome, errors, self.stopped, self.stop_code, reported
             )
             self._watchdog.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self._outcome_path)
         return self._end
 
     def final_code(self) -> int | None:
@@ -260,8 +270,9 @@ class Interrupts:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        if self.count == 1:
-            print("zeroscope: stopping the job (Ctrl-C again to kill it)", file=sys.stderr)
+        if self.count == 1:  # os.write: print could re-enter a write the handler interrupted
+            with contextlib.suppress(OSError):
+                os.write(2, b"zeroscope: stopping the job (Ctrl-C again to kill it)\n")
         reason = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self.job is None:
             self._early = (reason, 128 + signum)

@@ -60,7 +60,7 @@ class ErrorScanner:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler may ask while its thread reads
         self._blocks: dict[int | None, _Block] = {}
         self._errors: dict[int | None, RankError] = {}
         self._seq = 0
