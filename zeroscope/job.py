@@ -21,8 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from types import FrameType
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import psutil
 
@@ -240,44 +239,6 @@ class Job:
             return [Alert("raised", "critical", f"{who} failed: {e.line}", ranks)]
         end = classify(returncode, self.outcome(), self.scanner.errors())
         return end_alerts(end)
-
-
-class Interrupts:
-    """Ctrl-C (or SIGTERM) to zeroscope is a stop on request of its job, from the moment the
-    handlers are installed: one that comes while the job is being started is passed on once it
-    exists. The first asks torchrun to stop, a second kills. Restores the previous handlers."""
-
-    def __init__(self) -> None:
-        self.job: Job | None = None
-        self.count = 0
-        self._early: tuple[str, int] | None = None
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> Interrupts:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def attach(self, job: Job) -> None:
-        self.job = job
-        if self._early is not None:
-            job.interrupt(*self._early)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        if self.count == 1:  # os.write: print could re-enter a write the handler interrupted
-            with contextlib.suppress(OSError):
-                os.write(2, b"zeroscope: stopping the job (Ctrl-C again to kill it)\n")
-        reason = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        if self.job is None:
-            self._early = (reason, 128 + signum)
-        else:
-            self.job.interrupt(reason, 128 + signum)
 
 
 def end_alerts(end: JobEnd) -> list[Alert]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from zeroscope.job import Interrupts
+from zeroscope.interrupts import Interrupts
 from zeroscope.launch import (
     Job,
     QueueSource,
