@@ -146,8 +146,10 @@ class ZeroscopeApp(App[str]):
 
     def redraw(self) -> None:
         self._drawn = self.state.version
+        if not self.is_running:
+            return  # shutting down: the screens' widgets are being removed under the timer
         screen = self.screen
-        if isinstance(screen, StateScreen):
+        if isinstance(screen, StateScreen) and screen.is_mounted:  # its on_mount draws it
             screen.refresh_view()
 
     # -- what screens ask --------------------------------------------------------------------
