@@ -62,9 +62,10 @@ class Job:
         self.scanner = ErrorScanner()
         self._end: JobEnd | None = None
         self._pending: tuple[int, float] | None = None
-        self._stop_asked = False
         """A stop waiting for torchrun to handle signals: (signal, give-up instant)."""
+        self._stop_asked = False
         self._outcome: Outcome | None = None
+        self._outcome_read = False
         fd, self._outcome_path = tempfile.mkstemp(prefix="zeroscope-outcome-", suffix=".json")
         os.close(fd)
         self._watchdog = Watchdog()
@@ -189,7 +190,8 @@ class Job:
     # -- the end -------------------------------------------------------------------------------
     def outcome(self) -> Outcome | None:
         """What torchrun said about the ranks (None while it runs, or when it said nothing)."""
-        if self._outcome is None and self.process.poll() is not None:
+        if not self._outcome_read and self.process.poll() is not None:
+            self._outcome_read = True
             self._outcome = Outcome.load(self._outcome_path)
             with contextlib.suppress(OSError):
                 os.unlink(self._outcome_path)

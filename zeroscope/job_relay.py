@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import select
 import threading
 from typing import BinaryIO
 
 from .job_errors import ErrorScanner
 
-_SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
+MAX_PENDING = 1 << 20
+"""Bytes of one unfinished line held back before it is passed on as it is."""
 PARTIAL_WAIT_S = 0.1
 """How long an unfinished stderr line waits for the rest before it is shown as it is."""
 
@@ -99,11 +99,12 @@ class OutputRelay:
                     self._emit(sink, data)
                     continue
                 pending += data
-                end = 0
-                for m in _SEGMENT.finditer(pending):
-                    self._send(sink, m.group(0), scan)
-                    end = m.end()
-                pending = pending[end:]
+                cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+                if not cut and len(pending) > MAX_PENDING:
+                    cut = len(pending)  # a line without end: show it in pieces
+                for segment in pending[:cut].splitlines(keepends=True):
+                    self._send(sink, segment, scan)
+                pending = pending[cut:]
             if pending:
                 self._send(sink, pending, scan)
         finally:
