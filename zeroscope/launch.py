@@ -73,10 +73,25 @@ def _dest(names: tuple[str, ...]) -> str:
 def add_torchrun_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("torchrun (passed through to torch.distributed.run)")
     for names, takes_value in TORCHRUN_OPTIONS:
-        if takes_value:
-            group.add_argument(*names, dest=_dest(names), default=None)
-        else:
-            group.add_argument(*names, dest=_dest(names), action="store_true")
+        # --help lists each flag once; the underscore spellings work without being listed.
+        shown = tuple(n for n in names if "_" not in n)
+        hidden = tuple(n for n in names if "_" in n)
+        _add_option(group, shown, _dest(names), takes_value, None)
+        if hidden:
+            _add_option(group, hidden, _dest(names), takes_value, argparse.SUPPRESS)
+
+
+def _add_option(
+    group: argparse._ArgumentGroup,
+    names: tuple[str, ...],
+    dest: str,
+    takes_value: bool,
+    help_text: str | None,
+) -> None:
+    if takes_value:
+        group.add_argument(*names, dest=dest, default=None, help=help_text)
+    else:
+        group.add_argument(*names, dest=dest, action="store_true", help=help_text)
 
 
 def runs_a_file(args: argparse.Namespace) -> bool:
