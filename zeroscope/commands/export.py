@@ -4,16 +4,15 @@ which Perfetto (ui.perfetto.dev) and chrome://tracing load.
 One process track per rank (pid = rank). Thread 0 holds a slice per step with its phases nested
 inside; collectives and offload transfers get their own threads, one lane per overlap (slices
 on one thread must nest), with bytes, group size, exposed time and busbw as arguments. Memory
-(P, G, O, A, allocator) is a counter track per rank; events are instant markers.
+(P, G, O, A, allocator) is a counter track per rank; events are instant markers. Time 0 is the
+earliest instant anything in the trace starts (a step, a collective issued before its step
+began, such as an init broadcast, or an event): every timestamp is >= 0, and all are shifted
+alike, which keeps their order and their distances.
 
 Placement: a step ends at its report's wall clock and starts ``duration_s`` earlier; collective
 and transfer instants are measured relative to the step start. Phase durations are measured but
 their positions are not recorded, so phase slices are laid back to back in the order data,
 forward, backward, optimizer. Each rank's timeline uses that rank's own clock.
-
-Time origin: the earliest instant anything in the trace starts (a step, a collective issued
-before its step began, such as an init broadcast, or an event), so every timestamp is >= 0.
-All events are shifted by the same amount, which keeps their order and their distances.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def replay_headless(source: TraceSource) -> int:
     from zeroscope.state.lines import step_line, summary_lines
 
     state = ClusterState()
+    state.job_id = source.reader.job_id  # named even when no rank reported
     reader = source.reader
-    state.job_id = reader.job_id  # named even when no rank reported
     for message in reader.hellos():
         state.ingest(message)
     for message in reader.messages():
