@@ -59,14 +59,19 @@ class CollectiveRecord:
         if self.end_ns is None or now < self.end_ns:
             self.end_ns = now
 
-    def resolve(self, step_start_ns: int) -> Collective | None:
-        """The wire record once complete, else None (still in flight: report it later)."""
+    def resolve(self, step_start_ns: int, step_start_event: Any = None) -> Collective | None:
+        """The wire record once complete, else None (still in flight). ``start_s`` is on the
+        axis of the step it was issued in (agent/timeline.py): the device's when
+        ``step_start_event`` is given (CUDA), else the host's."""
+        start_s = (self.start_ns - step_start_ns) / 1e9
         if self.cuda_events is not None:
             issue, wait_start, end = self.cuda_events
             if end is None or not end.query():
                 return None
             duration = issue.elapsed_time(end) / 1e3
             exposed = wait_start.elapsed_time(end) / 1e3
+            if step_start_event is not None:
+                start_s = step_start_event.elapsed_time(issue) / 1e3
         else:
             if self.end_ns is None:
                 return None
@@ -76,7 +81,7 @@ class CollectiveRecord:
             op=self.op,
             nbytes=self.nbytes,
             group_size=self.group_size,
-            start_s=(self.start_ns - step_start_ns) / 1e9,
+            start_s=start_s,
             duration_s=max(duration, 0.0),
             # Inside wait() the op finished; a few µs of wait() overhead after completion are
             # not comm time, so exposed is capped at the op's duration.
@@ -131,20 +136,14 @@ def _cuda_event() -> Any:
     return ev
 
 
-MAX_IN_FLIGHT = 10_000
-"""Records kept while waiting for completion; beyond it the oldest are dropped and counted (a
-handle whose ``wait()`` is never called on CUDA never resolves)."""
-
-
 class CollectiveTracker:
-    """Collectives issued on this rank; complete ones are taken at each step end."""
+    """Collectives issued on this rank; each step end takes the step's records."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self._lock = threading.Lock()
         self._pending: list[CollectiveRecord] = []
         self.errors = 0
-        self.abandoned = 0
 
     def track(
         self,
@@ -171,30 +170,9 @@ class CollectiveTracker:
             self.errors += 1
             return work
 
-    def take_complete(self, step_start_ns: int) -> list[Collective]:
-        """Records complete now, in issue order; the rest stay for a later report."""
-        out: list[Collective] = []
-        keep: list[CollectiveRecord] = []
+    def take_all(self) -> list[CollectiveRecord]:
+        """Every record issued since the last call (the step that just ended), complete or
+        not: the step's report resolves them, waiting for those still in flight."""
         with self._lock:
-            pending, self._pending = self._pending, []
-        for rec in pending:
-            try:
-                done = rec.resolve(step_start_ns)
-            except Exception:
-                self.errors += 1
-                continue
-            if done is None:
-                keep.append(rec)
-            else:
-                out.append(done)
-        if keep:
-            if len(keep) > MAX_IN_FLIGHT:
-                self.abandoned += len(keep) - MAX_IN_FLIGHT
-                keep = keep[-MAX_IN_FLIGHT:]
-            with self._lock:
-                self._pending[:0] = keep
-        return out
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
+            taken, self._pending = self._pending, []
+        return taken

@@ -1,9 +1,11 @@
 """The live agent: the Telemetry a rank gets when ``ZEROSCOPE_COLLECTOR`` is set.
 
 Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, loss scale,
-overflow/skip), what it measures itself (phase times, activation bytes through saved-tensor
-hooks, collective timing, allocator figures on CUDA) and sends one StepReport at ``step_end``.
-Events go out at once; the sampler thread sends heartbeats with host/GPU figures.
+overflow/skip), what it measures itself (phase spans and collective timing on the step's one
+time axis — agent/timeline.py —, activation bytes through saved-tensor hooks, allocator figures
+on CUDA without resetting them — agent/device_memory.py) and sends one StepReport per step, once
+what the step issued has completed (agent/pending.py). Events go out at once; the sampler thread
+sends heartbeats with host/GPU figures.
 
 Never block, never synchronize the device to measure, never raise into the training loop:
 every entry point catches its own failures and counts them in ``errors``.
@@ -27,9 +29,11 @@ import torch
 
 from .activations import ActivationCounter
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
-from .comm import CollectiveTracker
+from .comm import CollectiveTracker, _cuda_event
+from .device_memory import DevicePeaks
+from .pending import PendingReport
 from .publish import TOKEN_ENV, Publisher
-from .sampler import Sampler
+from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
 from .schema import (
     SCHEMA_VERSION,
@@ -43,11 +47,12 @@ from .schema import (
     HostSample,
     MemoryBytes,
     ParamCounts,
-    Phases,
+    SenderClaim,
     StepReport,
     Transfer,
     TransferDirection,
 )
+from .timeline import StepTimeline
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
@@ -76,8 +81,6 @@ CONNECT_TIMEOUT_S = 5.0
 collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds; on a
 heavily loaded 2-core machine 2 s was once too short and step 1's report was lost)."""
 
-_PHASES = ("data", "forward", "backward", "optimizer")
-
 
 class LiveTelemetry(Telemetry):
     """Measures and publishes one rank's steps (see module docstring)."""
@@ -95,30 +98,32 @@ class LiveTelemetry(Telemetry):
         job_id: str = "",
         engine: str = "zeroscope",
         sample_interval: float = 0.5,
+        local_world_size: int = 0,
     ) -> None:
         self.publisher = publisher
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.node_rank = local_rank, node_rank
+        self.local_world_size = local_world_size
         self.job_id = job_id
         self.engine = engine
         self.errors = 0
         self.step = 1
         """The step in progress (the first StepReport is step 1)."""
         self.cuda = False
+        self.device_index: int | None = None
+        """The GPU named in Hello: allocator figures are read for it, not the current device
+        (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
         self._hello_sent = False
-        self._step_start_ns: int | None = None
-        self._last_step_end_ns: int | None = None
-        self._phase_ns: dict[str, int] = {}
-        self._data_explicit = False
-        self._forward_seen = False
+        self._timeline = StepTimeline()
+        self._peaks: DevicePeaks | None = None
         self._activations = ActivationCounter()
         self._activations_every = activations_every()
         self._counted_this_step = False
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._collectives = CollectiveTracker(cuda=False)
         self._transfers: list[Transfer] = []
-        self._waiting: deque[tuple[StepReport, DeferredScalar, DeferredScalar]] = deque()
+        self._waiting: deque[PendingReport] = deque()
         self._host: HostSample | None = None
         self.sampler = Sampler(
             self._on_sample, interval=sample_interval, poll=publisher.poll_connection
@@ -133,10 +138,16 @@ class LiveTelemetry(Telemetry):
             if self.cuda:
                 index = torch.device(device).index
                 index = torch.cuda.current_device() if index is None else index
-                uuid = None
+                self.device_index = index
+                uuid = pci_bus = None
                 with contextlib.suppress(Exception):
-                    uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-                self.sampler.set_device(index, uuid)
+                    props = torch.cuda.get_device_properties(index)
+                    uuid = f"GPU-{props.uuid}"
+                    pci_bus = pci_bus_id(props)
+                self.sampler.set_device(index, uuid, pci_bus)
+                # The step's axis becomes the device's; peaks are sampled, never reset.
+                self._timeline.cuda_event = _cuda_event
+                self._peaks = DevicePeaks(torch.cuda, index)
             self._send_hello(config, params, device)
         except Exception:
             self.errors += 1
@@ -160,36 +171,35 @@ class LiveTelemetry(Telemetry):
                 config=config,
                 params=params,
                 engine=self.engine,
+                local_world_size=self.local_world_size,
             )
         )
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
-        t0 = time.perf_counter_ns()
-        hooks = None
+        hooks = token = None
         try:
-            if self._step_start_ns is None:
-                self._step_start_ns = t0
-            if name == "data":
-                self._data_explicit = True
-            elif name == "forward":
-                first = not self._forward_seen and not self._data_explicit
-                if first and self._last_step_end_ns is not None:
-                    self._phase_ns["data"] = t0 - self._last_step_end_ns
-                self._forward_seen = True
-                if self.step <= 3 or self.step % self._activations_every == 0:
-                    self._counted_this_step = True
-                    hooks = self._activations.hooks()
-                    hooks.__enter__()
+            if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
+                self._counted_this_step = True
+                hooks = self._activations.hooks()
+                hooks.__enter__()
+            token = self._timeline.enter(name)
+            if self._peaks is not None:
+                self._peaks.sample()
         except Exception:
             self.errors += 1
-            hooks = None
         try:
             yield
         finally:
             if hooks is not None:
                 hooks.__exit__(None, None, None)
-            self._phase_ns[name] = self._phase_ns.get(name, 0) + time.perf_counter_ns() - t0
+            try:
+                if token is not None:
+                    self._timeline.exit(token)
+                if self._peaks is not None:
+                    self._peaks.sample()
+            except Exception:
+                self.errors += 1
 
     def collective(
         self,
@@ -201,21 +211,22 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
-        if self._step_start_ns is None:
-            self._step_start_ns = time.perf_counter_ns()
+        try:
+            self._timeline.begin()
+        except Exception:
+            self.errors += 1
         return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
         try:
-            if self._step_start_ns is None:
-                self._step_start_ns = start_ns
+            start = self._timeline.begin(start_ns)
             self._transfers.append(
                 Transfer(
                     direction=direction,
                     nbytes=int(nbytes),
-                    start_s=(start_ns - self._step_start_ns) / 1e9,
+                    start_s=(start_ns - start.host_ns) / 1e9,
                     duration_s=max(end_ns - start_ns, 0) / 1e9,
                     label=label,
                 )
@@ -269,32 +280,26 @@ class LiveTelemetry(Telemetry):
         now = time.perf_counter_ns()
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
-        start = self._step_start_ns if self._step_start_ns is not None else now
-        ns = self._phase_ns
-        phases = Phases(**{k: ns[k] / 1e9 for k in _PHASES if k in ns})
+        forward_seen = self._timeline.forward_seen
+        axis = self._timeline.cut(now)
         peak = self._activations.take_peak()
         if self._counted_this_step:
             self._last_activations = (peak, self.step)
-        if self._forward_seen and self._last_activations is not None:
+        if forward_seen and self._last_activations is not None:
             activations, measured_at = self._last_activations
             mem = msgspec.structs.replace(
                 memory, activations=activations, activations_step=measured_at
             )
         else:
             mem = msgspec.structs.replace(memory)
-        if self.cuda:
-            mem.device_allocated = torch.cuda.memory_allocated()
-            mem.device_reserved = torch.cuda.memory_reserved()
-            mem.device_peak = torch.cuda.max_memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+        if self._peaks is not None:
+            mem.device_allocated, mem.device_reserved, mem.device_peak = self._peaks.take()
         report = StepReport(
             rank=self.rank,
             step=self.step,
             wall_ns=time.time_ns(),
-            duration_s=(now - start) / 1e9,
-            phases=phases,
+            duration_s=(now - axis.start.host_ns) / 1e9,
             memory=mem,
-            collectives=self._collectives.take_complete(start),
             transfers=self._transfers,
             lr=None if lr is None else float(lr),
             loss_scale=None if loss_scale is None else float(loss_scale),
@@ -303,22 +308,30 @@ class LiveTelemetry(Telemetry):
             samples=int(samples),
             host=self._host,
         )
-        self._waiting.append((report, DeferredScalar(loss), DeferredScalar(grad_norm)))
+        for waiting in self._waiting:
+            waiting.age += 1
+        self._waiting.append(
+            PendingReport(
+                report,
+                DeferredScalar(loss),
+                DeferredScalar(grad_norm),
+                axis,
+                self._collectives.take_all(),
+            )
+        )
         self._flush_reports(block=False)
         self.step += 1
-        self._step_start_ns = self._last_step_end_ns = now
-        self._phase_ns = {}
         self._transfers = []
-        self._data_explicit = self._forward_seen = self._counted_this_step = False
+        self._counted_this_step = False
 
     def _flush_reports(self, block: bool) -> None:
-        """Send, in order, every report whose device-side values have arrived."""
+        """Send, in order, every report whose step has completed (agent/pending.py)."""
         while self._waiting:
-            report, loss, norm = self._waiting[0]
-            if not (loss.ready(block) and norm.ready(block)):
+            pending = self._waiting[0]
+            if not pending.finish(block):
                 return
             self._waiting.popleft()
-            report.loss, report.grad_norm = loss.value, norm.value
+            report = pending.report
             if report.loss is not None and not math.isfinite(report.loss):
                 self.publisher.send(
                     Event(
@@ -388,14 +401,21 @@ def start_agent() -> Telemetry:
     try:
         env = os.environ
         rank = int(env.get("RANK", "0"))
-        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode())
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        node_rank = int(env.get("GROUP_RANK", "0"))
+        # The handshake says who this is, so a collector that refuses it can still name it.
+        claim = SenderClaim(
+            rank=rank, world_size=world_size, node_rank=node_rank, hostname=socket.gethostname()
+        )
+        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode(), claim=claim)
         publisher.wait_connected(CONNECT_TIMEOUT_S)
         agent = LiveTelemetry(
             publisher,
             rank=rank,
-            world_size=int(env.get("WORLD_SIZE", "1")),
+            world_size=world_size,
             local_rank=int(env.get("LOCAL_RANK", "0")),
-            node_rank=int(env.get("GROUP_RANK", "0")),
+            node_rank=node_rank,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
             job_id=env.get(JOB_ID_ENV)
             or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
             engine=env.get(ENGINE_ENV, "zeroscope"),

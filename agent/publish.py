@@ -9,6 +9,12 @@ The Hello is *sticky*: it is re-sent first whenever the connection is (re)made, 
 restarted mid-run still learns who each rank is. Framing is two frames, ``[token, msgpack]``
 (the token from ``ZEROSCOPE_TOKEN``; an empty frame when unset).
 
+The connection itself is authenticated in the ZeroMQ handshake (PLAIN: the user name is a
+:class:`~.schema.SenderClaim` saying which rank this is, the password the token). A collector
+that refuses the token answers the handshake with an error, so this side *knows* it is refused
+(``refused``) instead of sending into the void, and the collector knows whom it refused and
+from which address. No message is ever queued on a refused connection (``IMMEDIATE``).
+
 No exception ever leaves this module: a failure is counted in ``errors`` and the message dropped.
 """
 
@@ -21,7 +27,7 @@ import time
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from .schema import Heartbeat, Hello, Message, StepReport, encode
+from .schema import Heartbeat, Hello, Message, SenderClaim, StepReport, encode
 
 TOKEN_ENV = "ZEROSCOPE_TOKEN"
 """Per-job shared secret for non-loopback collectors (sent as the first frame)."""
@@ -32,6 +38,26 @@ SEND_HWM = 1000
 CLOSE_LINGER_MS = 500
 """At close only: how long unsent messages (the Bye) may still go out. Bounded, so exit never
 hangs; during the run the socket's linger is 0."""
+
+NO_TOKEN = b"-"
+"""The PLAIN password when no token is set (ZeroMQ refuses an empty one); a collector without
+a token admits any password, one with a token refuses this."""
+
+_WATCHED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+def set_credentials(sock: zmq.Socket, token: bytes = b"", claim: SenderClaim | None = None) -> None:
+    """Make ``sock`` (a PUSH to a collector, before ``connect``) present ``claim`` and the job
+    token in the ZeroMQ handshake, as the collector's ingest requires of every sender."""
+    sock.plain_username = (claim or SenderClaim()).username()
+    sock.plain_password = token or NO_TOKEN
 
 
 class Publisher:
@@ -44,6 +70,7 @@ class Publisher:
         *,
         hwm: int = SEND_HWM,
         context: zmq.Context | None = None,
+        claim: SenderClaim | None = None,
     ) -> None:
         self.address = address
         self._token = token
@@ -64,6 +91,12 @@ class Publisher:
         self._pid = os.getpid()
         self.connected = False
         """Whether the last connection event seen was a successful handshake."""
+        self.reached = False
+        """Whether a TCP connection to the address was ever made (it answers)."""
+        self.refused = ""
+        """Why the collector refused the last handshake ("" when it did not), e.g. ``wrong
+        token (handshake status 400)``. Cleared by a later successful handshake. (libzmq does
+        not retry a connection refused for its credentials: they would not change.)"""
         try:
             sock = self._context.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, hwm)
@@ -71,9 +104,8 @@ class Publisher:
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            self._monitor = sock.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-            )
+            set_credentials(sock, token, claim)
+            self._monitor = sock.get_monitor_socket(_WATCHED)
             sock.connect(address)
             self._socket = sock
         except Exception:
@@ -121,9 +153,19 @@ class Publisher:
             mon = self._monitor
             while mon is not None and mon.poll(int(timeout * 1000)):
                 timeout = 0.0
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+                parsed = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                event = parsed["event"]
+                if event == zmq.EVENT_CONNECTED:
+                    self.reached = True
+                    continue
                 with self._lock:
                     self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                    if self.connected:
+                        self.refused = ""
+                    elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                        self.refused = f"wrong token (handshake status {parsed['value']})"
+                    elif event != zmq.EVENT_DISCONNECTED:
+                        self.refused = "handshake failed (not a zeroscope collector?)"
                     if not self.connected and self._sticky is not None:
                         self._sticky_pending = True  # re-announce on the next connection
             with self._lock:
@@ -133,9 +175,11 @@ class Publisher:
 
     def wait_connected(self, timeout: float) -> bool:
         """Wait at most ``timeout`` s for the connection (start-up only, never in the loop),
-        so the first reports of a fast job are not dropped while TCP is still handshaking."""
+        so the first reports of a fast job are not dropped while TCP is still handshaking.
+        A refused handshake ends the wait at once: the training does not wait for a door that
+        will not open."""
         deadline = time.monotonic() + timeout
-        while not self.connected and not self.closed:
+        while not self.connected and not self.closed and not self.refused:
             left = deadline - time.monotonic()
             if left <= 0:
                 break

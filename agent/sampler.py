@@ -16,10 +16,26 @@ from typing import Any
 from .schema import HostSample
 
 
-class _Nvml:
-    """NVML handle of this rank's GPU, or nothing."""
+def pci_bus_id(props: Any) -> str | None:
+    """``domain:bus:device.0`` of a ``torch.cuda.get_device_properties`` result (NVML's form),
+    or None when torch does not say."""
+    try:
+        domain, bus, device = (
+            int(getattr(props, f"pci_{k}_id")) for k in ("domain", "bus", "device")
+        )
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return f"{domain:08x}:{bus:02x}:{device:02x}.0"
 
-    def __init__(self, device_index: int | None, uuid: str | None) -> None:
+
+class _Nvml:
+    """NVML handle of this rank's GPU, or nothing. Found by UUID, else by PCI bus id (both name
+    the same GPU whatever CUDA_VISIBLE_DEVICES says); the CUDA index is NVML's index only when
+    nothing is hidden, so it is the last resort."""
+
+    def __init__(
+        self, device_index: int | None, uuid: str | None, pci_bus: str | None = None
+    ) -> None:
         self.handle: Any = None
         self.nvml: Any = None
         if device_index is None:
@@ -31,6 +47,8 @@ class _Nvml:
             self.nvml = pynvml
             if uuid:
                 self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            elif pci_bus:
+                self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus)
             else:
                 self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
         except Exception:
@@ -83,13 +101,14 @@ class Sampler:
         self._stop = threading.Event()
         self._device_index = device_index
         self._device_uuid = device_uuid
+        self._device_pci: str | None = None
         self._device_changed = False
         self._thread = threading.Thread(target=self._run, name="zeroscope-sampler", daemon=True)
         self.errors = 0
 
-    def set_device(self, index: int, uuid: str | None = None) -> None:
+    def set_device(self, index: int, uuid: str | None = None, pci_bus: str | None = None) -> None:
         """This rank's GPU (known once the engine says hello); NVML is (re)opened for it."""
-        self._device_index, self._device_uuid = index, uuid
+        self._device_index, self._device_uuid, self._device_pci = index, uuid, pci_bus
         self._device_changed = True
 
     def start(self) -> Sampler:
@@ -122,7 +141,7 @@ class Sampler:
             next_sample += self.interval
             if self._device_changed:
                 self._device_changed = False
-                nvml = _Nvml(self._device_index, self._device_uuid)
+                nvml = _Nvml(self._device_index, self._device_uuid, self._device_pci)
             s = HostSample()
             try:
                 if proc is not None and psutil is not None:

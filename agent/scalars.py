@@ -28,7 +28,7 @@ class DeferredScalar:
         if isinstance(value, torch.Tensor):
             t = value.detach().reshape(-1)[0]
             if t.device.type == "cuda":
-                self.host = torch.empty((), dtype=t.dtype, pin_memory=True)
+                self.host = torch.empty((), dtype=t.dtype, device="cpu", pin_memory=True)
                 self.host.copy_(t, non_blocking=True)
                 self.event = torch.cuda.Event()
                 self.event.record()

@@ -97,15 +97,20 @@ class Hello(_Base, tag="hello"):
     params: ParamCounts | None = None
     engine: str = "zeroscope"
     """Which engine reports (ours, or another through the public agent API)."""
+    local_world_size: int = 0
+    """Ranks on this rank's node (torchrun's LOCAL_WORLD_SIZE; 0 = not said): lets a viewer tell
+    which node a rank that never reported belongs to."""
 
 
 class MemoryBytes(msgspec.Struct, omit_defaults=True):
     """Bytes this rank holds, by part. P/G/O are exact engine accounting; A is the peak of bytes
-    saved for backward within the step (saved-tensor hooks). Allocator figures sit beside them."""
+    saved for backward within the step (saved-tensor hooks). Allocator figures sit beside them.
+    P/G/O left out (None) mean "not reported" (an agent-API user who does not count them) and
+    show as NA; 0 means "holds none"."""
 
-    params: int = 0
-    grads: int = 0
-    optim: int = 0
+    params: int | None = None
+    grads: int | None = None
+    optim: int | None = None
     activations: int | None = None
     activations_step: int = 0
     """The step whose forward/backward ``activations`` was counted on (the agent samples every
@@ -118,10 +123,18 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     host_grads: int = 0
     host_optim: int = 0
     """Offloaded parts, in host memory or staged for NVMe (not included in params/grads/optim)."""
+    host_pinned: int | None = None
+    """Page-locked bytes the engine's host buffers really hold (the CUDA host allocator rounds
+    each block up to a power of two, so this can reach 2x their size); None: nothing pinned."""
     nvme_bytes: int = 0
     device_allocated: int | None = None
+    """CUDA: ``torch.cuda.memory_allocated`` of the rank's device at the step's end."""
     device_reserved: int | None = None
     device_peak: int | None = None
+    """CUDA: the highest allocated bytes within this step. Exact when the process's allocator
+    peak (``max_memory_allocated``, which zeroscope never resets) rose during the step; else
+    the highest ``memory_allocated`` sample taken at the step's phase boundaries (a lower
+    bound)."""
 
 
 class Phases(msgspec.Struct, omit_defaults=True):
@@ -131,6 +144,16 @@ class Phases(msgspec.Struct, omit_defaults=True):
     forward: float | None = None
     backward: float | None = None
     optimizer: float | None = None
+
+
+class PhaseSpan(msgspec.Struct, array_like=True, gc=False):
+    """One entry into a phase, on the step's time axis (the one ``Collective.start_s`` uses):
+    seconds since this rank's step start. Gradient accumulation gives one span per phase per
+    micro-batch, in order; ``Phases`` holds their sums."""
+
+    name: str
+    start_s: float
+    duration_s: float
 
 
 class Collective(msgspec.Struct, array_like=True, gc=False):
@@ -143,7 +166,8 @@ class Collective(msgspec.Struct, array_like=True, gc=False):
     nbytes: int
     group_size: int
     start_s: float
-    """Issue instant, seconds since this rank's step start."""
+    """Issue instant, seconds since this rank's step start (the step the collective was issued
+    in, which is the report that carries it)."""
     duration_s: float
     """Issue to completion."""
     exposed_s: float
@@ -177,12 +201,16 @@ class HostSample(msgspec.Struct, omit_defaults=True):
 
 
 class StepReport(_Base, tag="step"):
-    """Everything measured on one rank in one optimizer step, sent once at the step's end."""
+    """Everything measured on one rank in one optimizer step, sent once at the step's end (or
+    a little later: it waits for the collectives issued in the step to complete, so that each
+    report covers its own step's phases and collectives, on one time axis)."""
 
     rank: int
     step: int
     wall_ns: int
     duration_s: float
+    """From the previous step's end (or the first phase / collective of step 1) to this one's:
+    the axis ``phase_spans`` and ``collectives`` are placed on."""
     phases: Phases = msgspec.field(default_factory=Phases)
     memory: MemoryBytes = msgspec.field(default_factory=MemoryBytes)
     collectives: list[Collective] = msgspec.field(default_factory=list)
@@ -194,9 +222,18 @@ class StepReport(_Base, tag="step"):
     overflow: bool = False
     skipped: bool = False
     samples: int = 0
+    """Samples this rank consumed in this step: its data-parallel share (micro-batch size x
+    gradient accumulation steps), never the global batch. The viewer adds the ranks up. Ranks
+    that share one data-parallel replica (tensor or pipeline peers) report it on one of them
+    and 0 on the others; 0 everywhere means "not reported" (samples/s shows NA)."""
     host: HostSample | None = None
     dropped: int = 0
     """Messages this rank's publisher dropped (back-pressure) since its previous report."""
+    phase_spans: list[PhaseSpan] = msgspec.field(default_factory=list)
+    """Where each phase ran within the step (empty from reporters that only give sums)."""
+    collectives_unfinished: int = 0
+    """Collectives issued in this step still incomplete when the report had to leave (they
+    are not in ``collectives``)."""
 
 
 class Event(_Base, tag="event"):
@@ -230,7 +267,83 @@ class Bye(_Base, tag="bye"):
     message: str = ""
 
 
-Message = Hello | StepReport | Event | Heartbeat | Bye
+class Admission(_Base, tag="admission"):
+    """The collector's own record, never an agent's (the collector rejects one from a sender):
+    what its door saw of one sender, so that every view can name a rank that never reports and
+    say why, live and in replay. ``reason`` is ``"unauthenticated"`` (handshake refused: wrong
+    token), ``"handshake"`` (a sender without zeroscope's credentials), a rejected message's
+    reason (``"malformed"``, ``"oversize"``, ``"schema_version"``, ``"framing"``), or
+    ``"admitted"`` (a connection with the right token: a node's launcher, or a rank that
+    connected and sent nothing valid). Re-sent with running totals while it goes on; the
+    newest record of a (reason, peer, claim) holds the totals.
+
+    ``rank``, ``node_rank``, ``world_size``, ``hostname`` and ``role`` are what the sender
+    *claimed* in its handshake (see :class:`SenderClaim`): -1 / 0 / "" when not said. A claim
+    names a suspect; it is never proof and never makes a rank count as reporting."""
+
+    wall_ns: int
+    """The collector's clock."""
+    reason: str
+    count: int = 1
+    unit: str = "message"
+    """``"message"`` or ``"connection"`` (what ``count`` counts)."""
+    peer: str = ""
+    """The IP address the sender connected from ("" when ZeroMQ did not say)."""
+    rank: int = -1
+    node_rank: int = -1
+    world_size: int = 0
+    hostname: str = ""
+    role: str = ""
+    """``"rank"`` (a training rank's agent) or ``"launcher"`` (``zeroscope run`` on a node)."""
+    detail: str = ""
+    """The last rejection's one-line reason."""
+
+
+Message = Hello | StepReport | Event | Heartbeat | Bye | Admission
+
+
+class SenderClaim(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Who a sender says it is, carried in its ZeroMQ handshake (the PLAIN user name; the
+    password is the job token): the collector learns it even from a sender it refuses, so it
+    can name the rank a wrong token belongs to. Text ``key=value`` pairs, at most 255 bytes."""
+
+    role: str = "rank"
+    rank: int = -1
+    world_size: int = 0
+    node_rank: int = -1
+    hostname: str = ""
+
+    def username(self) -> bytes:
+        host = "".join(c for c in self.hostname if c.isprintable() and c not in " =")[:120]
+        pairs = [
+            ("role", "".join(c for c in self.role if c.isalnum())[:16] or "rank"),
+            ("rank", str(self.rank)),
+            ("world", str(self.world_size)),
+            ("node", str(self.node_rank)),
+            ("host", host),
+        ]
+        return " ".join(f"{k}={v}" for k, v in pairs).encode()[:255]
+
+    @classmethod
+    def parse(cls, text: bytes | str) -> SenderClaim:
+        """The claim in a handshake user name; never raises (junk claims nothing)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
+
+        def number(key: str, default: int) -> int:
+            value = fields.get(key, "")
+            digits = value[1:] if value.startswith("-") else value
+            return int(value) if digits.isdigit() and len(digits) < 10 else default
+
+        return cls(
+            role=fields.get("role", "")[:16],
+            rank=number("rank", -1),
+            world_size=max(0, number("world", 0)),
+            node_rank=number("node", -1),
+            hostname=fields.get("host", "")[:120],
+        )
+
 
 _encoder = msgspec.msgpack.Encoder()
 _INT64 = 1 << 63
@@ -268,7 +381,9 @@ def decode(data: bytes | memoryview) -> Message:
     # Indexed trace columns are SQLite int64s; a rank or step outside sane ranges is garbage.
     step = getattr(message, "step", 0)
     instant = message.started_ns if isinstance(message, Hello) else message.wall_ns
-    if not (0 <= message.rank < _MAX_RANK and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
+    lowest = -1 if isinstance(message, Admission) else 0  # a claim may name no rank
+    rank_ok = lowest <= message.rank < _MAX_RANK
+    if not (rank_ok and 0 <= step < _INT64 and -_INT64 <= instant < _INT64):
         raise SchemaError(
             f"malformed message: rank {message.rank}, step {step} or instant out of range",
             "malformed",

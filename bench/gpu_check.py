@@ -7,7 +7,9 @@ pinned-memory PCIe bandwidth (host->device, device->host) against the link's nom
 Without CUDA it says so and exits 0 (the table row reads "not measured"). Ranks: min(2, GPUs);
 on one GPU the engine rows run at 1 rank (no communication: they compare compute paths only).
 Bandwidth: 256 MiB pinned host buffer <-> device, timed with CUDA events, median of repeats;
-nominal = link GT/s x lanes x 128/130 / 8 from /sys (PCIe gen3+ encoding), per direction.
+nominal = link GT/s x lanes x 128/130 / 8 from /sys (PCIe gen3+ encoding), per direction, from
+the link's *maximum* speed and width: an idle GPU downclocks its link (current_link_speed can
+read 2.5 GT/s on a Gen5 x16 slot), so the current figures say nothing about what it can carry.
 """
 
 from __future__ import annotations
@@ -24,15 +26,28 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import Table  # noqa: E402
 
+PCI_DEVICES = Path("/sys/bus/pci/devices")
 
-def nominal_pcie_gbps(pci_bus: str) -> float | None:
-    """Per-direction nominal GB/s of the device's PCIe link, from sysfs; None if unknown."""
-    dev = Path("/sys/bus/pci/devices") / pci_bus.lower()
+
+def link(pci_bus: str, which: str = "max", root: Path = PCI_DEVICES) -> tuple[float, int] | None:
+    """(GT/s, lanes) of the device's PCIe link from sysfs, ``which`` = "max" or "current";
+    None if unknown."""
+    dev = root / pci_bus.lower()
     try:
-        speed = float((dev / "current_link_speed").read_text().split()[0])  # GT/s
-        width = int((dev / "current_link_width").read_text().strip())
+        speed = float((dev / f"{which}_link_speed").read_text().split()[0])  # "32.0 GT/s PCIe"
+        width = int((dev / f"{which}_link_width").read_text().strip())
     except (OSError, ValueError, IndexError):
         return None
+    return speed, width
+
+
+def nominal_pcie_gbps(pci_bus: str, root: Path = PCI_DEVICES) -> float | None:
+    """Per-direction nominal GB/s of the device's PCIe link at its maximum speed and width
+    (not the current, possibly idle-downclocked, ones); None if unknown."""
+    found = link(pci_bus, "max", root)
+    if found is None:
+        return None
+    speed, width = found
     return speed * width * 128 / 130 / 8
 
 

@@ -98,11 +98,14 @@ def bench_core(payloads: list[bytes], records: int, trace: Path) -> tuple[float,
 def _sender(address: str, payloads: list[bytes], out: mp.Queue) -> None:
     import zmq
 
+    from zeroscope.agent.publish import set_credentials
+
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 1000)
     push.setsockopt(zmq.LINGER, 2000)
     push.setsockopt(zmq.IMMEDIATE, 1)
+    set_credentials(push)
     push.connect(address)
     time.sleep(0.5)  # let the connection come up
     sent = dropped = 0

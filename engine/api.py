@@ -1,9 +1,9 @@
-"""``initialize``: DeepSpeed's entry point, so a DeepSpeed script ports by changing its import::
+"""``initialize``: DeepSpeed's entry point, and ``add_config_arguments`` / ``init_distributed``.
+A DeepSpeed script ports by changing its import (the package forwards DeepSpeed's names, see
+engine/deepspeed/)::
 
-    from zeroscope.engine.api import initialize   # was: from deepspeed import initialize
-    # or: import zeroscope.engine.api as deepspeed  (initialize, add_config_arguments,
-    #     init_distributed)
-    engine, optimizer, dataloader, lr_scheduler = initialize(
+    import zeroscope.engine as deepspeed   # was: import deepspeed
+    engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config="ds_config.json")
 
 docs/engine.md lists the DeepSpeed calls that are supported.
@@ -19,15 +19,17 @@ import torch
 
 from zeroscope.agent.api import telemetry
 
-from .comm import Comm, pick_device
-from .comm import init_distributed as _init_distributed
-from .config import ConfigError, DeepSpeedConfig, load_config
+from .config import ConfigError, DeepSpeedConfig, load_config, read_raw, report_ignored
+from .dataloader import training_loader
 from .engine import ZeroEngine
-from .lr_schedules import WarmupSchedule
+from .lr_schedules import schedule_from_config
 from .offload import make_offload
 from .optim import ZeroOptimizer
 from .precision import DTYPES, make_loss_scaler
-from .report import Reporter, largest_layer
+from .process_group import Comm, pick_device
+from .process_group import init_distributed as _init_distributed
+from .report import Reporter, largest_layer, param_numel
+from .zero.stage3.zero_init import materialize
 from .zero.stages import make_strategy
 
 __all__ = ["ConfigError", "ZeroEngine", "add_config_arguments", "init_distributed", "initialize"]
@@ -117,23 +119,75 @@ def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) 
 
 
 def add_config_arguments(parser: Any) -> Any:
-    """DeepSpeed's ``add_config_arguments``: ``--deepspeed`` and ``--deepspeed_config PATH``
-    (read by :func:`initialize` from ``args``)."""
+    """DeepSpeed's ``add_config_arguments``: ``--deepspeed``, ``--deepspeed_config PATH`` and the
+    deprecated ``--deepscale`` / ``--deepscale_config`` (read by :func:`initialize` from
+    ``args``)."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
     group.add_argument("--deepspeed", default=False, action="store_true", help="use the engine")
     group.add_argument("--deepspeed_config", default=None, type=str, help="ds_config.json path")
+    group.add_argument("--deepscale", default=False, action="store_true", help="deprecated")
+    group.add_argument("--deepscale_config", default=None, type=str, help="deprecated")
     return parser
 
 
-def init_distributed(dist_backend: str | None = None, **_: Any) -> None:
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = 29500,
+    verbose: bool = True,
+    timeout: Any = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
     """DeepSpeed's ``init_distributed``: torch.distributed from torchrun's environment (nccl on
-    CUDA, gloo on CPU, or ``dist_backend``); a no-op without that environment or when done."""
+    CUDA, gloo on CPU, or ``dist_backend``) with this rank's GPU made current and bound to the
+    group, or from explicit ``rank``/``world_size`` and ``init_method``; a no-op without that
+    environment (one rank, no process group, unless world-1 collectives are forced) or when it
+    is initialized already. MPI discovery is not done (launch with torchrun)."""
     import torch.distributed as dist
 
-    if dist_backend is not None and not dist.is_initialized() and "RANK" in os.environ:
-        dist.init_process_group(backend=dist_backend)
+    if dist_init_required is False or dist.is_initialized():
         return
-    _init_distributed(pick_device())
+    device = pick_device()
+    explicit = rank >= 0 and world_size > 0
+    if not explicit and timeout is None and init_method is None:
+        _init_distributed(device, backend=dist_backend)
+        return
+    if not explicit and "RANK" not in os.environ:
+        return
+    backend = dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    kwargs: dict[str, Any] = {"backend": backend}
+    if device.type == "cuda" and "nccl" in backend:
+        kwargs["device_id"] = device  # an eager NCCL communicator bound to this rank's GPU
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if init_method is not None:
+        kwargs["init_method"] = init_method
+    if explicit:
+        kwargs.update(rank=rank, world_size=world_size)
+    dist.init_process_group(**kwargs)
+
+
+def _config_source(args: Any, config: Any, config_params: Any) -> Any:
+    """The ds_config from ``config`` / ``config_params`` / ``args.deepspeed_config`` (or the
+    deprecated ``args.deepscale_config``), refusing two at once as DeepSpeed does."""
+    if config is None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if from_args is not None:
+        if config is not None:
+            raise ConfigError(
+                "a ds_config is given both in args.deepspeed_config and to initialize(); give one"
+            )
+        config = from_args
+    if config is None:
+        raise ConfigError(
+            "initialize() needs config= (a ds_config path or dict) or args.deepspeed_config"
+        )
+    return config
 
 
 def initialize(
@@ -143,43 +197,46 @@ def initialize(
     model_parameters: Any = None,
     training_data: Any = None,
     lr_scheduler: Any = None,
+    distributed_port: int = 29500,
     mpu: Any = None,
     dist_init_required: bool | None = None,
     collate_fn: Any = None,
     config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
-    config_params: Mapping[str, Any] | None = None,
+    mesh_param: Any = None,
+    config_params: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     *,
     auto_values: Mapping[str, Any] | None = None,
 ) -> tuple[ZeroEngine, ZeroOptimizer, Any, Any]:
     """Build the engine; returns ``(engine, optimizer, dataloader, lr_scheduler)`` as DeepSpeed.
 
     ``config`` is a path, a JSON/hjson string or a dict (``config_params`` is DeepSpeed's older
-    name; ``args.deepspeed_config`` is read too). ``auto_values`` fills ``"auto"`` entries by
+    name; ``args.deepspeed_config`` is read too; ``engine.config`` is that dict). Parameters
+    partitioned by ``zero.Init`` are adopted as they are. ``distributed_port`` is accepted and
+    unused (torchrun's MASTER_PORT is read). ``auto_values`` fills ``"auto"`` entries by
     dotted key. ``training_data`` (a Dataset) yields a DataLoader of micro-batches with a
     DistributedSampler. ``lr_scheduler`` may be a scheduler or a callable taking the optimizer.
     """
     if model is None:
         raise ConfigError("initialize() needs model=")
-    if mpu is not None:
-        raise ConfigError("mpu (model parallelism) is not supported yet")
-    if config is None:
-        config = (
-            config_params if config_params is not None else getattr(args, "deepspeed_config", None)
-        )
-    if config is None:
-        raise ConfigError("initialize() needs config= (a ds_config path or dict)")
+    if mpu is not None or mesh_param is not None:
+        raise ConfigError("mpu / mesh_param (model or sequence parallelism) is not supported yet")
+    source = _config_source(args, config, config_params)
+    raw = source if isinstance(source, dict) else read_raw(source)
     device = pick_device()
     if dist_init_required is not False:
         _init_distributed(device)
     tel = telemetry()
-    comm = Comm.data_parallel(tel)
-    cfg = load_config(config, dp_world_size=comm.world_size, auto_values=auto_values)
+    comm = Comm.data_parallel(tel, device)
+    cfg = load_config(raw, dp_world_size=comm.world_size, auto_values=auto_values)
+    report_ignored(cfg, rank=comm.rank)
 
+    if cfg.zero_optimization.stage < 3:  # zero.Init partitioned it; stages 0-2 keep it whole
+        materialize(model)
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
     groups = _param_groups(model, model_parameters, optimizer)
     zero_opt = _optimizer(cfg, groups, optimizer)
     # Counted before the strategy is built: stage 3 leaves empty placeholders in the module.
-    total, largest = sum(p.numel() for p in model.parameters()), largest_layer(model)
+    total, largest = sum(param_numel(p) for p in model.parameters()), largest_layer(model)
     strategy = make_strategy(
         module=model, groups=[g["params"] for g in zero_opt.param_groups], comm=comm, config=cfg
     )
@@ -190,7 +247,7 @@ def initialize(
             raise ConfigError(
                 "a scheduler is given both in ds_config and to initialize(); give one"
             )
-        scheduler = WarmupSchedule(zero_opt, cfg.scheduler)
+        scheduler = schedule_from_config(zero_opt, cfg.scheduler)
     elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         scheduler = lr_scheduler(zero_opt)
 
@@ -210,6 +267,7 @@ def initialize(
     engine = ZeroEngine(
         module=model,
         config=cfg,
+        raw_config=raw,
         strategy=strategy,
         optimizer=zero_opt,
         lr_scheduler=scheduler,
@@ -218,16 +276,8 @@ def initialize(
         scaler=make_loss_scaler(cfg.precision, cfg.fp16),
         device=device,
     )
-    loader = None
     if training_data is not None:
-        from torch.utils.data import DataLoader, DistributedSampler
-
-        sampler: Any = (
-            DistributedSampler(training_data, num_replicas=comm.world_size, rank=comm.rank)
-            if comm.world_size > 1
-            else None
+        engine.training_dataloader = training_loader(
+            training_data, cfg, rank=comm.rank, world_size=comm.world_size, collate_fn=collate_fn
         )
-        loader = DataLoader(
-            training_data, batch_size=cfg.micro_batch, sampler=sampler, collate_fn=collate_fn
-        )
-    return engine, zero_opt, loader, scheduler
+    return engine, zero_opt, engine.training_dataloader, scheduler

@@ -88,6 +88,21 @@ def _module_state(engine: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+_HYPER = ("lr", "betas", "eps", "weight_decay")
+
+
+def optimizer_hyper(engine: Any) -> list[dict[str, Any]]:
+    """Each param group's hyperparameters, as torch's ``Optimizer.state_dict`` keeps them: a
+    client LR schedule (the Hugging Face Trainer's) does not re-apply its lr when it is
+    reloaded, so the lr of the next step must come back with the optimizer, as in DeepSpeed."""
+    return [{k: g[k] for k in _HYPER if k in g} for g in engine.optimizer.param_groups]
+
+
+def restore_optimizer_hyper(engine: Any, saved: list[dict[str, Any]] | None) -> None:
+    for group, values in zip(engine.optimizer.param_groups, saved or []):
+        group.update({k: tuple(v) if k == "betas" else v for k, v in values.items()})
+
+
 def save_checkpoint(
     engine: Any, save_dir: str, tag: str | None, client_state: dict[str, Any], save_latest: bool
 ) -> bool:
@@ -111,7 +126,7 @@ def save_checkpoint(
         "rng_state": torch.get_rng_state(),
         "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
     }
-    _write(tmp / optim_file(rank, engine.config.precision), optim)
+    _write(tmp / optim_file(rank, engine._config.precision), optim)
     if rank == 0:
         scheduler = engine.lr_scheduler
         _write(
@@ -124,13 +139,14 @@ def save_checkpoint(
                 "skipped_steps": engine.skipped_steps,
                 "micro_steps": engine.micro_steps,
                 "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "optimizer_hyper": optimizer_hyper(engine),
                 "loss_scaler": {
                     "type": type(engine.scaler).__name__,
                     **dataclasses.asdict(engine.scaler),
                 },
                 "dp_world_size": engine.comm.world_size,
                 "zero_stage": engine.zero_optimization_stage(),
-                "precision": engine.config.precision,
+                "precision": engine._config.precision,
                 "client_state": dict(client_state),
             },
         )
@@ -206,8 +222,9 @@ def load_checkpoint(
     engine.module.load_state_dict(model["module"], strict=strict)
     inner = getattr(engine.strategy, "inner", engine.strategy)
     if with_optimizer:
-        optim = _load(path / optim_file(engine.comm.rank, engine.config.precision))
+        optim = _load(path / optim_file(engine.comm.rank, engine._config.precision))
         engine.strategy.load_state_dict(optim["optimizer_state_dict"])
+        restore_optimizer_hyper(engine, model.get("optimizer_hyper"))
         torch.set_rng_state(optim["rng_state"])
         if optim.get("cuda_rng_state") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(optim["cuda_rng_state"])

@@ -16,6 +16,7 @@ config trains identically.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,16 +27,27 @@ from .config_blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
     CheckpointConfig,
+    DataTypesConfig,
     FP16Config,
     OptimizerConfig,
     SchedulerConfig,
     read_optimizer,
     read_scheduler,
 )
-from .config_parse import REJECT_ANY, Block, ConfigError, fill_auto, read_block
+from .config_keys import TOP_LEVEL_KEYS
+from .config_parse import Block, ConfigError, KeyStatus, Notes, fill_auto, read_block
 from .config_zero import AioConfig, ZeroConfig
 
-__all__ = ["GRADIENT_CLIPPING_DEFAULT", "ConfigError", "DeepSpeedConfig", "load_config"]
+__all__ = [
+    "GRADIENT_CLIPPING_DEFAULT",
+    "ConfigError",
+    "DeepSpeedConfig",
+    "load_config",
+    "read_raw",
+    "report_ignored",
+]
+
+log = logging.getLogger("zeroscope.engine")
 
 GRADIENT_CLIPPING_DEFAULT = 1.0
 """DeepSpeed's runtime/constants.py: an absent gradient_clipping clips at 1.0."""
@@ -51,10 +63,11 @@ class DeepSpeedConfig(Block):
     gradient_accumulation_steps: int | None = None
     gradient_clipping: float = GRADIENT_CLIPPING_DEFAULT
     """Global L2 norm clip (0 = off)."""
-    steps_per_print: int = 10
-    """Rank 0 logs loss/lr/scale every this many optimizer steps (Python logging, INFO)."""
-    wall_clock_breakdown: bool = False
-    """Accepted: zeroscope always times the forward/backward/optimizer phases."""
+    steps_per_print: float = 10
+    """Rank 0 logs loss/lr/scale every this many optimizer steps (Python logging, INFO); 0 or
+    ``Infinity`` (what accelerate writes) never."""
+    dataloader_drop_last: bool = False
+    """The loader ``initialize(training_data=...)`` returns drops the last partial batch."""
     zero_allow_untested_optimizer: bool = False
     zero_force_ds_cpu_optimizer: bool = True
     fp16: FP16Config = field(default_factory=FP16Config)
@@ -65,49 +78,20 @@ class DeepSpeedConfig(Block):
         default_factory=ActivationCheckpointingConfig
     )
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data_types: DataTypesConfig = field(default_factory=DataTypesConfig)
     optimizer: OptimizerConfig | None = None
     scheduler: SchedulerConfig | None = None
+    notes: Notes = field(default_factory=Notes, metadata={"not_a_key": True})
+    """What reading found worth saying once (ignored keys); see :func:`report_ignored`."""
 
     ALIASES: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "prescale_gradients": False,
-        "gradient_predivide_factor": 1.0,
-        "communication_data_type": None,
-        "seq_parallel_communication_data_type": REJECT_ANY,
-        "sparse_gradients": False,
-        "disable_allgather": False,
-        "dump_state": False,
-        "memory_breakdown": False,
-        "amp": REJECT_ANY,
-        "torch_autocast": REJECT_ANY,
-        "data_types": REJECT_ANY,
-        "flops_profiler": REJECT_ANY,
-        "tensorboard": REJECT_ANY,
-        "wandb": REJECT_ANY,
-        "csv_monitor": REJECT_ANY,
-        "comet": REJECT_ANY,
-        "comms_logger": REJECT_ANY,
-        "timers": REJECT_ANY,
-        "elasticity": REJECT_ANY,
-        "pipeline": REJECT_ANY,
-        "data_efficiency": REJECT_ANY,
-        "curriculum_learning": REJECT_ANY,
-        "compression_training": REJECT_ANY,
-        "autotuning": REJECT_ANY,
-        "nebula": REJECT_ANY,
-        "eigenvalue": REJECT_ANY,
-        "progressive_layer_drop": REJECT_ANY,
-        "quantize_training": REJECT_ANY,
-        "sparse_attention": REJECT_ANY,
-        "weight_quantization": REJECT_ANY,
-        "hybrid_engine": REJECT_ANY,
-        "graph_harvesting": False,
-        "checkpoint_in_cpu": REJECT_ANY,
-    }
+    KEYS: ClassVar[dict[str, KeyStatus]] = TOP_LEVEL_KEYS
 
     def __post_init__(self) -> None:
         if self.fp16.enabled and self.bf16.enabled:
             raise ValueError("fp16 and bf16 cannot both be enabled")
+        if self.steps_per_print < 0:
+            raise ValueError(f"steps_per_print must be >= 0, got {self.steps_per_print}")
         if self.gradient_clipping < 0:
             raise ValueError(f"gradient_clipping must be >= 0, got {self.gradient_clipping}")
         for name in (
@@ -202,15 +186,28 @@ def load_config(
 
     ``auto_values`` fills ``"auto"`` entries by dotted key, e.g.
     ``{"train_micro_batch_size_per_gpu": 8, "optimizer.params.lr": 3e-4}``."""
-    raw = fill_auto(read_raw(source), auto_values or {})
-    blocks = {"optimizer": read_optimizer, "scheduler": read_scheduler}
-    special = {k: blocks[k](v) for k, v in raw.items() if k in blocks and v is not None}
-    rest = {k: v for k, v in raw.items() if k not in blocks}
-    cfg = read_block(DeepSpeedConfig, rest)
-    cfg.optimizer = special.get("optimizer")  # type: ignore[assignment]
-    cfg.scheduler = special.get("scheduler")  # type: ignore[assignment]
+    cfg = read_config(source, auto_values=auto_values)
     resolve_batch_sizes(cfg, dp_world_size)
     check_implemented(cfg)
+    return cfg
+
+
+def read_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    auto_values: Mapping[str, Any] | None = None,
+) -> DeepSpeedConfig:
+    """Read and validate a ds_config without resolving batch sizes (``zero.Init`` reads the
+    precision and stage of a config whose batch keys may still be "auto")."""
+    raw = fill_auto(read_raw(source), auto_values or {})
+    notes = Notes()
+    blocks = {"optimizer": read_optimizer, "scheduler": read_scheduler}
+    special = {k: blocks[k](v, notes) for k, v in raw.items() if k in blocks and v is not None}
+    rest = {k: v for k, v in raw.items() if k not in blocks}
+    cfg = read_block(DeepSpeedConfig, rest, notes=notes)
+    cfg.optimizer = special.get("optimizer")  # type: ignore[assignment]
+    cfg.scheduler = special.get("scheduler")  # type: ignore[assignment]
+    cfg.notes = notes
     return cfg
 
 
@@ -222,3 +219,21 @@ def check_implemented(cfg: DeepSpeedConfig) -> None:
             f"zero_optimization.offload_optimizer.ratio={offload.ratio} is not supported yet "
             f"(the whole optimizer step runs where O lives; use 1.0)"
         )
+
+
+_reported: set[str] = set()
+
+
+def report_ignored(cfg: DeepSpeedConfig, *, rank: int) -> list[str]:
+    """Log, on rank 0 and once per process for each key, the keys accepted without effect and
+    why; returns the lines logged."""
+    lines = [
+        f"ds_config {key}: accepted and ignored ({reason})"
+        for key, reason in sorted(cfg.notes.ignored.items())
+        if key not in _reported
+    ]
+    _reported.update(cfg.notes.ignored)
+    if rank == 0:
+        for line in lines:
+            log.warning(line)
+    return lines

@@ -8,7 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from .config_parse import REJECT_ANY, Block, ConfigError, read_block, suggest
+from .config_parse import (
+    Block,
+    ConfigError,
+    Ignored,
+    KeyStatus,
+    Notes,
+    Refused,
+    ignored,
+    read_block,
+    refused,
+    suggest,
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -28,9 +39,12 @@ class FP16Config(Block):
     """Refill the hysteresis on every overflow-free step (not only when the scale grows)."""
     min_loss_scale: float = 1.0
 
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "auto_cast": False,
-        "fp16_master_weights_and_grads": False,
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "auto_cast": Refused("casts the forward's floating inputs to fp16; not built", (False,)),
+        "fp16_master_weights_and_grads": Refused(
+            "keeps fp16 master weights instead of fp32; not built", (False,)
+        ),
     }
 
     def __post_init__(self) -> None:
@@ -53,12 +67,18 @@ class BF16Config(Block):
     """``bf16`` (alias ``bfloat16``): bf16 params/grads, fp32 master weights, no loss scaling."""
 
     enabled: bool = False
+    check_grad_overflow: bool = True
+    """Stages 1-2: skip a step whose gradients hold inf/NaN (DeepSpeed's ZeRO-1/2 optimizer)."""
 
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "immediate_grad_update": REJECT_ANY,
-        "check_grad_overflow": False,
-        "bf16_master_weights_and_grads": False,
-        "bf16_optimizer_states": False,
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "immediate_grad_update": Refused(
+            "accumulates bf16 gradients into fp32 in the backward hooks; not built", (False,)
+        ),
+        "bf16_master_weights_and_grads": Refused(
+            "keeps bf16 master weights instead of fp32; not built", (False,)
+        ),
+        "bf16_optimizer_states": Refused("keeps Adam's moments in bf16; not built", (False,)),
     }
 
 
@@ -69,16 +89,30 @@ class AdamParams(Block):
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
+    """None: DeepSpeed's default for the optimizer it would build (see ``torch_adam``)."""
     adam_w_mode: bool = True
     """Decoupled weight decay (AdamW). DeepSpeed's ADAM_W_MODE_DEFAULT is True, so type "Adam"
     with weight_decay is AdamW-style unless adam_w_mode is false (runtime/config.py, engine.py
     _configure_basic_optimizer); type "AdamW" is AdamW-style always."""
     torch_adam: bool = False
-    """DeepSpeed: use torch.optim's Adam instead of FusedAdam. Same math here; accepted."""
-    bias_correction: bool = True
+    """DeepSpeed builds torch.optim.AdamW (AdamW mode) or Adam instead of its fused kernel: the
+    same update, but torch's defaults, so an unset weight_decay is torch.optim.AdamW's 0.01
+    (FusedAdam's and DeepSpeedCPUAdam's is 0)."""
+    bias_correction: bool = refused(True, "Adam without bias correction is not built")
 
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {"amsgrad": False, "fused": REJECT_ANY}
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "amsgrad": Refused("AMSGrad is not built", (False,)),
+        "set_grad_none": Ignored("FusedAdam's zero_grad detail; gradients are freed anyway"),
+        "fp32_optimizer_states": Refused(
+            "DeepSpeedCPUAdam's optimizer-state dtype; only fp32 states are built", (True,)
+        ),
+        "fused": Ignored("torch's fused Adam kernel (speed)"),
+        "foreach": Ignored("torch's multi-tensor Adam kernel (speed)"),
+        "capturable": Ignored("CUDA-graph capture of torch's Adam (speed)"),
+        "differentiable": Refused("differentiable optimizer steps are not built", (False,)),
+        "maximize": Refused("maximizing the objective is not built", (False,)),
+    }
 
     def __post_init__(self) -> None:
         if self.lr < 0:
@@ -87,8 +121,6 @@ class AdamParams(Block):
             raise ValueError(f"betas must be in [0, 1), got {list(self.betas)}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
-        if not self.bias_correction:
-            raise ValueError("bias_correction=false is not supported yet")
 
 
 _OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
@@ -116,12 +148,17 @@ def _object(raw: Any, path: str) -> Mapping[str, Any]:
     return raw
 
 
-def read_optimizer(raw: Mapping[str, Any]) -> OptimizerConfig:
+_LEGACY_FUSION = Ignored("selects DeepSpeed's older fused-optimizer wrapper (speed)")
+
+
+def read_optimizer(raw: Mapping[str, Any], notes: Notes | None = None) -> OptimizerConfig:
     raw = _object(raw, "optimizer")
-    unknown = set(raw) - {"type", "params"}
+    unknown = set(raw) - {"type", "params", "legacy_fusion"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(f"unknown key optimizer.{key}{suggest(key, ['type', 'params'])}")
+    if notes is not None and raw.get("legacy_fusion"):
+        notes.ignored["optimizer.legacy_fusion"] = _LEGACY_FUSION.reason
     name = str(raw.get("type", "AdamW"))
     if name.lower() not in _OPTIMIZERS:
         raise ConfigError(
@@ -134,10 +171,14 @@ def read_optimizer(raw: Mapping[str, Any]) -> OptimizerConfig:
             "optimizer.params.max_grad_norm is not an optimizer parameter: use the top-level "
             "gradient_clipping"
         )
-    return OptimizerConfig(
+    config = OptimizerConfig(
         type=_OPTIMIZERS[name.lower()],  # type: ignore[arg-type]
-        params=read_block(AdamParams, params, "optimizer.params"),
+        params=read_block(AdamParams, params, "optimizer.params", notes),
     )
+    p = config.params
+    if p.weight_decay is None:  # runtime/engine.py get_optimizer_configuration
+        p.weight_decay = 0.01 if p.torch_adam and config.decoupled_weight_decay else 0.0
+    return config
 
 
 WarmupType = Literal["log", "linear"]
@@ -208,7 +249,7 @@ class SchedulerConfig:
     params: SchedulerParams
 
 
-def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
+def read_scheduler(raw: Mapping[str, Any], notes: Notes | None = None) -> SchedulerConfig:
     raw = _object(raw, "scheduler")
     unknown = set(raw) - {"type", "params"}
     if unknown:
@@ -227,7 +268,7 @@ def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
     params_raw = dict(_object(raw.get("params"), "scheduler.params"))
     if "total_num_steps" not in params_raw and name != "WarmupLR":
         raise ConfigError(f"scheduler.params.total_num_steps is required for {name}")
-    params: SchedulerParams = read_block(_SCHEDULERS[name], params_raw, "scheduler.params")
+    params: SchedulerParams = read_block(_SCHEDULERS[name], params_raw, "scheduler.params", notes)
     return SchedulerConfig(type=name, params=params)  # type: ignore[arg-type]
 
 
@@ -235,33 +276,59 @@ def read_scheduler(raw: Mapping[str, Any]) -> SchedulerConfig:
 class ActivationCheckpointingConfig(Block):
     """``activation_checkpointing`` (takes effect where the model calls checkpointing)."""
 
-    partition_activations: bool = False
-    contiguous_memory_optimization: bool = False
-    cpu_checkpointing: bool = False
-    number_checkpoints: int | None = None
-    synchronize_checkpoint_boundary: bool = False
-    profile: bool = False
-
-    def __post_init__(self) -> None:
-        for name in (
-            "partition_activations",
-            "contiguous_memory_optimization",
-            "cpu_checkpointing",
-        ):
-            if getattr(self, name):
-                raise ValueError(f"activation_checkpointing.{name}=true is not supported yet")
+    partition_activations: bool = refused(
+        False, "partitioning checkpointed activations across ranks is not built"
+    )
+    contiguous_memory_optimization: bool = refused(
+        False, "DeepSpeed's contiguous activation buffer is not built"
+    )
+    cpu_checkpointing: bool = refused(
+        False, "moving checkpointed activations to the CPU is not built"
+    )
+    number_checkpoints: int | None = ignored(
+        None, "sizes DeepSpeed's contiguous activation buffer, which is not built"
+    )
+    synchronize_checkpoint_boundary: bool = ignored(
+        False, "a device synchronize at each checkpoint boundary (timing only)"
+    )
+    profile: bool = ignored(False, "DeepSpeed's checkpointing timers")
 
 
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig(Block):
     """``checkpoint``: how tags are validated across ranks when saving/loading."""
 
-    tag_validation: Literal["Ignore", "Warn", "Fail"] = "Warn"
-    load_universal: bool = False
-    use_node_local_storage: bool = False
+    tag_validation: Literal["Ignore", "Warn", "Fail", "ignore", "warn", "fail"] = ignored(
+        "Warn", "tags are not compared across ranks: every rank saves under the same tag"
+    )
+    load_universal: bool = refused(False, "loading universal checkpoints is not built")
+    use_node_local_storage: bool = ignored(
+        False, "every rank writes its own files into the one save_dir"
+    )
 
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {"parallel_write": REJECT_ANY}
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "parallel_write": Ignored("DeepSpeed's pipelined checkpoint writer (speed)"),
+        "writer": Ignored("DeepSpeed's checkpoint-writer backend (speed)"),
+        "checkpoint_serialization": Ignored(
+            "torch.save's zip serialization; checkpoint files here are safetensors"
+        ),
+    }
 
-    def __post_init__(self) -> None:
-        if self.load_universal:
-            raise ValueError("checkpoint.load_universal=true is not supported yet")
+
+@dataclass(kw_only=True, slots=True)
+class DataTypesConfig(Block):
+    """``data_types``: the dtypes DeepSpeed may use apart from the training precision. Only
+    DeepSpeed's defaults are built: gradients accumulate in the training dtype."""
+
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "grad_accum_dtype": Refused(
+            "accumulating gradients in another dtype than the training one changes the "
+            "numbers; not built",
+            (None,),
+        ),
+        "param_dtype": Refused("a parameter dtype apart from fp16/bf16 is not built", (None,)),
+        "buffer_dtype": Refused("a buffer dtype apart from the module's is not built", (None,)),
+        "keep_in_fp32_modules": Refused(
+            "keeping chosen modules in fp32 under bf16/fp16 is not built", ("auto",)
+        ),
+    }

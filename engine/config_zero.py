@@ -8,9 +8,9 @@ the stage-3 coordinator and the offload strategies only consume them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from .config_parse import REJECT_ANY, Block
+from .config_parse import Block, Deprecated, Ignored, KeyStatus, Refused, ignored, refused
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -27,15 +27,21 @@ class OffloadOptimizerConfig(Block):
     """Pinned staging buffers for NVMe swapping."""
     pin_memory: bool = True
     """Page-locked host buffers: fast async copies (default True since DeepSpeed 0.19.5)."""
-    pipeline_read: bool = False
-    pipeline_write: bool = False
-    """Overlap NVMe reads / writes of the next sub-group with the current optimizer step."""
-    fast_init: bool = False
+    pipeline_read: bool = ignored(
+        False, "overlaps DeepSpeed's NVMe reads with the step (speed); reads are prefetched here"
+    )
+    pipeline_write: bool = ignored(
+        False, "overlaps DeepSpeed's NVMe writes with the step (speed); writes trail the step here"
+    )
+    fast_init: bool = ignored(False, "DeepSpeed's NVMe swap-file initialization shortcut (speed)")
     ratio: float = 1.0
     """Fraction of the optimizer step run on the CPU (the rest stays on the device)."""
 
-    ALIASES: ClassVar[dict[str, str]] = {}
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {"pipeline": False}
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        "super_offload": Ignored("DeepSpeed's CPU-Adam scheduling across cores (speed)"),
+        "cpuadam_cores_perc": Ignored("share of CPU cores DeepSpeed's CPU Adam uses (speed)"),
+    }
 
     def __post_init__(self) -> None:
         if self.device == "nvme" and not self.nvme_path:
@@ -62,6 +68,8 @@ class OffloadParamConfig(Block):
     """Elements of parameters kept in host memory when device is nvme."""
     pin_memory: bool = True
 
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         if self.device == "nvme" and not self.nvme_path:
             raise ValueError("offload_param.nvme_path is required when device is nvme")
@@ -79,15 +87,22 @@ class ZeroConfig(Block):
     """Average gradients with reduce-scatter (False: all-reduce, then keep this rank's part)."""
     reduce_bucket_size: int = 500_000_000
     """Elements per gradient-reduction bucket."""
-    allgather_partitions: bool = True
+    allgather_partitions: bool = refused(
+        True, "gathering parameters by broadcasting each partition is not built"
+    )
     allgather_bucket_size: int = 500_000_000
     """Elements per parameter all-gather after the step (stages 1-2 gather per reduce bucket)."""
     overlap_comm: bool | None = None
     """Reduce gradients during backward. None = DeepSpeed's default: True for stage 3, else False."""
-    load_from_fp32_weights: bool = True
-    elastic_checkpoint: bool = False
-    ignore_unused_parameters: bool = True
-    """Parameters without a gradient count as zero gradients (DeepSpeed's default)."""
+    load_from_fp32_weights: bool = ignored(
+        True, "masters are always restored from the fp32 copies in the checkpoint"
+    )
+    elastic_checkpoint: bool = ignored(
+        False, "DeepSpeed's elastic checkpoint layout; checkpoints reload at the same world size"
+    )
+    ignore_unused_parameters: bool = ignored(
+        True, "parameters without a gradient always count as zero gradients here"
+    )
     offload_optimizer: OffloadOptimizerConfig = field(default_factory=OffloadOptimizerConfig)
     offload_param: OffloadParamConfig = field(default_factory=OffloadParamConfig)
     sub_group_size: int = 1_000_000_000
@@ -110,27 +125,69 @@ class ZeroConfig(Block):
         "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
         "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
     }
-    UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "round_robin_gradients": False,
-        "use_multi_rank_bucket_allreduce": True,
-        "cpu_offload": False,  # deprecated in DeepSpeed: use offload_optimizer
-        "cpu_offload_param": False,
-        "cpu_offload_use_pin_memory": False,
-        "legacy_stage1": False,
-        "zero_hpz_partition_size": 1,
-        "zero_quantized_weights": False,
-        "zero_quantized_nontrainable_weights": False,
-        "zero_quantized_gradients": False,
-        "mics_shard_size": -1,
-        "mics_hierarchical_params_gather": False,
-        "memory_efficient_linear": True,
-        "pipeline_loading_checkpoint": False,
-        "override_module_apply": True,
-        "module_granularity_threshold": 0,
-        "use_all_reduce_for_fetch_params": False,
-        "log_trace_cache_warnings": False,
-        "stage3_use_all_reduce_for_fetch_params": False,
-        "zenflow": REJECT_ANY,
+    AUTO_IS_DEFAULT: ClassVar[bool] = True
+    KEYS: ClassVar[dict[str, KeyStatus]] = {
+        # DeepSpeed's deprecated spellings, rewritten as DeepSpeed does (runtime/zero/config.py)
+        "cpu_offload": Deprecated(
+            "offload_optimizer", lambda on: {"device": "cpu"} if on else None
+        ),
+        "cpu_offload_param": Deprecated(
+            "offload_param", lambda on: {"device": "cpu"} if on else None
+        ),
+        "cpu_offload_use_pin_memory": Ignored("deprecated; DeepSpeed ignores it too"),
+        # speed and memory knobs of DeepSpeed's own implementation: the values are the same
+        "round_robin_gradients": Ignored(
+            "the order in which DeepSpeed's ranks copy gradients to the CPU (speed); the values "
+            "are the same"
+        ),
+        "use_multi_rank_bucket_allreduce": Ignored("how DeepSpeed batches its all-reduces (speed)"),
+        "compute_grad_norm": Ignored(
+            "DeepSpeed may skip the gradient norm for speed; the engine always computes it"
+        ),
+        "parameter_alignment": Ignored("DeepSpeed's partition alignment for its kernels (speed)"),
+        "memory_efficient_linear": Ignored(
+            "DeepSpeed's stage-3 linear autograd function (memory); the values are the same"
+        ),
+        "module_granularity_threshold": Ignored(
+            "groups small stage-3 modules into one fetch (speed)"
+        ),
+        "use_all_reduce_for_fetch_params": Ignored(
+            "fetches stage-3 parameters with all-reduce instead of all-gather (speed)"
+        ),
+        "allgather_sequential": Ignored(
+            "issues DeepSpeed's stage-3 all-gathers one by one (speed)"
+        ),
+        "zero_hpz_partition_size": Ignored(
+            "ZeRO++ secondary weight partition inside a node (communication); same values"
+        ),
+        "pipeline_loading_checkpoint": Ignored("DeepSpeed's pipelined checkpoint loading (speed)"),
+        "override_module_apply": Ignored(
+            "DeepSpeed gathers stage-3 parameters inside module.apply(); here apply() sees the "
+            "partitioned placeholders (use GatheredParameters)"
+        ),
+        "log_trace_cache_warnings": Ignored("DeepSpeed's stage-3 trace-cache log"),
+        "enable_sanity_checks": Ignored("DeepSpeed's own debug assertions"),
+        "save_muon_momentum_buffer_in_memory": Ignored("applies to the Muon optimizer only"),
+        "leaf_module": Ignored("DeepSpeed's stage-3 leaf modules (fetch granularity, speed)"),
+        # would change the numbers
+        "legacy_stage1": Refused("DeepSpeed's old stage-1 implementation is not built", (False,)),
+        "zero_quantized_weights": Refused("ZeRO++ quantized weights change the numbers", (False,)),
+        "zero_quantized_nontrainable_weights": Refused(
+            "ZeRO++ quantized frozen weights change the numbers", (False,)
+        ),
+        "zero_quantized_gradients": Refused(
+            "ZeRO++ quantized gradients change the numbers", (False,)
+        ),
+        "zenflow": Refused("ZenFlow's selective, stale updates change the numbers; not built"),
+        "mics_shard_size": Refused(
+            "MiCS was removed from DeepSpeed 0.19.8, which refuses it too", (-1,)
+        ),
+        "mics_hierarchical_params_gather": Refused(
+            "MiCS was removed from DeepSpeed 0.19.8, which refuses it too", (False,)
+        ),
+        "zeropp_loco_param": Refused(
+            "LoCo-ZeRO++ was removed from DeepSpeed 0.19.8, which refuses it too"
+        ),
     }
 
     def __post_init__(self) -> None:
@@ -140,13 +197,9 @@ class ZeroConfig(Block):
             self.overlap_comm = self.stage == 3
         if self.reduce_bucket_size < 1:
             raise ValueError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_size}")
-        if self.allgather_bucket_size < 1:
+        if self.allgather_bucket_size < 0:
             raise ValueError(
-                f"allgather_bucket_size must be >= 1, got {self.allgather_bucket_size}"
-            )
-        if not self.allgather_partitions:
-            raise ValueError(
-                "allgather_partitions=false (broadcast per partition) is not supported yet"
+                f"allgather_bucket_size must be >= 0, got {self.allgather_bucket_size}"
             )
         if self.offload_param.device != "none" and self.stage != 3:
             # DeepSpeed documents offload_param as "Valid only with stage 3" yet silently
@@ -167,15 +220,32 @@ class ZeroConfig(Block):
         return bool(self.overlap_comm)
 
 
+# DeepSpeed's stage3_ spellings of the ignored stage-3 knobs.
+ZeroConfig.KEYS.update(
+    {
+        f"stage3_{name}": ZeroConfig.KEYS[name]
+        for name in (
+            "module_granularity_threshold",
+            "use_all_reduce_for_fetch_params",
+            "allgather_sequential",
+        )
+    }
+)
+
+_AIO = "tunes DeepSpeed's libaio library (speed); NVMe swapping here uses plain file I/O"
+
+
 @dataclass(kw_only=True, slots=True)
 class AioConfig(Block):
-    """``aio``: libaio settings for NVMe swapping (DeepSpeed's defaults)."""
+    """``aio``: DeepSpeed's libaio settings for NVMe swapping (its defaults). They tune the speed
+    of DeepSpeed's own async-I/O library; engine/nvme.py swaps with plain file I/O, so they are
+    read, checked and reported as ignored."""
 
-    block_size: int = 1_048_576
-    queue_depth: int = 8
-    intra_op_parallelism: int = 1
-    single_submit: bool = False
-    overlap_events: bool = True
-    use_gds: bool = False
+    block_size: int = ignored(1_048_576, _AIO)
+    queue_depth: int = ignored(8, _AIO)
+    intra_op_parallelism: int = ignored(1, _AIO)
+    single_submit: bool = ignored(False, _AIO)
+    overlap_events: bool = ignored(True, _AIO)
+    use_gds: bool = ignored(False, _AIO)
 
     ALIASES: ClassVar[dict[str, str]] = {"thread_count": "intra_op_parallelism"}

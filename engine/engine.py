@@ -4,8 +4,9 @@
 The optimizer step reads as phases (nanochat's shape):
 
 1. wait for this rank's averaged gradient shards (reductions may have overlapped backward);
-2. fp16: agree on overflow across ranks (all-reduce MAX); on overflow skip the step (masters
-   and Adam state untouched), update the loss scaler, forget the gradients;
+2. fp16 (and bf16 at stages 1-2, DeepSpeed's ``bf16.check_grad_overflow``): agree on overflow
+   across ranks (all-reduce MAX); on overflow skip the step (masters and Adam state
+   untouched), update the loss scaler, forget the gradients;
 3. unscale into fp32, global L2 norm (all-reduce of the sum of squares when sharded), clip
    like ``torch.nn.utils.clip_grad_norm_`` (coefficient ``clip / (norm + 1e-6)`` clamped at 1);
 4. Adam(W) on each fp32 master shard; cast down and all-gather the parameters;
@@ -18,30 +19,38 @@ Unlike DeepSpeed 0.19 at stage 0 with bf16/fp16, no optimizer step is taken at s
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .comm import Comm
 from .config import DeepSpeedConfig
+from .engine_accessors import EngineAccessors
+from .engine_calls import EngineCalls
 from .optim import ZeroOptimizer, adam_step
 from .precision import LossScaleAtMinimum, LossScaler, local_overflow
+from .process_group import Comm
 from .report import Reporter
 from .zero.strategy import ZeroStrategy
 
 log = logging.getLogger("zeroscope.engine")
 
 
-class ZeroEngine:
-    """Wraps the user's module; see the module docstring for one optimizer step."""
+class ZeroEngine(EngineAccessors, EngineCalls):
+    """Wraps the user's module; see the module docstring for one optimizer step.
+
+    ``config`` is the ds_config as a dict (DeepSpeed's ``engine.config``, read with ``.get`` by
+    the Hugging Face integration); ``_config`` is the typed, resolved :class:`DeepSpeedConfig`
+    (DeepSpeed's own name for its config object). DeepSpeed's read-only accessors live in
+    :class:`~.engine_accessors.EngineAccessors`, its calls around the loop (saving, no_sync,
+    ...) in :class:`~.engine_calls.EngineCalls`."""
 
     def __init__(
         self,
         *,
         module: torch.nn.Module,
         config: DeepSpeedConfig,
+        raw_config: dict[str, Any] | None = None,
         strategy: ZeroStrategy,
         optimizer: ZeroOptimizer,
         lr_scheduler: Any,
@@ -51,7 +60,8 @@ class ZeroEngine:
         device: torch.device,
     ) -> None:
         self.module = module
-        self.config = config
+        self._config = config
+        self.config: dict[str, Any] = raw_config if raw_config is not None else {}
         self.strategy = strategy
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -63,93 +73,32 @@ class ZeroEngine:
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        self.training_dataloader: Any = None
+        self._boundary_override: bool | None = None
+        self._inside_no_sync = False
+        self._step_applied = False
         self._loss_sum: torch.Tensor | None = None
         self._grad_norm: torch.Tensor | None = None
 
-    # -- DeepSpeed's accessors -----------------------------------------------------------------
-
-    def train_batch_size(self) -> int:
-        return self.config.train_batch_size or 0
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.micro_batch
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.accumulation_steps
-
-    def zero_optimization_stage(self) -> int:
-        return self.config.zero_optimization.stage
-
-    def get_lr(self) -> list[float]:
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self) -> float | None:
-        return None if self._grad_norm is None else float(self._grad_norm)
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.loss_scale
-
-    @property
-    def local_rank(self) -> int:
-        return self.device.index or 0
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world_size
+    # -- gradient accumulation boundary ------------------------------------------------------
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """True when the current micro-batch completes an optimizer step."""
-        return (self.micro_steps + 1) % self.config.accumulation_steps == 0
+        """True when the current micro-batch completes an optimizer step: counted from the
+        micro-steps, unless :meth:`set_gradient_accumulation_boundary` said otherwise."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self._config.accumulation_steps == 0
 
-    def train(self, mode: bool = True) -> ZeroEngine:
-        self.module.train(mode)
-        return self
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's manual boundary: set before each backward; the last micro-batch's
+        backward has it True and ``step()`` is called once after it (accelerate drives the engine
+        this way, calling ``step()`` only at boundaries)."""
+        self._boundary_override = bool(is_boundary)
 
-    def eval(self) -> ZeroEngine:
-        self.module.eval()
-        return self
-
-    def parameters(self, recurse: bool = True) -> Any:
-        return self.module.parameters(recurse)
-
-    # -- checkpoints (engine/checkpoint_files.py) and clean-up --------------------------------
-
-    def save_checkpoint(
-        self,
-        save_dir: str,
-        tag: str | None = None,
-        client_state: dict[str, Any] | None = None,
-        save_latest: bool = True,
-    ) -> bool:
-        from .checkpoint_files import save_checkpoint
-
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
-
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, **options: Any) -> Any:
-        from .checkpoint_files import load_checkpoint
-
-        return load_checkpoint(self, load_dir, tag, **options)
-
-    def destroy(self) -> None:
-        """Release what the strategy holds outside the process (NVMe swap files)."""
-        close = getattr(self.strategy, "close", None)
-        if close is not None:
-            close()
-
-    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
-        """DeepSpeed's ``save_16bit_model``: the full 16-bit weights in one safetensors file,
-        written by rank 0; every rank must call it. At stage 3 it needs
-        ``stage3_gather_16bit_weights_on_model_save`` (else it logs why and returns False)."""
-        save = getattr(self.strategy, "save_16bit_model", None)
-        if save is not None:
-            return bool(save(save_dir, save_filename))
-        if self.comm.rank == 0:  # stages 0-2: every rank holds the full parameters
-            from .safetensors_file import write_safetensors
-
-            os.makedirs(save_dir, exist_ok=True)
-            write_safetensors(os.path.join(save_dir, save_filename), self.module.state_dict())
-        return True
+    def was_step_applied(self) -> bool:
+        """Whether the latest ``step()`` changed the parameters (False between boundaries and
+        on an fp16 overflow)."""
+        return self._step_applied
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -160,36 +109,49 @@ class ZeroEngine:
         with self.reporter.phase("forward"):
             return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """Backward of ``loss / gradient_accumulation_steps``, times the loss scale."""
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
+        """Backward of ``loss / gradient_accumulation_steps`` (``loss`` as given when
+        ``scale_wrt_gas`` is False: the Hugging Face Trainer normalizes it itself), times the
+        loss scale. Returns the loss divided by the accumulation steps, as DeepSpeed does."""
+        gas = self._config.accumulation_steps if scale_wrt_gas else 1
         with self.reporter.phase("backward"):
-            self.strategy.begin_micro_step(boundary=self.is_gradient_accumulation_boundary())
+            boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
+            self.strategy.begin_micro_step(boundary=boundary)
             detached = loss.detach().float()
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
-            factor = self.scaler.loss_scale / self.config.accumulation_steps
+            factor = self.scaler.loss_scale / gas
             scaled = loss.float() * factor if factor != 1.0 else loss
             scaled.backward(retain_graph=retain_graph)
             self.strategy.end_micro_step()
-        return loss
+        return loss / gas if gas != 1 else loss
 
-    def step(self) -> None:
-        """At an accumulation boundary: the optimizer step; always: count the micro-batch."""
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """At an accumulation boundary: the optimizer step; always: count the micro-batch.
+        ``lr_kwargs`` are passed to the LR scheduler's ``step`` (DeepSpeed's signature)."""
+        if self._inside_no_sync:
+            raise AssertionError(
+                "It is illegal to call Engine.step() inside no_sync context manager"
+            )
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             with self.reporter.phase("optimizer"):
-                self._take_model_step()
+                self._take_model_step(lr_kwargs or {})
         self.micro_steps += 1
 
-    def _take_model_step(self) -> None:
+    def _take_model_step(self, lr_kwargs: dict[str, Any]) -> None:
         scale = self.scaler.loss_scale
         # 1. this rank's averaged gradient shards
         grads = self.strategy.reduced_grads()
         # 2. overflow, agreed by every rank
         overflow = False
-        if self.config.precision == "fp16":
-            flag = local_overflow(grads).to(grads[0].device if grads else self.device)
+        if self._checks_overflow():
+            flag = local_overflow(grads, device=self.device)
             if self.strategy.sharded:  # at stage 0 every rank checks the same averaged grads
                 self.comm.all_reduce(flag, op=dist.ReduceOp.MAX, label="overflow").wait()
             overflow = bool(flag.item())
+        self.optimizer.overflow = overflow
         if overflow:
             self._skip(scale)
             return
@@ -204,7 +166,7 @@ class ZeroEngine:
         if self.strategy.sharded:
             self.comm.all_reduce(sq, label="grad_norm").wait()
         norm = sq.sqrt()
-        clip = self.config.gradient_clipping
+        clip = self._config.gradient_clipping
         if clip > 0:
             coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
             for g in grads32:
@@ -230,9 +192,22 @@ class ZeroEngine:
             scheduled = getattr(self.lr_scheduler, "optimizer", None)
             if scheduled is not None:
                 scheduled._opt_called = True
-            self.lr_scheduler.step()
+            self.lr_scheduler.step(**lr_kwargs)
         self._grad_norm = norm
+        self._step_applied = True
         self._finish_step(memory=memory, lr=lr, grad_norm=norm, scale=scale, overflow=False)
+
+    def _checks_overflow(self) -> bool:
+        """fp16 always; bf16 at stages 1-2 with ``bf16.check_grad_overflow`` (on by default), as
+        DeepSpeed's ZeRO-1/2 optimizer skips a bf16 step whose gradients hold inf/NaN."""
+        cfg = self._config
+        if cfg.precision == "fp16":
+            return True
+        return (
+            cfg.precision == "bf16"
+            and cfg.bf16.check_grad_overflow
+            and cfg.zero_optimization.stage in (1, 2)
+        )
 
     def _skip(self, scale: float) -> None:
         """An overflowing fp16 step: nothing is applied; the scaler decides the next scale."""
@@ -246,7 +221,8 @@ class ZeroEngine:
             raise
         self.reporter.scale_change(scale, self.scaler.loss_scale)
         self.skipped_steps += 1
-        self._grad_norm = None
+        # DeepSpeed's optimizers report an infinite norm for a step skipped on inf/NaN
+        self._grad_norm = torch.tensor(float("inf"))
         self._finish_step(
             memory=memory, lr=self.get_lr()[0], grad_norm=None, scale=scale, overflow=True
         )
@@ -258,9 +234,9 @@ class ZeroEngine:
         self.global_samples += self.train_batch_size()
         loss = None
         if self._loss_sum is not None:
-            loss = self._loss_sum / self.config.accumulation_steps
+            loss = self._loss_sum / self._config.accumulation_steps
         self._loss_sum = None
-        fp16 = self.config.precision == "fp16"
+        fp16 = self._config.precision == "fp16"
         self.reporter.step_end(
             memory=memory,
             loss=loss,
@@ -269,9 +245,10 @@ class ZeroEngine:
             loss_scale=scale if fp16 else None,
             overflow=overflow,
             skipped=overflow,
-            samples=self.train_batch_size(),
+            # This rank's share of the batch, not the global batch: the viewer adds ranks up.
+            samples=self._config.micro_batch * self._config.accumulation_steps,
         )
-        every = self.config.steps_per_print
+        every = self._config.steps_per_print
         if self.comm.rank == 0 and every > 0 and self.global_steps % every == 0:
             log.info(
                 "step %d loss %s lr %.3g%s",

@@ -39,9 +39,10 @@ class WarmupSchedule:
         if isinstance(p, WarmupCosineLRParams):
             self.org_lrs = [g["lr"] for g in groups]
         else:
-            max_lr = p.warmup_max_lr if p.warmup_max_lr is not None else groups[0]["lr"]
+            # DeepSpeed: an unset warmup_max_lr is each param group's own lr
+            max_lrs = [p.warmup_max_lr if p.warmup_max_lr is not None else g["lr"] for g in groups]
             self.min_lrs = [p.warmup_min_lr] * len(groups)
-            self.delta_lrs = [max_lr - p.warmup_min_lr] * len(groups)
+            self.delta_lrs = [max_lr - p.warmup_min_lr for max_lr in max_lrs]
         if self.last_batch_iteration == -1:
             self._apply()
 
@@ -104,3 +105,86 @@ class WarmupSchedule:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.last_batch_iteration = state["last_batch_iteration"]
         self._apply()
+
+
+# DeepSpeed's classes by name and constructor (runtime/lr_schedules.py), for scripts that build a
+# schedule themselves and pass it to initialize(lr_scheduler=...); initialize() builds them too.
+
+
+class WarmupLR(WarmupSchedule):
+    def __init__(
+        self,
+        optimizer: Any,
+        warmup_min_lr: float = 0.0,
+        warmup_max_lr: float | None = None,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ) -> None:
+        params = WarmupLRParams(
+            warmup_min_lr=warmup_min_lr,
+            warmup_max_lr=warmup_max_lr,
+            warmup_num_steps=warmup_num_steps,
+            warmup_type=warmup_type,  # type: ignore[arg-type]
+            last_batch_iteration=last_batch_iteration,
+        )
+        super().__init__(optimizer, SchedulerConfig(type="WarmupLR", params=params))
+
+
+class WarmupDecayLR(WarmupSchedule):
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int,
+        warmup_min_lr: float = 0.0,
+        warmup_max_lr: float | None = 0.001,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ) -> None:
+        params = WarmupDecayLRParams(
+            total_num_steps=total_num_steps,
+            warmup_min_lr=warmup_min_lr,
+            warmup_max_lr=warmup_max_lr,
+            warmup_num_steps=warmup_num_steps,
+            warmup_type=warmup_type,  # type: ignore[arg-type]
+            last_batch_iteration=last_batch_iteration,
+        )
+        super().__init__(optimizer, SchedulerConfig(type="WarmupDecayLR", params=params))
+
+
+class WarmupCosineLR(WarmupSchedule):
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int,
+        warmup_min_ratio: float = 0.0,
+        warmup_num_steps: int = 1000,
+        cos_min_ratio: float = 0.0001,
+        warmup_type: str = "log",
+        last_batch_iteration: int = -1,
+    ) -> None:
+        params = WarmupCosineLRParams(
+            total_num_steps=total_num_steps,
+            warmup_min_ratio=warmup_min_ratio,
+            warmup_num_steps=warmup_num_steps,
+            cos_min_ratio=cos_min_ratio,
+            warmup_type=warmup_type,  # type: ignore[arg-type]
+            last_batch_iteration=last_batch_iteration,
+        )
+        super().__init__(optimizer, SchedulerConfig(type="WarmupCosineLR", params=params))
+
+
+SCHEDULES: dict[str, type[WarmupSchedule]] = {
+    "WarmupLR": WarmupLR,
+    "WarmupDecayLR": WarmupDecayLR,
+    "WarmupCosineLR": WarmupCosineLR,
+}
+
+
+def schedule_from_config(optimizer: Any, cfg: SchedulerConfig) -> WarmupSchedule:
+    """The schedule a ds_config's ``scheduler`` block names, as an instance of DeepSpeed's class
+    of that name (accelerate recognizes schedules by class name)."""
+    schedule = SCHEDULES[cfg.type].__new__(SCHEDULES[cfg.type])
+    WarmupSchedule.__init__(schedule, optimizer, cfg)
+    return schedule

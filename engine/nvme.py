@@ -6,6 +6,12 @@ DeepSpeed swaps through libaio (runtime/swap_tensor/*: ``AsyncTensorSwapper``,
 thread do the same job (the GIL is released during file I/O, so they overlap the optimizer's
 compute). Each swap *unit* is one file holding a few tensors back to back.
 
+Disk speed, not page-cache speed: a write is timed to the end of its ``fsync`` (the bytes are on
+the device), then its pages are dropped from the page cache (``posix_fadvise(DONTNEED)``), so the
+next read of the file comes from the disk too; a read drops any cached pages of the file before
+its clock starts. (DeepSpeed reaches the same with O_DIRECT through libaio; O_DIRECT needs
+block-aligned buffers, which torch tensors do not promise.) The reported GB/s is the drive's.
+
 Safety, which a long run needs more than speed:
 
 - Before anything is written the free space is checked (``shutil.disk_usage``) against the
@@ -38,6 +44,8 @@ import torch
 
 from zeroscope.agent.api import Telemetry
 
+from .host_memory import host_empty
+
 _SEQUENCE = itertools.count()
 
 Timing = tuple[str, int, int, int, str]
@@ -52,6 +60,16 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's memory as a writable byte view (no copy); ``t`` must be a contiguous CPU
     tensor."""
     return memoryview(t.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def drop_cached_pages(fd: int) -> None:
+    """Evict the file's pages from the page cache (a no-op where posix_fadvise is missing)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
 
 
 def _remove_tree(path: Path) -> None:
@@ -124,6 +142,9 @@ class NvmeSwapper:
         try:
             with open(tmp, "wb") as f:
                 f.write(_as_bytes(data))
+                f.flush()
+                os.fsync(f.fileno())  # timed to the disk, not to the page cache
+                drop_cached_pages(f.fileno())
         except OSError as exc:
             try:
                 tmp.unlink()
@@ -144,8 +165,9 @@ class NvmeSwapper:
     def read(self, unit: str, out: torch.Tensor, offset: int = 0) -> Timing:
         """Fill ``out`` (contiguous CPU) from the unit's file, starting ``offset`` bytes in."""
         nbytes = out.numel() * out.element_size()
-        start = time.perf_counter_ns()
         with open(self.path(unit), "rb") as f:
+            drop_cached_pages(f.fileno())
+            start = time.perf_counter_ns()
             if offset:
                 f.seek(offset)
             got = f.readinto(_as_bytes(out))
@@ -195,8 +217,7 @@ class BufferPool:
     a buffer blocks until a write-behind gives one back, which bounds host memory."""
 
     def __init__(self, count: int, numel: int, *, dtype: torch.dtype, pin: bool) -> None:
-        pin = pin and torch.cuda.is_available()  # pinning needs a driver
-        self.buffers = [torch.empty(numel, dtype=dtype, pin_memory=pin) for _ in range(count)]
+        self.buffers = [host_empty(numel, dtype, pin=pin) for _ in range(count)]
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(count):
             self._free.put(i)

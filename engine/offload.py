@@ -15,27 +15,33 @@ lives (offload_param.py). One step, as zero-facts §6 tells it:
 5. ``publish_params``: the wrapped strategy's all-gather (stages 1-2) or persistent-parameter
    refresh (stage 3).
 
-Every copy and every file read/write is timed with ``time.perf_counter_ns`` and reported with
+Host <-> device copies go through :class:`~.offload_copy.Copier` (16-bit casts into pinned
+staging, asynchronous copies timed with CUDA events on a GPU, ``perf_counter_ns`` on the CPU);
+file reads/writes are timed by the swapper (engine/nvme.py). Everything is reported with
 ``Telemetry.transfer`` (direction, bytes, start, end), from the training thread. On a CPU-only
 machine "device" and "host" buffers are still separate tensors, so the same copies run and are
 measured (docs/offload.md).
+
+With O off the device, the device gradient shards are freed once copied to the host (they are
+made again by the next backward): between steps the device holds no G, as in DeepSpeed.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from zeroscope.agent.schema import MemoryBytes, TransferDirection
 
-from .comm import Comm
 from .config import DeepSpeedConfig
+from .host_memory import host_empty, pinned_bytes
 from .nvme import NvmeSwapper
+from .offload_copy import Copier
 from .offload_param import ParamHome
-from .offload_store import DeviceStore, HostStore, HyperOf, NvmeStore, Store, host_empty
+from .offload_store import DeviceStore, HostStore, HyperOf, NvmeStore, Store
 from .optim import AdamState
+from .process_group import Comm
 from .zero.strategy import ZeroStrategy
 
 
@@ -66,10 +72,11 @@ class OffloadStrategy:
         self.param_device = zero.offload_param.device
         opt = zero.offload_optimizer
         pin = opt.pin_memory
+        self.copier = Copier(comm.tel, pin=pin)
         self.params: ParamHome | None = None
         if self.param_device != "none":
             self.params = ParamHome(
-                inner, zero.offload_param, tel=comm.tel, rank=comm.rank, pin=pin
+                inner, zero.offload_param, tel=comm.tel, rank=comm.rank, pin=pin, copier=self.copier
             )
         shards = inner.shards
         numels = [s.master.numel() for s in shards]
@@ -106,10 +113,13 @@ class OffloadStrategy:
         bytes) and drop its Adam moments."""
         # NVMe parameters have no in-memory shard: a one-element stand-in that keeps the numel
         # (stage 3 slices its gradient buffer by ``shard.master.numel()``).
-        views = self.views or [torch.zeros(1).expand(s.master.numel()) for s in self.inner.shards]
+        device = self.inner.shards[0].master.device if self.inner.shards else torch.device("cpu")
+        views = self.views or [
+            torch.zeros(1, device=device).expand(s.master.numel()) for s in self.inner.shards
+        ]
         for shard, view in zip(self.inner.shards, views):
             shard.master = view
-            shard.state = AdamState(exp_avg=torch.empty(0), exp_avg_sq=torch.empty(0))
+            shard.state = AdamState.elsewhere(device)
         if hasattr(self.inner, "partition"):
             self.inner.master = self.inner.partition.shards  # type: ignore[attr-defined]
 
@@ -140,15 +150,6 @@ class OffloadStrategy:
 
     # -- the step -----------------------------------------------------------------------------
 
-    def _copy(
-        self, direction: TransferDirection | None, dst: torch.Tensor, src: torch.Tensor
-    ) -> None:
-        start = time.perf_counter_ns()
-        dst.copy_(src)
-        if direction is not None:
-            nbytes = src.numel() * src.element_size()
-            self.tel.transfer(direction, nbytes, start, time.perf_counter_ns(), "offload")
-
     def _write_param(self, shard: int, start: int, master: torch.Tensor) -> None:
         params_on_host = self.params is not None
         if self.views is None:  # NVMe parameters: staged on the host, one file write at the end
@@ -161,17 +162,22 @@ class OffloadStrategy:
             direction = "h2d"
         elif not self.store.on_host and params_on_host:
             direction = "d2h"
-        self._copy(direction, dst, master)
+        self.copier.copy(direction, dst, master)
 
     def optimizer_step(self, grads: list[torch.Tensor], hyper: HyperOf) -> None:
         """Adam where O lives, then the 16-bit parameters where P lives (module docstring)."""
         if self.store.on_host:
             for host, g in zip(self.host_grads, grads):
-                self._copy("d2h", host, g)
+                self.copier.copy("d2h", host, g)
+            self.copier.flush()  # CPU Adam reads them now
             grads = self.host_grads
+            release = getattr(self.inner, "release_grads", None)
+            if release is not None:
+                release()
         if self.params is not None:
             self.params.begin_write()
         self.store.step(grads, hyper, self._write_param)
+        self.copier.flush()  # the parameters are written before the next forward reads them
         if self.params is not None:
             self.params.end_write()
 
@@ -192,8 +198,15 @@ class OffloadStrategy:
         m.host_params = self.params.host_bytes if self.params is not None else 0
         m.host_grads = sum(g.numel() * g.element_size() for g in self.host_grads)
         m.host_optim = self.store.host_bytes
+        m.host_pinned = pinned_bytes(self._host_buffers())
         m.nvme_bytes = self.store.nvme_bytes + (self.params.nvme_bytes if self.params else 0)
         return m
+
+    def _host_buffers(self) -> list[torch.Tensor]:
+        buffers = [*self.host_grads, *self.store.host_buffers(), *self.copier.staging_buffers]
+        if self.params is not None and self.params.host is not None:
+            buffers.append(self.params.host)
+        return buffers
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"shards": self.store.state_shards()}
@@ -214,6 +227,7 @@ class OffloadStrategy:
             self.params.begin_write()
         for i, saved in enumerate(state["shards"]):
             self._write_param(i, 0, saved["master"].to(torch.float32))
+        self.copier.flush()
         if self.params is not None:
             self.params.end_write()
         self.publish_params()

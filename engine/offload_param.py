@@ -14,7 +14,6 @@ with each updated master chunk after the step.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -22,8 +21,9 @@ import torch
 from zeroscope.agent.api import Telemetry
 
 from .config_zero import OffloadParamConfig
+from .host_memory import host_empty
 from .nvme import NvmeSwapper
-from .offload_store import host_empty
+from .offload_copy import Copier
 
 _UNIT = "params"
 
@@ -32,11 +32,19 @@ class ParamHome:
     """Owns the off-device 16-bit shards of a :class:`~.zero.stage3.Stage3Strategy`."""
 
     def __init__(
-        self, strategy: Any, cfg: OffloadParamConfig, *, tel: Telemetry, rank: int, pin: bool
+        self,
+        strategy: Any,
+        cfg: OffloadParamConfig,
+        *,
+        tel: Telemetry,
+        rank: int,
+        pin: bool,
+        copier: Copier | None = None,
     ) -> None:
         part = strategy.partition
         self.partition = part
         self.tel = tel
+        self.copier = copier or Copier(tel, pin=pin)
         self.device = part.shards.device
         self.dtype: torch.dtype = part.dtype
         self.numel = part.shards.numel()
@@ -53,7 +61,7 @@ class ParamHome:
             assert cfg.nvme_path is not None  # checked by the config
             self.swapper = NvmeSwapper(cfg.nvme_path, rank=rank, purpose="param", tel=tel)
             self.swapper.allocate({_UNIT: self.numel * self.element_size})
-            self.swapper.write(_UNIT, part.shards.detach().cpu().contiguous())
+            self.swapper.write(_UNIT, part.shards.detach().to("cpu").contiguous())
             part.shards = torch.empty(0, dtype=self.dtype, device=self.device)
         part.shard_of = self.fetch
         part.shard_span = self.fetch_span
@@ -92,9 +100,7 @@ class ParamHome:
             self.swapper.record(self.swapper.read(_UNIT, src, offset=start * self.element_size))
             self.swapper.report()
         out = torch.empty(n, dtype=self.dtype, device=self.device)
-        t0 = time.perf_counter_ns()
-        out.copy_(src)
-        self.tel.transfer("h2d", n * self.element_size, t0, time.perf_counter_ns(), label)
+        self.copier.copy("h2d", out, src, label)
         return out
 
     # -- NVMe: the optimizer writes the new 16-bit shards through a staging buffer ------------

@@ -12,6 +12,10 @@ master chunk to a *param sink* (``write_param(shard, start, master_chunk)``), wh
   ``sub_group_size`` elements (DeepSpeed swaps per sub-group too); one step reads every unit
   ahead of need into a pool of ``buffer_count`` host buffers, steps it, writes it behind.
   Adam is elementwise, so stepping a shard unit by unit changes no bit.
+
+The host stores build O on the host from the strategy's 16-bit shards (the strategies make no
+fp32 master or moments on the device when O is offloaded): each shard comes to the host in its
+16-bit dtype and is widened there, so the device never holds a 4-byte copy to be thrown away.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .host_memory import host_empty
 from .nvme import BufferPool, NvmeSwapper, Timing
 from .optim import AdamHyper, AdamState, adam_step
 from .zero.strategy import Shard
@@ -34,16 +39,19 @@ ParamSink = Callable[[int, int, torch.Tensor], None]
 HyperOf = Callable[[int], AdamHyper]
 
 
-def host_empty(numel: int, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
-    """A host buffer, page-locked when asked and a GPU exists (pinning needs a driver)."""
-    return torch.empty(numel, dtype=dtype, pin_memory=pin and torch.cuda.is_available())
+__all__ = ["DeviceStore", "HostStore", "NvmeStore", "Store", "host_empty"]
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` in its own dtype (a copy even when ``t`` is already on the host)."""
+    return t.detach().to("cpu", copy=True)
 
 
 def _saved(master: torch.Tensor, state: AdamState) -> dict[str, Any]:
     return {
-        "master": master.detach().clone().cpu(),
-        "exp_avg": state.exp_avg.clone().cpu(),
-        "exp_avg_sq": state.exp_avg_sq.clone().cpu(),
+        "master": _to_host(master),
+        "exp_avg": _to_host(state.exp_avg),
+        "exp_avg_sq": _to_host(state.exp_avg_sq),
         "step": state.step,
     }
 
@@ -75,6 +83,9 @@ class DeviceStore:
         for s, one in zip(self.shards, saved, strict=True):
             _load(s.master, s.state, one)
 
+    def host_buffers(self) -> list[torch.Tensor]:
+        return []
+
     host_bytes = 0
     nvme_bytes = 0
 
@@ -88,14 +99,15 @@ class HostStore:
         self.shards = []
         for s in shards:
             master = host_empty(s.master.numel(), torch.float32, pin=pin)
-            master.copy_(s.master)
+            master.copy_(s.master.detach().to("cpu"))  # 16-bit to the host, widened there
             state = AdamState(
-                exp_avg=torch.zeros_like(master),
-                exp_avg_sq=torch.zeros_like(master),
+                exp_avg=torch.zeros(master.numel(), dtype=torch.float32, device="cpu"),
+                exp_avg_sq=torch.zeros(master.numel(), dtype=torch.float32, device="cpu"),
                 step=s.state.step,
             )
-            state.exp_avg.copy_(s.state.exp_avg)
-            state.exp_avg_sq.copy_(s.state.exp_avg_sq)
+            if s.state.exp_avg.numel():  # moments the strategy already had (none when built
+                state.exp_avg.copy_(s.state.exp_avg)  # for offload)
+                state.exp_avg_sq.copy_(s.state.exp_avg_sq)
             self.shards.append(Shard(master=master, state=state, group=s.group))
 
     def step(self, grads: list[torch.Tensor], hyper: HyperOf, write_param: ParamSink) -> None:
@@ -109,6 +121,9 @@ class HostStore:
     def load(self, saved: list[dict[str, Any]]) -> None:
         for s, one in zip(self.shards, saved, strict=True):
             _load(s.master, s.state, one)
+
+    def host_buffers(self) -> list[torch.Tensor]:
+        return [s.master for s in self.shards]
 
     @property
     def host_bytes(self) -> int:
@@ -201,10 +216,10 @@ class NvmeStore:
     def state_shards(self) -> list[dict[str, Any]]:
         out = []
         for i, n in enumerate(self.numels):
-            flat = torch.empty(3, n, dtype=torch.float32)
+            flat = torch.empty(3, n, dtype=torch.float32, device="cpu")
             for k, lo, size in self.units:
                 if k == i:
-                    part = torch.empty(3 * size, dtype=torch.float32)
+                    part = torch.empty(3 * size, dtype=torch.float32, device="cpu")
                     self.swapper.record(self.swapper.read(self._name((k, lo, size)), part))
                     flat[:, lo : lo + size] = part.view(3, size)
             out.append(
@@ -224,18 +239,19 @@ class NvmeStore:
         for unit in self.units:
             i, lo, n = unit
             one = saved[i]
-            data = torch.stack(
-                [
-                    one[k].reshape(-1)[lo : lo + n].float()
-                    for k in ("master", "exp_avg", "exp_avg_sq")
-                ]
-            )
+            data = torch.zeros(3, n, dtype=torch.float32, device="cpu")
+            for row, k in enumerate(("master", "exp_avg", "exp_avg_sq")):
+                if one[k].numel():  # absent moments (a strategy built for offload): zeros
+                    data[row].copy_(one[k].reshape(-1)[lo : lo + n])
             timing = self.swapper.write(self._name(unit), data.reshape(-1))
             if report:
                 self.swapper.record(timing)
         self.steps = [int(one["step"]) for one in saved]
         if report:
             self.swapper.report()
+
+    def host_buffers(self) -> list[torch.Tensor]:
+        return list(self.pool.buffers)
 
     @property
     def host_bytes(self) -> int:

@@ -46,6 +46,15 @@ class AdamState:
             exp_avg_sq=torch.zeros_like(master, dtype=torch.float32),
         )
 
+    @classmethod
+    def elsewhere(cls, device: torch.device) -> AdamState:
+        """No moments here: they live in an offload store (engine/offload_store.py), which
+        builds them on the host itself (never first on the device)."""
+        return cls(
+            exp_avg=torch.empty(0, dtype=torch.float32, device=device),
+            exp_avg_sq=torch.empty(0, dtype=torch.float32, device=device),
+        )
+
     @property
     def nbytes(self) -> int:
         return (self.exp_avg.numel() + self.exp_avg_sq.numel()) * 4
@@ -88,6 +97,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._optimizer_step_post_hooks: Any = {}
         self.name = name
         self.decoupled = decoupled
+        self.overflow = False
+        """Whether the last optimizer step was skipped for inf/NaN gradients (DeepSpeed's ZeRO
+        optimizers carry it; accelerate reads it to skip the LR schedule's step)."""
 
     def hyper(self, group: int) -> AdamHyper:
         g = self.param_groups[group]

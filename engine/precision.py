@@ -106,12 +106,12 @@ def make_loss_scaler(precision: str, fp16: FP16Config) -> LossScaler:
     return StaticLossScaler(cur_scale=fp16.loss_scale)
 
 
-def local_overflow(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """1.0 if any element of ``tensors`` is inf or nan, else 0.0, as a float32 tensor on their
-    device (no host synchronization here; the caller all-reduces MAX, then reads it)."""
-    flags = [torch.logical_not(torch.isfinite(t).all()) for t in tensors if t.numel()]
+def local_overflow(tensors: list[torch.Tensor], *, device: torch.device) -> torch.Tensor:
+    """1.0 if any element of ``tensors`` is inf or nan, else 0.0, as a float32 tensor on
+    ``device`` (no host synchronization here; the caller all-reduces MAX, then reads it)."""
+    flags = [torch.logical_not(torch.isfinite(t).all()).to(device) for t in tensors if t.numel()]
     if not flags:
-        return torch.zeros(1, dtype=torch.float32)
+        return torch.zeros(1, dtype=torch.float32, device=device)
     return torch.stack(flags).any().to(torch.float32).reshape(1)
 
 

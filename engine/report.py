@@ -1,4 +1,4 @@
-"""Everything the engine tells the agent, in one place (collectives are reported in comm.py,
+"""Everything the engine tells the agent, in one place (collectives are reported in process_group.py,
 where they are issued). The engine calls these few methods; nothing else in engine/ touches
 :mod:`zeroscope.agent.api`."""
 
@@ -43,10 +43,17 @@ def config_summary(cfg: DeepSpeedConfig, dp_world_size: int, optimizer: str) -> 
 
 
 def largest_layer(module: torch.nn.Module) -> int:
-    """Elements of the module that directly owns the most parameter elements."""
+    """Elements of the module that directly owns the most parameter elements (a parameter
+    partitioned by ``zero.Init`` counts with its full ``ds_numel``)."""
     return max(
-        (sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0
+        (sum(param_numel(p) for p in m.parameters(recurse=False)) for m in module.modules()),
+        default=0,
     )
+
+
+def param_numel(param: torch.Tensor) -> int:
+    """Elements of ``param``, also while it is a ZeRO-3 placeholder."""
+    return int(getattr(param, "ds_numel", param.numel()))
 
 
 class Reporter:

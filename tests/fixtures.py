@@ -3,7 +3,8 @@
 Deterministic for a given seed (no clocks): snapshot tests, state tests and benches all read
 the same run. Shape: stage 3 with CPU optimizer offload and fp16 dynamic loss scaling on
 ``ranks`` ranks; P/G/O bytes follow zeroscope.formulas so the Memory screen's "predicted" and
-"measured" agree; one rank turns into a straggler; the loss scale overflows at start-up (as
+"measured" agree; one rank turns into a straggler (computes 45 % longer; the others wait for it
+in their collectives, so every rank's step time is the same); the loss scale overflows at start-up (as
 fp16 runs do) and once more later; one rank's publisher drops a few messages.
 """
 
@@ -76,6 +77,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
         dp_world_size=s.ranks,
         offload_optimizer=s.offload_optimizer,  # type: ignore[arg-type]
         overlap_comm=True,
+        max_reuse_distance=0,  # forward's gathers are not kept: backward gathers again
         micro_batch_size=4,
         train_batch_size=4 * s.ranks,
     )
@@ -105,6 +107,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
         overflow = step in s.overflow_steps
         new_scale, hyst, changed = _scale_after(scale, hyst, overflow)
         loss = 1.4 + 2.8 * math.exp(-step / 15) + rng.uniform(-0.03, 0.03)
+        reports: list[StepReport] = []
         for r in range(s.ranks):
             slow = 1.45 if (r == straggler and step >= s.straggle_from) else 1.0
             fwd = 0.040 * slow * rng.uniform(0.97, 1.03)
@@ -168,8 +171,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
                 rss_bytes=int(1.1e9 + r * 1e6),
                 mem_available_bytes=int(20e9),
             )
-            wall[r] += int(duration * 1e9)
-            out.append(
+            reports.append(
                 StepReport(
                     rank=r,
                     step=step,
@@ -190,6 +192,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
                     dropped=3 if (r == 1 and step == s.drops_at) else 0,
                 )
             )
+        out += _synchronize(reports, wall)
         if overflow:
             out.append(
                 Event(
@@ -214,6 +217,22 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
             )
         scale = new_scale
     return out
+
+
+def _synchronize(reports: list[StepReport], wall: list[int]) -> list[StepReport]:
+    """Synchronous collectives: every rank ends the step with the slowest; the others spend
+    the difference waiting inside their last collective (exposed), as real ranks do."""
+    end = max(r.duration_s for r in reports)
+    for r in reports:
+        lag = end - r.duration_s
+        if r.collectives and lag > 0:
+            last = r.collectives[-1]
+            last.duration_s += lag
+            last.exposed_s += lag
+        r.duration_s = end
+        wall[r.rank] += int(end * 1e9)
+        r.wall_ns = wall[r.rank]
+    return reports
 
 
 class MemoryTrace:

@@ -59,6 +59,20 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+class LinearStack(nn.Module):
+    """Eight bias-free ``width x width`` layers: fed one row, its gradients dwarf its
+    activations (for gradient-memory tests: one layer per gradient bucket)."""
+
+    def __init__(self, width: int, layers: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.square().mean()
+
+
 def param_count(model: nn.Module) -> int:
     """Psi: elements of the unique parameters (a tied weight counts once)."""
     return sum(p.numel() for p in model.parameters())

@@ -70,7 +70,10 @@ def test_configure_reads_the_ds_config_block() -> None:
         None, deepspeed_config={"activation_checkpointing": {"number_checkpoints": 4}}
     )
     assert checkpointing.is_configured() and cfg.number_checkpoints == 4
-    with pytest.raises(ValueError, match="cpu_checkpointing=true is not supported yet"):
+    with pytest.raises(
+        ValueError,
+        match="cpu_checkpointing=True: moving checkpointed activations to the CPU is not built",
+    ):
         checkpointing.configure(None, checkpoint_in_cpu=True)
 
 

@@ -241,7 +241,7 @@ class _SlowWork:
         self.fut.wait()
 
 
-def test_collectives_in_flight_at_step_end_go_in_a_later_report(
+def test_a_collective_in_flight_at_step_end_stays_in_its_own_step(
     rig: tuple[LiveTelemetry, list[Message]],
 ) -> None:
     tel, got = rig
@@ -257,10 +257,10 @@ def test_collectives_in_flight_at_step_end_go_in_a_later_report(
     tel.step_end(memory=MemoryBytes())
     assert wait_for(lambda: len(reports(got)) == 3)
     first, second, third = reports(got)
-    assert [c.label for c in first.collectives] == ["fast"]
-    (late,) = second.collectives
-    assert (late.label, late.exposed_s) == ("slow", 0.0)
-    # Issued before the second step started: its start is negative on that step's clock.
-    assert late.start_s < 0 and late.duration_s >= 0.01
-    assert third.collectives == []
+    # Step 1's report waited for its all-gather: both collectives, on step 1's own axis.
+    assert [c.label for c in first.collectives] == ["slow", "fast"]
+    late = first.collectives[0]
+    assert late.exposed_s == 0.0 and late.start_s >= 0 and late.duration_s >= 0.01
+    assert first.collectives_unfinished == 0
+    assert second.collectives == [] and third.collectives == []
     del h_slow

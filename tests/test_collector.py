@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from zeroscope.agent import schema
-from zeroscope.agent.publish import Publisher
+from zeroscope.agent.publish import Publisher, set_credentials
 from zeroscope.agent.schema import Hello, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.sources import LiveSource
@@ -84,6 +84,7 @@ def test_bad_frames_and_tokens_are_counted_not_fatal() -> None:
     with Collector(token=b"right") as col:
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
+        set_credentials(push, b"right")  # the connection gets in; each frame is checked too
         push.connect(col.ingest_address)
         good = schema.encode(report(1))
         push.send_multipart([b"right", good])
@@ -180,13 +181,20 @@ def test_a_busy_port_fails_start_and_leaves_no_trace(tmp_path: Path) -> None:
     assert not (tmp_path / "t.zst").exists()
 
 
-def test_publisher_token_frame_is_checked() -> None:
+def test_publisher_with_a_wrong_token_is_refused_at_the_handshake() -> None:
+    """The token is checked when the connection is made: a wrong one is refused, the sender
+    knows it at once (``refused``) and drops what it sends without ever blocking."""
     with Collector(token=b"s3cret") as col:
         good, bad = Publisher(col.ingest_address, b"s3cret"), Publisher(col.ingest_address, b"x")
         for pub in (good, bad):
             pub.set_sticky(hello(0))
-            send_until(pub, report(1))
-        assert wait_for(lambda: col.received == 4)
+        send_until(good, report(1))
+        assert not bad.wait_connected(10) and bad.refused.startswith("wrong token")
+        t0 = time.perf_counter()
+        assert not any(bad.send(report(s)) for s in range(2, 50))
+        assert time.perf_counter() - t0 < 0.5 and bad.dropped >= 48
+        assert wait_for(lambda: col.accepted == 2)
         good.close()
         bad.close()
-    assert (col.accepted, col.unauthenticated, col.duplicate_hellos) == (2, 2, 0)
+    assert (col.received, col.accepted, col.unauthenticated, col.duplicate_hellos) == (2, 2, 1, 0)
+    assert col.stats()["refused_connections"] == {"unauthenticated": 1}

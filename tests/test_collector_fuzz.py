@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zeroscope.agent import schema
+from zeroscope.agent.publish import set_credentials
 from zeroscope.collector import Collector, wait_for
 from zeroscope.trace import TraceReader
 
@@ -136,6 +137,7 @@ def test_garbage_over_the_socket_is_counted() -> None:
     with Collector() as col:
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
+        set_credentials(push)
         push.connect(col.ingest_address)
         n = 5000
         for _ in range(n):

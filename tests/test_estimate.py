@@ -7,6 +7,7 @@ import pytest
 
 from zeroscope import formulas
 from zeroscope.cli import main
+from zeroscope.state import bandwidth
 
 PSI = 7.5e9
 
@@ -71,9 +72,9 @@ def test_communication_volume_is_two_or_three_psi() -> None:
     assert [formulas.comm_elements_per_step(10, s) for s in range(4)] == [20, 20, 20, 30]
     assert formulas.comm_bytes_per_step(10, 3, "bf16") == 60
     # An all-reduce is a reduce-scatter plus an all-gather of the same size.
-    assert formulas.volume_equivalent("all_reduce", 8) == formulas.volume_equivalent(
+    assert bandwidth.volume("all_reduce", 8) == bandwidth.volume(
         "reduce_scatter", 8
-    ) + formulas.volume_equivalent("all_gather", 8)
+    ) + bandwidth.volume("all_gather", 8)
 
 
 def test_estimate_prints_the_paper_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,8 @@ import zmq
 from tests.fixtures import write_trace
 from zeroscope import collector as collector_module
 from zeroscope.agent import schema
-from zeroscope.agent.schema import Collective, Hello, Message, StepReport
+from zeroscope.agent.publish import set_credentials
+from zeroscope.agent.schema import SCHEMA_VERSION, Collective, Hello, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.sources import LiveSource, TraceSource
 from zeroscope.state import ClusterState
@@ -71,9 +72,10 @@ def test_a_viewer_that_stops_reading_never_blocks_and_catches_up(
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
+        set_credentials(push)
         push.connect(col.ingest_address)
         try:
-            hello = Hello(schema_version=1, job_id="j", rank=0, world_size=2)
+            hello = Hello(schema_version=SCHEMA_VERSION, job_id="j", rank=0, world_size=2)
             push.send_multipart([b"", schema.encode(hello)])
             first: list[Message] = []
             assert wait_for(lambda: bool(first.extend(viewer.poll(0.05)) or first), 10)
@@ -106,7 +108,9 @@ def skewed_run(offset_ns: int, steps: int = 20, ranks: int = 4) -> list[Message]
     is truly slower (0.2 s), so a straggler exists to be found."""
     base = time.time_ns() - steps * 10**8 - 10**9
     out: list[Message] = [
-        Hello(schema_version=1, job_id="skew", rank=r, world_size=ranks, started_ns=base)
+        Hello(
+            schema_version=SCHEMA_VERSION, job_id="skew", rank=r, world_size=ranks, started_ns=base
+        )
         for r in range(ranks)
     ]
     for s in range(1, steps + 1):

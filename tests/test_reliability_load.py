@@ -61,6 +61,7 @@ SENDER = r"""
 import json, sys, time
 import zmq
 from zeroscope.agent import schema
+from zeroscope.agent.publish import set_credentials
 from zeroscope.agent.schema import Collective, Heartbeat, MemoryBytes, Phases, StepReport
 address, first, count, rate, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     float(sys.argv[4]), float(sys.argv[5])
@@ -69,6 +70,7 @@ ctx = zmq.Context()
 push = ctx.socket(zmq.PUSH)
 push.setsockopt(zmq.SNDHWM, 1000)
 push.setsockopt(zmq.LINGER, -1)  # deliver all it took before exiting
+set_credentials(push)
 push.connect(address)
 time.sleep(0.5)
 ops = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from zeroscope.agent import metrics, schema
+from zeroscope.agent import schema
 from zeroscope.agent.schema import (
     Bye,
     Collective,
@@ -21,6 +21,7 @@ from zeroscope.agent.schema import (
     StepReport,
     Transfer,
 )
+from zeroscope.state import bandwidth
 
 
 def sample_messages() -> list[schema.Message]:
@@ -97,10 +98,10 @@ def test_deeply_nested_garbage_is_rejected_not_crashing() -> None:
 
 def test_busbw_follows_nccl_tests() -> None:
     # 1 GB in 1 s among 8 ranks: all-reduce 2*7/8, all-gather/reduce-scatter 7/8, broadcast 1.
-    assert metrics.busbw("all_reduce", 10**9, 1.0, 8) == pytest.approx(1.75e9)
-    assert metrics.busbw("all_gather", 10**9, 1.0, 8) == pytest.approx(0.875e9)
-    assert metrics.busbw("reduce_scatter", 10**9, 0.5, 8) == pytest.approx(1.75e9)
-    assert metrics.busbw("broadcast", 10**9, 1.0, 8) == pytest.approx(1e9)
-    assert metrics.busbw("all_reduce", 10, 0.0, 2) is None
+    assert bandwidth.busbw("all_reduce", 10**9, 1.0, 8) == pytest.approx(1.75e9)
+    assert bandwidth.busbw("all_gather", 10**9, 1.0, 8) == pytest.approx(0.875e9)
+    assert bandwidth.busbw("reduce_scatter", 10**9, 0.5, 8) == pytest.approx(1.75e9)
+    assert bandwidth.busbw("broadcast", 10**9, 1.0, 8) == pytest.approx(1e9)
+    assert bandwidth.busbw("all_reduce", 10, 0.0, 2) is None
     with pytest.raises(ValueError):
-        metrics.bus_factor("all_reduce", 0)
+        bandwidth.bus_factor("all_reduce", 0)

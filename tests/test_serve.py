@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 from zeroscope import discovery
+from zeroscope.agent.publish import set_credentials
 from zeroscope.agent.schema import MAX_MESSAGE_BYTES, SCHEMA_VERSION, Hello, encode
 from zeroscope.cli import main as cli_main
 from zeroscope.trace import TraceReader
@@ -70,6 +71,7 @@ def test_serve_hands_out_env_keeps_secrets_private_and_rejects_strangers(
 
         ctx = zmq.Context()
         push = ctx.socket(zmq.PUSH)
+        set_credentials(push, token.encode())  # the connection's; each frame is checked too
         push.connect(env["ZEROSCOPE_COLLECTOR"])
         push.send_multipart([b"", _hello(0)])  # no token
         push.send_multipart([b"0" * 32, _hello(1)])  # wrong token

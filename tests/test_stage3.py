@@ -25,8 +25,8 @@ STEPS = 20
 def _strategy(
     model: torch.nn.Module, precision: str, recorder: Recorder | None = None, **knobs: Any
 ) -> Any:
-    from zeroscope.engine.comm import Comm
     from zeroscope.engine.config import load_config
+    from zeroscope.engine.process_group import Comm
     from zeroscope.engine.zero.stage3 import Stage3Strategy
 
     comm = Comm.data_parallel(recorder or Recorder())
@@ -121,7 +121,7 @@ def test_16bit_loss_tracks_fp32_adamw(precision: str, loss_scale: float, toleran
 
 def test_persistence_thresholds_pick_small_parameters_up_to_the_model_cap() -> None:
     """One process (N = 1, no process group): which parameters stay whole."""
-    from zeroscope.engine.comm import Comm
+    from zeroscope.engine.process_group import Comm
     from zeroscope.engine.zero.stage3.partition import Partition
 
     model = make_model()

@@ -179,7 +179,7 @@ def test_save_16bit_model_consolidates_full_weights(tmp_path: Any) -> None:
             rank == 0
         )
     assert not (tmp_path / "False").exists()
-    state = load_16bit_model(tmp_path / "True" / "model.safetensors")
+    state = load_16bit_model(tmp_path / "True" / "pytorch_model.bin")
     plain = make_model().to(torch.bfloat16)
     plain.load_state_dict(state, strict=True)
     assert plain.head.weight.data_ptr() == plain.wte.weight.data_ptr()  # still tied

@@ -148,7 +148,7 @@ def test_engine_stage3_trains_like_adamw(precision: str, rel: float, tmp_path: A
 
         assert [r["saved"] for r in runs] == [True, True]
         plain = TinyGPT().to(torch.bfloat16)
-        plain.load_state_dict(load_16bit_model(tmp_path / "model.safetensors"), strict=True)
+        plain.load_state_dict(load_16bit_model(tmp_path / "pytorch_model.bin"), strict=True)
         with torch.no_grad():
             idx, tgt = batches(1, 3, seed=9)[0]
             assert plain(idx, tgt).item() == runs[0]["out"]

@@ -71,15 +71,24 @@ def test_summary_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         400,
         14,
     )
-    assert r0["comm_bytes_per_step"] == 3 * 10**6
-    assert r0["exposed_percent"] == pytest.approx(50.0)  # (0.25 + 0.75) / (1 + 1) ms
+    # Per-step figures over steady steps (step 1 left out): step 2 alone here.
+    # Volume: the all-reduce counts twice (2e6) + the all-gather's 2e6.
+    assert r0["comm_bytes_per_step"] == 4 * 10**6
+    # Exposed %: waited (0.25 + 0.75 ms) / step time (100 ms on r0, 200 ms on r1).
+    assert r0["exposed_percent"] == pytest.approx(1.0)
+    assert r1["exposed_percent"] == pytest.approx(0.5)
     assert r0["busbw_bytes_s"] == pytest.approx(1e9)
     assert r0["offload_bytes_s"] is None and r1["offload_bytes_s"] == pytest.approx(3e9)
     assert r0["overflows"] == 1
     total = out["total"]
-    assert total["steps"] == 2 and total["comm_bytes_per_step"] == 6 * 10**6
-    assert total["mean_step_s"] == pytest.approx(0.15) and total["overflows"] == 1
+    assert total["steps"] == 2 and total["comm_bytes_per_step"] == 8 * 10**6  # sum over ranks
+    # The cluster's step is its slowest rank's; its exposed share the least-exposed rank's.
+    assert total["mean_step_s"] == pytest.approx(0.2) and total["overflows"] == 1
+    assert total["exposed_percent"] == pytest.approx(0.5)
     assert out["job_id"] == "synthetic" and out["world_size"] == 2 and out["events"] == 1
+    # Step ends 1 s apart; no rank reported samples: NA, never 0.
+    assert out["steps_per_s"] == pytest.approx(1.0) and out["samples_per_s"] is None
+    assert out["alerts"] == [] and out["total_aggregation"]["comm_bytes_per_step"]
 
     assert main(["summary", str(path)]) == 0
     table = capsys.readouterr().out

@@ -3,13 +3,16 @@
 One background thread owns three ZeroMQ sockets:
 
 - ingest, a PULL bound to ``bind_host:port`` (127.0.0.1 by default; a non-loopback bind needs a
-  per-job token): frames ``[token, msgpack]`` from the agents' publishers;
+  per-job token): frames ``[token, msgpack]`` from the agents' publishers, each connection
+  authenticated in its handshake by :mod:`zeroscope.gate` (which also says who was turned away);
 - a PUB and a ROUTER bound on 127.0.0.1 for viewers (snapshot + live updates, see
   :mod:`zeroscope.collector_protocol`). Viewers on another machine come through ``ssh -L``.
 
 Each accepted message is numbered, kept in memory for late joiners, appended to the SQLite trace
 (when recording), published, and handed to in-process listeners, in arrival order. Every received
-message is counted: ``received == accepted + sum(rejected.values())``.
+message is counted: ``received == accepted + sum(rejected.values())``. Senders turned away
+(and ranks admitted that never report) become the collector's own ``Admission`` records, served
+and recorded in the same stream.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
 
 from . import collector_protocol as proto
+from .gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from .trace import TraceWriter
 
 Listener = Callable[[Message], None]
@@ -105,6 +110,11 @@ class Collector:
         self._history_base = 0  # seq of _history[0] is _history_base + 1
         self._history_size = 0
         self._hellos: dict[tuple[str, int], tuple[int, bytes, schema.Hello]] = {}
+        self._admissions: dict[tuple[str, str, int, int, str], tuple[int, bytes]] = {}
+        """The newest Admission record per sender, kept (like Hellos) past history trimming."""
+        self._reported: set[int] = set()
+        self.gate = Gate(self.token)
+        self._next_admissions = 0.0
         self._listeners: list[Listener] = []
         self._context: zmq.Context | None = None
         self._thread: threading.Thread | None = None
@@ -120,7 +130,8 @@ class Collector:
 
     @property
     def unauthenticated(self) -> int:
-        return self.rejected.get("unauthenticated", 0)
+        """Messages with a wrong token plus connections refused for one."""
+        return self.rejected.get("unauthenticated", 0) + self.gate.refused.get("unauthenticated", 0)
 
     def add_listener(self, callback: Listener) -> None:
         """``callback(message)`` for every accepted message, in order, on the collector thread
@@ -133,6 +144,7 @@ class Collector:
             "accepted": self.accepted,
             "rejected": dict(self.rejected),
             "unauthenticated": self.unauthenticated,
+            "refused_connections": dict(self.gate.refused),
             "dropped_by_agents": self.dropped_by_agents,
             "duplicate_hellos": self.duplicate_hellos,
             "listener_errors": self.listener_errors,
@@ -165,8 +177,11 @@ class Collector:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def _bind(self, ctx: zmq.Context) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+    def _bind(self, ctx: zmq.Context) -> tuple[zmq.Socket, ...]:
+        """(ingest, viewers' ROUTER, PUB, ZAP handler, ingest monitor)."""
+        zap = self.gate.open(ctx)
         pull = ctx.socket(zmq.PULL)
+        self.gate.guard(pull)
         pull.setsockopt(zmq.RCVHWM, INGEST_HWM)
         pull.setsockopt(zmq.LINGER, 0)
         pull.setsockopt(zmq.MAXMSGSIZE, schema.MAX_MESSAGE_BYTES + 1024)
@@ -184,13 +199,14 @@ class Collector:
         pub.setsockopt(zmq.SNDHWM, VIEWER_HWM)
         pub.bind("tcp://127.0.0.1:*")
         self.pub_address = pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        return pull, router, pub
+        monitor = pull.get_monitor_socket(HANDSHAKE_FAILURES)
+        return pull, router, pub, zap, monitor
 
     def _run(self) -> None:
         ctx = self._context = zmq.Context()
         try:
             try:
-                pull, router, pub = self._bind(ctx)
+                pull, router, pub, zap, monitor = self._bind(ctx)
             except zmq.ZMQError as exc:
                 # An OSError with the address in it, e.g. "... 127.0.0.1:5555: Address already
                 # in use", so callers report it in one line like any other socket error.
@@ -209,56 +225,88 @@ class Collector:
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
+        poller.register(zap, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(50))
+                if zap in events:
+                    self.gate.answer(zap)
+                if monitor in events:
+                    self._handshake_failures(monitor)
                 if pull in events:
                     self._drain(pull, pub)
                 if router in events:
                     self._serve_viewers(router)
+                self._emit_admissions(pub)
                 if self.trace is not None:
                     try:
                         self.trace.maybe_commit()
                     except Exception as exc:
                         self.stop_recording(exc)
             self._drain(pull, pub)
+            self._emit_admissions(pub, final=True)
         finally:
             if self.trace is not None:
                 self.trace.close()
-            for s in (pull, router, pub):
+            pull.disable_monitor()
+            for s in (pull, router, pub, zap, monitor):
                 s.close(linger=0)
             ctx.term()
 
     def _drain(self, pull: zmq.Socket, pub: zmq.Socket) -> None:
         for _ in range(_BATCH):
             try:
-                frames = pull.recv_multipart(zmq.NOBLOCK)
+                # The first frame as a zmq.Frame: it knows the sender's address and claim, asked
+                # for only when the message is rejected.
+                first = pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            frames = [first.bytes]
+            more = first.more  # (cheaper than asking the socket: as fast as recv_multipart)
+            while more:
+                frames.append(pull.recv())
+                more = bool(pull.getsockopt(zmq.RCVMORE))
             try:
-                self.ingest(frames, pub)
+                self.ingest(frames, pub, first)
             except Exception as exc:  # e.g. the trace's disk is full: count, keep serving
                 self.internal_errors += 1
                 self.last_error = f"ingest failed: {exc!r}"
 
-    def _reject(self, reason: str, detail: str) -> None:
+    def _reject(self, reason: str, detail: str, source: zmq.Frame | None = None) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self.last_error = detail
+        peer, user = frame_origin(source)
+        self.gate.note(reason, peer, user, detail)
 
-    def ingest(self, frames: list[bytes], pub: zmq.Socket | None = None) -> Message | None:
-        """Count, authenticate, validate, number, record, publish and hand out one message."""
+    def _handshake_failures(self, monitor: zmq.Socket) -> None:
+        for _ in range(100):
+            try:
+                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self.gate.handshake_failed(f"ZeroMQ handshake failed (event {event['event']})")
+
+    def ingest(
+        self, frames: list[bytes], pub: zmq.Socket | None = None, source: zmq.Frame | None = None
+    ) -> Message | None:
+        """Count, authenticate, validate, number, record, publish and hand out one message.
+        ``source``: the received first frame, which can say who sent a rejected message."""
         self.received += 1
         if len(frames) != 2:
-            self._reject("framing", f"{len(frames)} frames, expected [token, message]")
+            self._reject("framing", f"{len(frames)} frames, expected [token, message]", source)
             return None
         token, payload = frames
         if self.token and not hmac.compare_digest(token, self.token):
-            self._reject("unauthenticated", "wrong or missing token")
+            self._reject("unauthenticated", "wrong or missing token", source)
             return None
         try:
             message = schema.decode(payload)
         except schema.SchemaError as exc:
-            self._reject(exc.reason, str(exc))
+            self._reject(exc.reason, str(exc), source)
+            return None
+        if isinstance(message, schema.Admission):
+            self._reject("malformed", "an admission record is the collector's own", source)
             return None
         self.accepted += 1
         if isinstance(message, schema.Hello):
@@ -269,12 +317,21 @@ class Collector:
                 return None
         elif isinstance(message, (schema.StepReport, schema.Heartbeat)):
             self.dropped_by_agents += message.dropped
+        self._publish(message, payload, pub)
+        return message
+
+    def _publish(self, message: Message, payload: bytes, pub: zmq.Socket | None) -> None:
+        """Number, remember, record, publish and hand out one accepted message or record."""
         self.seq += 1
         seq = self.seq
         if isinstance(message, schema.Hello):
             self._hellos[(message.job_id, message.rank)] = (seq, payload, message)
+            self._reported.add(message.rank)
             if self.trace is not None and not self.trace.job_id:
                 self.trace.set_job_id(message.job_id)
+        elif isinstance(message, schema.Admission):
+            m = message
+            self._admissions[(m.reason, m.peer, m.rank, m.node_rank, m.role)] = (seq, payload)
         self._remember(payload)
         if self.trace is not None:
             try:
@@ -289,7 +346,19 @@ class Collector:
             except Exception as exc:
                 self.listener_errors += 1
                 self.last_error = f"listener {listener!r} raised {exc!r}"
-        return message
+
+    def _emit_admissions(self, pub: zmq.Socket, *, final: bool = False) -> None:
+        """The gate's records whose totals moved, into the stream (checked 4 times a second)."""
+        now = time.monotonic()
+        if not final and now < self._next_admissions:
+            return
+        self._next_admissions = now + 0.25
+        try:
+            for record in self.gate.due(self._reported.__contains__, final=final):
+                self._publish(record, schema.encode(record), pub)
+        except Exception as exc:  # never let bookkeeping stop ingest
+            self.internal_errors += 1
+            self.last_error = f"admission records failed: {exc!r}"
 
     def stop_recording(self, exc: BaseException) -> None:
         """A trace write failed (disk full, file too large, file removed): stop recording for
@@ -347,8 +416,10 @@ class Collector:
         base = self._history_base
         echo = proto.pack_seq(since)
         if since < base:
-            # Trimmed history: the viewer still needs every rank's Hello first.
-            for seq, payload, _ in sorted(self._hellos.values(), key=lambda h: h[0]):
+            # Trimmed history: the viewer still needs every rank's Hello first (and what the
+            # door turned away, which names the ranks that never came).
+            kept = [(seq, payload) for seq, payload, _ in self._hellos.values()]
+            for seq, payload in sorted([*kept, *self._admissions.values()]):
                 if seq > since and seq <= base:
                     router.send_multipart(
                         [ident, proto.BATCH, self.instance, echo, proto.pack_seq(seq), payload]

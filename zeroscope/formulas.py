@@ -138,9 +138,3 @@ def comm_elements_per_step(psi: float, stage: int) -> float:
 def comm_bytes_per_step(psi: float, stage: int, precision: str = "fp16") -> float:
     """:func:`comm_elements_per_step` in bytes of the 16-bit (or fp32) model dtype."""
     return comm_elements_per_step(psi, stage) * param_bytes(precision)
-
-
-def volume_equivalent(op: str, nbytes: int) -> int:
-    """A collective's share of the 2Ψ/3Ψ budget: an all-reduce of S bytes is a reduce-scatter
-    plus an all-gather of S bytes each, so it counts twice; every other op counts once."""
-    return 2 * nbytes if op == "all_reduce" else nbytes

@@ -58,6 +58,7 @@ class CollectorPlan:
     ``ingest_address``), ``tcp://MASTER:PORT`` elsewhere."""
     token: str
     job_id: str
+    node_rank: int = 0
 
     def rank_env(self, ingest_address: str | None = None) -> dict[str, str]:
         """The environment this node's ranks need (``ZEROSCOPE_COLLECTOR``/``_TOKEN``/``_JOB_ID``)."""
@@ -150,6 +151,7 @@ def plan_collector(
         connect_address=f"tcp://{host}:{port}",
         token=token,
         job_id=job_id,
+        node_rank=node_rank,
     )
 
 
@@ -219,7 +221,13 @@ class WorkerJob(Protocol):
 
 def run_worker_node(job: WorkerJob, plan: CollectorPlan) -> int:
     """A node other than 0: no collector and no view here, just the job (its own process
-    group, as on node 0), Ctrl-C/SIGTERM passed on; torchrun's exit code is ours."""
+    group, as on node 0), Ctrl-C/SIGTERM passed on; torchrun's exit code is ours. The console
+    says where the ranks report and whether the collector admits them (agent/collector_probe.py).
+
+    The one place the launcher side imports the agent's runtime: the probe connects exactly as
+    this node's ranks do (tests/test_layering.py names this exemption)."""
+    from zeroscope.agent.collector_probe import CollectorProbe  # noqa: TID251
+
     print(
         f"zeroscope: ranks on this node report to {plan.connect_address} "
         f"(job {plan.job_id}; the view is on node 0)",
@@ -234,10 +242,12 @@ def run_worker_node(job: WorkerJob, plan: CollectorPlan) -> int:
         job.signal(signal.SIGINT if interrupts == 1 else signal.SIGKILL)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    probe = CollectorProbe(plan.connect_address or "", plan.token, plan.node_rank)
     try:
         while job.returncode is None:
-            time.sleep(0.2)
+            probe.poll(0.2)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        probe.close()
     return job.exit_code()

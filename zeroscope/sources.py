@@ -188,6 +188,11 @@ class TraceSource:
     def hellos(self) -> list[schema.Hello]:
         return self.reader.hellos()
 
+    def preamble(self) -> list[Message]:
+        """What comes before the steps: the Hellos, then the collector's Admission records
+        (which name the ranks that never reported)."""
+        return [*self.reader.hellos(), *self.reader.admissions()]
+
     def step_messages(self, step: int) -> list[Message]:
         """Every message recorded for ``step`` (all ranks), in arrival order."""
         return list(self.reader.messages(from_step=step, to_step=step))
@@ -195,7 +200,7 @@ class TraceSource:
     def messages_until(self, step: int) -> Iterator[Message]:
         """Hellos, then every message of steps up to and including ``step`` (to rebuild state
         after a seek), streamed: the trace is never loaded whole."""
-        yield from self.reader.hellos()
+        yield from self.preamble()
         yield from self.reader.messages(to_step=step)
 
     def seek(self, step: int) -> None:
@@ -209,7 +214,7 @@ class TraceSource:
     def poll(self, timeout: float = 0.0) -> list[Message]:
         if not self._hellos_sent:
             self._hellos_sent = True
-            return list(self.reader.hellos())
+            return self.preamble()
         while not self.at_end:
             step = self.next_step
             self.next_step += 1

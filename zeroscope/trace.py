@@ -43,10 +43,15 @@ class TraceError(Exception):
     """A file that cannot be read or written as a trace; ``str()`` is one line naming it."""
 
 
-def row_of(message: Message) -> tuple[int | None, int, str, int]:
-    """The indexed columns of one message: (step, rank, kind, wall_ns). A Hello has no step."""
+def row_of(message: Message) -> tuple[int | None, int | None, str, int]:
+    """The indexed columns of one message: (step, rank, kind, wall_ns). A Hello has no step;
+    neither has the collector's Admission record (read with the Hellos, before the steps), whose
+    rank is a claim (NULL when it names none)."""
     if isinstance(message, schema.Hello):
         return None, message.rank, "hello", message.started_ns
+    if isinstance(message, schema.Admission):
+        rank = message.rank if message.rank >= 0 else None
+        return None, rank, "admission", message.wall_ns
     return message.step, message.rank, str(type(message).__struct_config__.tag), message.wall_ns
 
 
@@ -116,7 +121,7 @@ class TraceWriter:
             except sqlite3.Error as exc:
                 raise TraceError(f"{self.path}: cannot create trace ({exc})") from None
             self.job_id = job_id
-        self._pending: list[tuple[int | None, int, str, int, bytes]] = []
+        self._pending: list[tuple[int | None, int | None, str, int, bytes]] = []
         self._last_commit = time.monotonic()
         self.commit_interval = commit_interval
         self.commit_rows = commit_rows
@@ -229,6 +234,19 @@ class TraceReader:
             if isinstance(msg, schema.Hello) and msg.rank not in out:
                 out[msg.rank] = msg
         return [out[r] for r in sorted(out)]
+
+    def admissions(self) -> list[schema.Admission]:
+        """The collector's records of senders it turned away (or admitted, never reporting),
+        in arrival order: they name the ranks that never reported, with the reason. An older
+        trace has none."""
+        out = []
+        for (payload,) in self._fetch(
+            "SELECT payload FROM messages WHERE step IS NULL AND kind = 'admission' ORDER BY seq"
+        ):
+            msg = self._decode(payload)
+            if isinstance(msg, schema.Admission):
+                out.append(msg)
+        return out
 
     def raw(
         self,

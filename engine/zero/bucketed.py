@@ -19,9 +19,13 @@ The stages differ only in policy (zero/stages.py):
   full-size bucket buffer is freed right after.
 
 ``overlap_comm`` launches a bucket's collective from the parameters' post-accumulate-grad
-hooks during backward (in bucket order on every rank, as collectives must match) and waits at
-the boundary. ``contiguous_gradients`` makes ``param.grad`` views into one persistent flat
-buffer (stages 0-1); without it gradients are packed into a transient buffer at reduction.
+hooks during backward (in bucket order on every rank, as collectives must match). At stage 2 at
+most one reduction stays in flight: launching a bucket waits for the one before it and frees
+that one's full-size buffer (DeepSpeed double-buffers its ``ipg`` buckets the same way), so the
+gradient peak during backward is ``Psi/N`` plus about two buckets, not ``Psi``; the rest is
+waited for at the boundary. ``contiguous_gradients`` makes ``param.grad`` views into one
+persistent flat buffer (stages 0-1); without it gradients are packed into a transient buffer at
+reduction.
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ import torch
 
 from zeroscope.agent.api import Waitable
 from zeroscope.agent.schema import MemoryBytes
-from zeroscope.engine.comm import Comm
 from zeroscope.engine.optim import AdamState
 from zeroscope.engine.precision import copy_master_to_params, master_copy
+from zeroscope.engine.process_group import Comm
 
 from .partition import FlatLayout, make_layout, split_buckets, views_of
 from .strategy import Shard
@@ -53,6 +57,9 @@ class Policy:
     reduce_scatter: bool = True
     overlap: bool = False
     contiguous: bool = True
+    offload_optimizer: bool = False
+    """O lives in an offload store (engine/offload.py), which builds it on the host: no fp32
+    master or Adam moments are made on the device."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -93,13 +100,17 @@ class BucketedStrategy:
     ) -> None:
         self.comm, self.policy = comm, policy
         self.stage = policy.stage
-        self.sharded = policy.shards > 1
+        # At world 1 with forced collectives (engine/process_group.py) stages 1-2 reduce-scatter, gather
+        # and all-reduce the norm as they do on N ranks.
+        self.sharded = policy.shards > 1 or (policy.stage > 0 and not comm.skip)
         self._rank = comm.rank if self.sharded else 0
         self._buckets: list[_Bucket] = []
         self._shards: list[Shard] = []
         self._where: dict[int, _Bucket] = {}
         self._reducing = False
         self._next_launch = 0
+        self._in_flight: list[_Bucket] = []
+        """Stage 2 with overlap: buckets whose reduction runs now (at most one is kept)."""
         for g, params in enumerate(groups):
             ordered = list(reversed(params))
             for idx in split_buckets([p.numel() for p in ordered], bucket_size):
@@ -123,13 +134,18 @@ class BucketedStrategy:
         b = _Bucket(params=params, layout=layout, group=group, flat=flat, start=start, end=end)
         b.slots = {id(p): i for i, p in enumerate(params)}
         if self.policy.reduce_every_micro_step:
-            b.grad_shard = torch.zeros(end - start, dtype=dtype, device=device)
+            if not self.policy.offload_optimizer:  # else made at the first reduction
+                b.grad_shard = torch.zeros(end - start, dtype=dtype, device=device)
         elif self.policy.contiguous:
             b.grad = torch.zeros_like(flat)
             for p, view in zip(params, b.grad_views()):
                 p.grad = view
-        master = master_copy(flat[start:end])
-        self._shards.append(Shard(master=master, state=AdamState.zeros_like(master), group=group))
+        if self.policy.offload_optimizer:
+            master, state = flat[start:end], AdamState.elsewhere(device)
+        else:
+            master = master_copy(flat[start:end])
+            state = AdamState.zeros_like(master)
+        self._shards.append(Shard(master=master, state=state, group=group))
         self._buckets.append(b)
         for p in params:
             self._where[id(p)] = b
@@ -143,6 +159,7 @@ class BucketedStrategy:
     def begin_micro_step(self, *, boundary: bool) -> None:
         self._reducing = boundary or self.policy.reduce_every_micro_step
         self._next_launch = 0
+        self._in_flight = []
         for b in self._buckets:
             if b.pending is not None:  # stage 2: the previous micro-step's reductions
                 self._finish(b)
@@ -160,7 +177,8 @@ class BucketedStrategy:
         for b in self._buckets:
             if b.pending is not None:
                 self._finish(b)
-            if b.grad_shard is not None:
+            if self.policy.reduce_every_micro_step:
+                assert b.grad_shard is not None, "step() without a reducing backward"
                 grads.append(b.grad_shard)
             else:
                 assert b.grad is not None, "step() without a reducing backward"
@@ -181,7 +199,7 @@ class BucketedStrategy:
     def zero_grads(self) -> None:
         for b in self._buckets:
             b.accumulated = False
-            if b.grad is not None and self.policy.contiguous and b.grad_shard is None:
+            if b.grad is not None and self._contiguous_full_grads:
                 b.grad.zero_()
                 for p, view in zip(b.params, b.grad_views()):
                     p.grad = view
@@ -189,6 +207,19 @@ class BucketedStrategy:
                 b.grad = None
                 for p in b.params:
                     p.grad = None
+
+    def release_grads(self) -> None:
+        """Optimizer offload, after the gradients went to the host: free the stage-2 gradient
+        shards (2 Psi/N) until the next backward makes them again; DeepSpeed keeps no device
+        gradient partition between steps either (issue 14)."""
+        if self.policy.reduce_every_micro_step:
+            for b in self._buckets:
+                b.grad_shard = None
+
+    @property
+    def _contiguous_full_grads(self) -> bool:
+        """Stages 0-1 with contiguous_gradients: ``param.grad`` are views of ``b.grad``."""
+        return self.policy.contiguous and not self.policy.reduce_every_micro_step
 
     def memory(self) -> MemoryBytes:
         params = grads = optim = 0
@@ -257,7 +288,7 @@ class BucketedStrategy:
             view = b.grad[off : off + b.layout.numels[i]].view(p.shape)
             if p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
-                p.grad = view if (self.policy.contiguous and b.grad_shard is None) else None
+                p.grad = view if self._contiguous_full_grads else None
 
     def _launch_ready(self, *, all_ready: bool) -> None:
         """Launch complete buckets strictly in bucket order (every rank issues the same
@@ -276,12 +307,22 @@ class BucketedStrategy:
         if not self.sharded:
             b.pending = (self.comm.all_reduce(full, label="grads"), full)
         elif self.policy.reduce_scatter:
-            out = full[b.start : b.end] if b.grad_shard is None else torch.empty_like(b.grad_shard)
+            out = full[b.start : b.end]
+            if self.policy.reduce_every_micro_step:  # its own buffer: ``full`` is freed after
+                out = torch.empty(b.end - b.start, dtype=full.dtype, device=full.device)
             b.pending = (self.comm.reduce_scatter(out, full, label="grads"), out)
         else:
             b.pending = (self.comm.all_reduce(full, label="grads"), full[b.start : b.end])
         if not self.policy.overlap:
             self._finish(b)
+        elif self.policy.reduce_every_micro_step:
+            # Free the previous bucket's full-size buffer once its reduction is done (the
+            # module docstring): one reduction in flight while backward goes on.
+            self._in_flight.append(b)
+            while len(self._in_flight) > 1:
+                older = self._in_flight.pop(0)
+                if older.pending is not None:
+                    self._finish(older)
 
     def _finish(self, b: _Bucket) -> None:
         """Wait for the bucket's reduction and turn the sum into the average."""
@@ -290,8 +331,11 @@ class BucketedStrategy:
         b.pending = None
         handle.wait()
         out.div_(self.comm.world_size)
-        if b.grad_shard is not None:
-            if b.accumulated:
+        if self.policy.reduce_every_micro_step:
+            if b.grad_shard is None:  # first reduction since release_grads (offload)
+                # (a view into the full bucket, from the all-reduce fallback, must not keep it)
+                b.grad_shard = out if out._base is None else out.clone()
+            elif b.accumulated:
                 b.grad_shard.add_(out)
             else:
                 b.grad_shard.copy_(out)

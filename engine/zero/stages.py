@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from zeroscope.engine.comm import Comm
 from zeroscope.engine.config import ConfigError, DeepSpeedConfig
+from zeroscope.engine.process_group import Comm
 
 from .bucketed import BucketedStrategy, Policy
 from .strategy import ZeroStrategy
@@ -41,6 +41,7 @@ def make_strategy(
         reduce_scatter=zero.reduce_scatter,
         overlap=zero.overlap,
         contiguous=zero.contiguous_gradients,
+        offload_optimizer=zero.offload_optimizer.device != "none",
     )
     return BucketedStrategy(
         groups=groups, comm=comm, policy=policy, bucket_size=zero.reduce_bucket_size

@@ -9,10 +9,13 @@ earliest instant anything in the trace starts (a step, a collective issued befor
 began, such as an init broadcast, or an event): every timestamp is >= 0, and all are shifted
 alike, which keeps their order and their distances.
 
-Placement: a step ends at its report's wall clock and starts ``duration_s`` earlier; collective
-and transfer instants are measured relative to the step start. Phase durations are measured but
-their positions are not recorded, so phase slices are laid back to back in the order data,
-forward, backward, optimizer. Each rank's timeline uses that rank's own clock.
+Placement: a step ends at its report's wall clock and starts ``duration_s`` earlier; phases
+(``StepReport.phase_spans``), collectives and transfers are placed relative to the step start,
+on the same axis. Reports from reporters that give only phase sums get their phases laid back
+to back (data, forward, backward, optimizer). Each rank's timeline uses that rank's own clock.
+
+The document's ``otherData.figures`` is the run report of zeroscope.state.report (the figures
+of ``zeroscope summary --json``), computed by feeding the same messages through ClusterState.
 """
 
 from __future__ import annotations
@@ -52,15 +55,41 @@ class _Lanes:
         return len(self.ends) - 1
 
 
-def chrome_events(path: Path) -> list[dict[str, Any]]:
-    """Trace-event dicts for every rank's steps, collectives, transfers, memory and events."""
-    from zeroscope.agent.metrics import busbw
+def _phase_slices(msg: Any, start_us: float, end_us: float) -> list[tuple[str, float, float]]:
+    """(name, ts, dur) of the step's phases on its own axis, clipped to the step."""
+    if msg.phase_spans:
+        out = []
+        for span in msg.phase_spans:
+            ts = start_us + max(span.start_s, 0.0) * 1e6
+            dur = min(span.duration_s * 1e6, max(end_us - ts, 0.0))
+            out.append((span.name, ts, dur))
+        return out
+    laid, t = [], start_us
+    for name in _PHASES:
+        d = getattr(msg.phases, name)
+        if d is None:
+            continue
+        dur = min(d * 1e6, max(end_us - t, 0.0))
+        laid.append((name, t, dur))
+        t += dur
+    return laid
+
+
+def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Trace-event dicts for every rank's steps, collectives, transfers, memory and events.
+    With ``figures`` (a dict), the run report of zeroscope.state.report is put in it."""
     from zeroscope.agent.schema import Event, StepReport
+    from zeroscope.state import ClusterState
+    from zeroscope.state.bandwidth import busbw, volume
+    from zeroscope.state.report import run_report
     from zeroscope.trace import TraceReader
 
     out: list[dict[str, Any]] = []
+    state = ClusterState()
     with TraceReader(path) as reader:
         hellos = {h.rank: h for h in reader.hellos()}
+        for h in hellos.values():
+            state.ingest(h)
         origin: int | None = None
         lanes: dict[tuple[int, int], _Lanes] = {}
         named: set[tuple[int, int]] = set()
@@ -84,7 +113,10 @@ def chrome_events(path: Path) -> list[dict[str, Any]]:
             out.append(
                 {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
             )
-        for msg in reader.messages(kinds=["step", "event"]):
+        for msg in reader.messages():
+            state.ingest(msg)
+            if not isinstance(msg, (Event, StepReport)):
+                continue
             if origin is None:
                 origin = msg.wall_ns - int(getattr(msg, "duration_s", 0.0) * 1e9)
             pid = msg.rank
@@ -117,16 +149,10 @@ def chrome_events(path: Path) -> list[dict[str, Any]]:
                     "args": {"loss": msg.loss, "overflow": msg.overflow, "lr": msg.lr},
                 }
             )
-            t = start_us
-            for name in _PHASES:
-                d = getattr(msg.phases, name)
-                if d is None:
-                    continue
-                dur = min(d * 1e6, max(end_us - t, 0.0))
+            for name, ts, dur in _phase_slices(msg, start_us, end_us):
                 out.append(
-                    {"ph": "X", "name": name, "pid": pid, "tid": _TID_STEPS, "ts": t, "dur": dur}
+                    {"ph": "X", "name": name, "pid": pid, "tid": _TID_STEPS, "ts": ts, "dur": dur}
                 )
-                t += dur
             for c in msg.collectives:
                 s = start_us + c.start_s * 1e6
                 lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + c.duration_s * 1e6)
@@ -142,6 +168,7 @@ def chrome_events(path: Path) -> list[dict[str, Any]]:
                         "dur": c.duration_s * 1e6,
                         "args": {
                             "bytes": c.nbytes,
+                            "volume_bytes": volume(c.op, c.nbytes),
                             "group_size": c.group_size,
                             "exposed_ms": c.exposed_s * 1e3,
                             "busbw_GBps": None if bw is None else bw / 1e9,
@@ -182,6 +209,9 @@ def chrome_events(path: Path) -> list[dict[str, Any]]:
                     "args": {k: v for k, v in counters.items() if v is not None},
                 }
             )
+        state.flush()
+    if figures is not None:
+        figures.update(run_report(state))
     _start_at_zero(out)
     return out
 
@@ -203,11 +233,12 @@ def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
     from zeroscope.trace import TraceError
 
+    figures: dict[str, Any] = {}
     try:
-        events = chrome_events(args.trace)
+        events = chrome_events(args.trace, figures)
     except TraceError as exc:
         raise CliError(str(exc)) from None
-    doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+    doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"figures": figures}}
     if args.output is None:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")

@@ -49,7 +49,7 @@ def replay_headless(source: TraceSource) -> int:
     state = ClusterState()
     state.job_id = source.reader.job_id  # named even when no rank reported
     reader = source.reader
-    for message in reader.hellos():
+    for message in [*reader.hellos(), *reader.admissions()]:
         state.ingest(message)
     for message in reader.messages():
         for agg in state.ingest(message):

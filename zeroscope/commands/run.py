@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", metavar="PATH", help="trace file (default runs/JOB.zstrace)")
     parser.add_argument("--bind", default="127.0.0.1", help="collector address (default loopback)")
     parser.add_argument("--port", type=int, default=0, help="collector port (default: any free)")
+    parser.add_argument(
+        "--as-deepspeed",
+        action="store_true",
+        help="the job's `import deepspeed` gets the bundled engine (its DeepSpeed API)",
+    )
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -59,8 +64,13 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     argv = torchrun_argv(args, str(script), args.script_args)
+    base: dict[str, str] = dict(os.environ)
+    if args.as_deepspeed:
+        from zeroscope.as_deepspeed import alias_environment
+
+        base = alias_environment(base)
     if not plan.hosts_collector:
-        env = {**os.environ, **plan.rank_env()}
+        env = {**base, **plan.rank_env()}
         return multinode.run_worker_node(Job(argv, env), plan)
     job_id = plan.job_id
     trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
@@ -82,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     source = QueueSource()
     collector.add_listener(source.put)
     ingest = multinode.local_ingest_address(collector.ingest_address)
-    env = job_environment(os.environ, ingest, job_id, token)
+    env = job_environment(base, ingest, job_id, token)
     handle = discovery.register(
         discovery.JobRecord.here(
             job_id=job_id,

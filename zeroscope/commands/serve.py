@@ -151,9 +151,11 @@ def _start_collector(
 def stats_line(collector: Any) -> str:
     """What came in and what was turned away (unauthenticated, oversized, malformed ...)."""
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(collector.rejected.items())) or "none"
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(collector.gate.refused.items()))
     return (
         f"received {collector.received}, accepted {collector.accepted}, "
         f"rejected: {rejected}; dropped by agents {collector.dropped_by_agents}"
+        + (f"; refused connections: {refused}" if refused else "")
     )
 
 

@@ -1,9 +1,14 @@
-"""``zeroscope summary TRACE``: per-rank table and totals, computed from the trace alone.
+"""``zeroscope summary TRACE``: the run's figures and per-rank table, from the trace alone.
 
-Columns: steps, mean step time, peak P/G/O/A bytes, collective bytes per step, exposed % (the
-share of collective time the loop waited for), busbw (nccl-tests convention, time-weighted over
-all collectives: sum of S x bus factor / sum of durations), offload GB/s (transfer bytes / transfer
-time) and overflow count. The trace is streamed through indexed queries, never loaded whole.
+The trace is streamed (indexed queries, never loaded whole) through the very ClusterState the
+live view and ``replay`` use, and the figures are read off it (zeroscope.state.report): the
+summary, the live view's final lines, ``replay --headless`` and ``export`` agree by
+construction. Per-step figures are over steady steps (the first step's one-off traffic and
+warm-up left out, zeroscope.state.totals). Columns: steps, mean step time, peak P/G/O/A bytes,
+communication volume per step (all-reduce counts twice), exposed % (the share of the step the
+loop waited in collectives), busbw (nccl-tests convention, time-weighted), offload GB/s and
+overflow count. ``--json`` adds the cluster figures (``steps_per_s``, ``samples_per_s``,
+``alerts``) beside the table.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,120 +27,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-@dataclass(kw_only=True, slots=True)
-class RankSummary:
-    """Aggregates of one rank (or of all ranks, for the totals row)."""
+def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
+    """(ClusterState after the whole trace, facts of the trace file itself). Raises
+    TraceError for a bad file."""
+    from zeroscope.state import ClusterState
+    from zeroscope.trace import TraceReader
 
-    rank: int | None
-    steps: int = 0
-    mean_step_s: float | None = None
-    params_peak: int | None = None
-    grads_peak: int | None = None
-    optim_peak: int | None = None
-    activations_peak: int | None = None
-    comm_bytes_per_step: float | None = None
-    exposed_percent: float | None = None
-    busbw_bytes_s: float | None = None
-    offload_bytes_s: float | None = None
-    overflows: int = 0
-    _step_time: float = field(default=0.0, repr=False)
-    _comm_bytes: int = field(default=0, repr=False)
-    _comm_time: float = field(default=0.0, repr=False)
-    _exposed: float = field(default=0.0, repr=False)
-    _bus_bytes: float = field(default=0.0, repr=False)
-    _xfer_bytes: int = field(default=0, repr=False)
-    _xfer_time: float = field(default=0.0, repr=False)
-    _collectives: int = field(default=0, repr=False)
-    _transfers: int = field(default=0, repr=False)
-
-    def add(self, report: Any) -> None:
-        from zeroscope.agent.metrics import wire_bytes
-
-        self.steps += 1
-        self._step_time += report.duration_s
-        m = report.memory
-        self.params_peak = _max(self.params_peak, m.params)
-        self.grads_peak = _max(self.grads_peak, m.grads)
-        self.optim_peak = _max(self.optim_peak, m.optim)
-        self.activations_peak = _max(self.activations_peak, m.activations)
-        for c in report.collectives:
-            self._collectives += 1
-            self._comm_bytes += c.nbytes
-            self._comm_time += c.duration_s
-            self._exposed += c.exposed_s
-            self._bus_bytes += wire_bytes(c.op, c.nbytes, c.group_size)
-        for t in report.transfers:
-            self._transfers += 1
-            self._xfer_bytes += t.nbytes
-            self._xfer_time += t.duration_s
-        self.overflows += bool(report.overflow)
-
-    def merge(self, other: RankSummary) -> None:
-        for name in ("params_peak", "grads_peak", "optim_peak", "activations_peak"):
-            setattr(self, name, _max(getattr(self, name), getattr(other, name)))
-        for name in ("_step_time", "_comm_bytes", "_comm_time", "_exposed", "_bus_bytes"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("_xfer_bytes", "_xfer_time", "_collectives", "_transfers", "steps"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.overflows = max(self.overflows, other.overflows)  # an overflow skips every rank
-
-    def finish(self) -> RankSummary:
-        if self.steps:
-            self.mean_step_s = self._step_time / self.steps
-            self.comm_bytes_per_step = self._comm_bytes / self.steps
-        if self._collectives:
-            self.exposed_percent = (
-                100.0 * self._exposed / self._comm_time if self._comm_time else 0.0
-            )
-            self.busbw_bytes_s = self._bus_bytes / self._comm_time if self._comm_time else None
-        if self._transfers and self._xfer_time > 0:
-            self.offload_bytes_s = self._xfer_bytes / self._xfer_time
-        return self
-
-    def public(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
+    state = ClusterState()
+    with TraceReader(path) as reader:
+        for hello in reader.hellos():
+            state.ingest(hello)
+        for admission in reader.admissions():
+            state.ingest(admission)
+        for message in reader.messages():
+            state.ingest(message)
+        state.flush()
+        steps = reader.steps()
+        facts = {
+            "trace": str(path),
+            "job_id": reader.job_id or state.job_id,
+            "step_range": list(steps) if steps else None,
+            "events": reader.count("event"),
+        }
+    return state, facts
 
 
 def summarize(path: Path) -> dict[str, Any]:
-    """Per-rank and total aggregates of a trace (raises TraceError for a bad file)."""
-    from zeroscope.agent.schema import StepReport
-    from zeroscope.trace import TraceReader
+    """The run report of a trace (zeroscope.state.report) with the trace's own facts."""
+    from zeroscope.state.report import run_report
 
-    with TraceReader(path) as reader:
-        hellos = reader.hellos()
-        ranks: dict[int, RankSummary] = {h.rank: RankSummary(rank=h.rank) for h in hellos}
-        for msg in reader.messages(kinds=["step"]):
-            if isinstance(msg, StepReport):
-                ranks.setdefault(msg.rank, RankSummary(rank=msg.rank)).add(msg)
-        job_id = reader.job_id
-        steps = reader.steps()
-        events = reader.count("event")
-    total = RankSummary(rank=None)
-    for r in ranks.values():
-        total.merge(r)
-    per_rank = [ranks[r].finish() for r in sorted(ranks)]
-    steps_max = max((r.steps for r in per_rank), default=0)
-    total.finish()
-    # All ranks' collective bytes per step (a step is counted once, not once per rank).
-    total.comm_bytes_per_step = (
-        total._comm_bytes / steps_max if steps_max and total._collectives else None
-    )
-    total.steps = steps_max
-    return {
-        "trace": str(path),
-        "job_id": job_id,
-        "world_size": hellos[0].world_size if hellos else len(per_rank),
-        "step_range": list(steps) if steps else None,
-        "events": events,
-        "ranks": [r.public() for r in per_rank],
-        "total": total.public(),
-    }
+    state, facts = state_of(path)
+    report = run_report(state)
+    return {**facts, **{k: v for k, v in report.items() if k != "job_id"}}
 
 
 def _bytes(v: float | None) -> str:
@@ -186,15 +108,38 @@ def format_table(summary: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    steps_s, samples_s = summary["steps_per_s"], summary["samples_per_s"]
     lines = [
         f"trace {summary['trace']}  job {summary['job_id'] or '?'}  "
-        f"world {summary['world_size']}  steps {summary['step_range']}  events {summary['events']}"
+        f"world {summary['world_size']}  steps {summary['step_range']}  events {summary['events']}",
+        f"{'NA' if steps_s is None else f'{steps_s:.3f}'} steps/s  "
+        f"{'NA' if samples_s is None else f'{samples_s:.2f}'} samples/s  "
+        "(per-step figures over steady steps: the first step's one-off traffic left out)",
     ]
+    lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):
         if i == len(rows) - 1:
             lines.append("  ".join("-" * w for w in widths))
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    lines.append(
+        "all: steps, step ms, exposed% and overflows of the cluster; P/G/O/A peak = max over "
+        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations"
+    )
+    lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     return "\n".join(lines)
+
+
+def _missing_lines(missing: list[dict]) -> list[str]:
+    """``missing r8-15 (node 1): <reason>``: one line per node and reason."""
+    from zeroscope.state.roster import MissingGroup
+
+    grouped: dict[tuple[Any, str, str], list[int]] = {}
+    for row in missing:
+        grouped.setdefault((row["node"], row["reason"], row["message"]), []).append(row["rank"])
+    return [
+        "missing " + MissingGroup(tuple(ranks), node, reason, message).text
+        for (node, reason, message), ranks in grouped.items()
+    ]
 
 
 def main(args: argparse.Namespace) -> int:

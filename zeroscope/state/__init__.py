@@ -1,17 +1,31 @@
-"""ClusterState: the pure-Python model of a job that every view reads (no Textual here)."""
+"""ClusterState: the pure-Python model of a job that every view reads (no Textual here).
 
-from . import units
+This package is the only place a derived figure is computed: throughput, busbw and volume
+(``bandwidth``), exposed share, per-rank and run aggregates (``rank``, ``totals``), stragglers
+and slow links (``stragglers``), predicted memory and traffic (``prediction``), alerts
+(``alerts``), per-step series (``history``) and the run report (``report``). Screens, headless
+lines, ``summary``, ``export`` and ``replay`` only format what it returns.
+"""
+
+from . import bandwidth, units
 from .alerts import Alert, AlertRules
 from .cluster import ClusterState, StepAggregate
 from .rank import OpTotals, RankState, StepSummary
+from .stragglers import Finding, Standing
+from .totals import ClusterTotals, RankTotals
 
 __all__ = [
     "Alert",
     "AlertRules",
     "ClusterState",
+    "ClusterTotals",
+    "Finding",
     "OpTotals",
     "RankState",
+    "RankTotals",
+    "Standing",
     "StepAggregate",
     "StepSummary",
+    "bandwidth",
     "units",
 ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .roster import headcount, missing_summary
+
 if TYPE_CHECKING:
     from .cluster import ClusterState
 
@@ -24,26 +26,49 @@ class AlertRules:
     storm_overflows: int = 3
     storm_window: int = 10
     """k overflow steps within the last w steps is an overflow storm."""
-    straggler_k: float = 3.0
-    straggler_min: float = 0.05
-    """A straggler is also at least this much slower than the median (MAD can be ~0)."""
+    straggler_min_s: float = 0.010
+    straggler_rel: float = 0.10
+    """A step is "over" for a rank when its compute (or link) excess over the other ranks is
+    above max(straggler_min_s, straggler_rel x the step's median step time)."""
+    straggler_window: int = 5
     straggler_steps: int = 3
+    """A rank is flagged when straggler_steps of its last straggler_window steps are over."""
     exposed_max: float = 0.30
+    """The cluster's exposed share (the least-exposed rank's) above this, averaged over the
+    last straggler_window steps, is an alert."""
     silent_s: float = 2.0
+    missing_after_s: float = 10.0
+    """A rank of the job (world size from the Hellos) that has not reported this long after the
+    first Hello is named, with the reason (state/roster.py). Nodes start within seconds of each
+    other: torchrun's rendezvous waits for all of them."""
 
     def __post_init__(self) -> None:
         if self.storm_overflows < 1 or self.storm_window < self.storm_overflows:
             raise ValueError("storm_overflows must be >= 1 and <= storm_window")
-        if self.straggler_steps < 1:
-            raise ValueError("straggler_steps must be >= 1")
+        if not 1 <= self.straggler_steps <= self.straggler_window:
+            raise ValueError("straggler_steps must be >= 1 and <= straggler_window")
 
 
 @dataclass(frozen=True, slots=True)
 class Alert:
+    """One standing condition. ``message`` is the one-line detail; ``first_step`` the step it
+    started at, where known."""
+
     kind: str
     severity: Severity
     message: str
     ranks: tuple[int, ...] = ()
+    first_step: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON shape of ``zeroscope summary --json`` and ``export``."""
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "ranks": list(self.ranks),
+            "first_step": self.first_step,
+            "detail": self.message,
+        }
 
 
 def interrupted(bye_message: str) -> bool:
@@ -62,7 +87,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
 
     low: list[int] = []
     for r, rs in sorted(state.ranks.items()):
-        host = rs.latest.host if rs.latest else None
+        host = rs.host
         if host is None:
             continue
         total, used = host.gpu_mem_total_bytes, host.gpu_mem_used_bytes
@@ -85,12 +110,13 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
 
     latest = state.latest()
     min_scale = state.config.min_loss_scale if state.config else 1.0
-    at_min = any(e.event == "scale_at_minimum" for e in state.events)
+    at_min = [e.step for e in state.events if e.event == "scale_at_minimum"]
     if at_min or (latest and latest.loss_scale is not None and latest.loss_scale <= min_scale):
         alerts.append(
             Alert(
                 kind="loss_scale_min",
                 severity="critical",
+                first_step=min(at_min) if at_min else (latest.step if latest else None),
                 message=f"loss scale at its minimum ({min_scale:g})",
             )
         )
@@ -102,39 +128,24 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             Alert(
                 kind="overflow_storm",
                 severity="warning",
+                first_step=next(a.step for a in window if a.overflow),
                 message=f"overflow storm: {overflows} of the last {len(window)} steps skipped",
             )
         )
 
-    slow = sorted(
-        r for r, rs in state.ranks.items() if rs.straggling_steps >= rules.straggler_steps
-    )
-    if slow:
-        worst = max(slow, key=lambda r: state.slowness(r) or 0.0)
-        factor = state.slowness(worst)
-        extra = f" (r{worst} {factor:.2f}x median)" if factor else ""
-        alerts.append(
-            Alert(
-                kind="straggler",
-                severity="warning",
-                ranks=tuple(slow),
-                message=f"straggler {_ranks_text(slow)}{extra}",
-            )
-        )
+    alerts += _lag_alerts(state)
 
-    exposed = sorted(
-        r
-        for r, rs in state.ranks.items()
-        if rs.summary and (rs.summary.exposed_share or 0.0) > rules.exposed_max
-    )
-    if exposed:
-        worst_share = max(state.ranks[r].summary.exposed_share or 0.0 for r in exposed)  # type: ignore[union-attr]
+    recent = state.complete_steps()[-rules.straggler_window :]
+    shares = [a.exposed_share for a in recent if a.exposed_share is not None]
+    if shares and sum(shares) / len(shares) > rules.exposed_max:
+        share = sum(shares) / len(shares)
         alerts.append(
             Alert(
                 kind="exposed_comm",
                 severity="warning",
-                ranks=tuple(exposed),
-                message=f"exposed comm {worst_share:.0%} of step on {_ranks_text(exposed)}",
+                first_step=recent[0].step,
+                message=f"exposed comm {share:.0%} of the step on every rank "
+                f"(the least-exposed rank's wait, last {len(shares)} steps)",
             )
         )
 
@@ -191,6 +202,19 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
+    missing = state.missing()
+    since = state.roster.since_s
+    if missing and since is not None and now_s - since > rules.missing_after_s:
+        reported, world = headcount(state)
+        alerts.append(
+            Alert(
+                kind="missing",
+                severity="critical",
+                ranks=tuple(r for g in missing for r in g.ranks),
+                message=missing_summary(missing, reported, world),
+            )
+        )
+
     if state.recording_error:
         alerts.append(Alert(kind="recording", severity="critical", message=state.recording_error))
 
@@ -206,3 +230,34 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
     return alerts
+
+
+def _lag_alerts(state: ClusterState) -> list[Alert]:
+    """One alert for slow-compute ranks (``straggler``), one for slow-link ranks."""
+    out = []
+    findings = state.findings()
+    for kind, what in (
+        ("straggler", "+{ms} compute per step vs the others{ratio}"),
+        ("slow_link", "+{ms} per step in its own collectives vs the others'"),
+    ):
+        found = [f for f in findings if f.kind == kind]
+        if not found:
+            continue
+        parts = []
+        for f in found[:3]:
+            ratio = f" ({f.slowness:.2f}x)" if f.slowness and kind == "straggler" else ""
+            text = what.format(ms=f"{f.excess_s * 1e3:.0f} ms", ratio=ratio)
+            parts.append(f"r{f.rank} {text} since step {f.first_step}")
+        more = f"; +{len(found) - 3} more" if len(found) > 3 else ""
+        out.append(
+            Alert(
+                kind=kind,
+                severity="warning",
+                ranks=tuple(f.rank for f in found),
+                first_step=min(f.first_step for f in found),
+                message=("straggler " if kind == "straggler" else "slow link ")
+                + "; ".join(parts)
+                + more,
+            )
+        )
+    return out

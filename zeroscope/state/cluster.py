@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import (
+    Admission,
     Bye,
     ConfigSummary,
     Event,
@@ -25,52 +26,80 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .rank import HISTORY_STEPS, RankState, StepSummary
+from .roster import MissingGroup, Roster, missing_of
+from .stragglers import Finding, LagBook, Standing, judge
+from .totals import ClusterTotals
 
 
 @dataclass(slots=True)
 class StepAggregate:
-    """One optimizer step across the ranks that reported it."""
+    """One optimizer step across the ranks that reported it. Each cluster figure of a step is
+    one property here, with its definition."""
 
     step: int
     summaries: dict[int, StepSummary] = field(default_factory=dict)
     samples: int = 0
+    """Samples of the step: every rank's share added up (StepReport.samples)."""
     skipped: bool = False
     complete: bool = False
+    standings: dict[int, Standing] = field(default_factory=dict)
+    """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
+
+    _closed: tuple[int, float, float | None] | None = None
+    """(wall_ns, step_time, exposed_s) frozen when the step closed (its reports are final)."""
+
+    def close(self) -> None:
+        self.complete = True
+        self._closed = None
+        self._closed = (self.wall_ns, self.step_time, self.exposed_s)
 
     @property
     def wall_ns(self) -> int:
+        """The step's end: the latest rank's step-end instant [ns, that rank's clock]."""
+        if self._closed is not None:
+            return self._closed[0]
         return max(s.wall_ns for s in self.summaries.values())
 
     @property
     def step_time(self) -> float:
-        """The step takes as long as its slowest rank (they meet at the next collective)."""
+        """The step takes as long as its slowest rank (they meet at the next collective) [s]."""
+        if self._closed is not None:
+            return self._closed[1]
         return max(s.duration_s for s in self.summaries.values())
 
     _median: float | None = None
 
     @property
     def median_time(self) -> float:
-        """Cached: every rank's slowness divides by it (1024 ranks x 1024 would be 10^6)."""
+        """Median of the ranks' step times [s]. Cached: every rank's judgement uses it."""
         if self._median is None:
             self._median = statistics.median(s.duration_s for s in self.summaries.values())
         return self._median
 
     @property
     def slowest_rank(self) -> int:
+        """The rank with the most compute (step - collective wait) beyond the others'; by step
+        time before the step was judged (or with one rank)."""
+        if self.standings:
+            return max(self.standings, key=lambda r: (self.standings[r].compute_excess_s, -r))
         return max(self.summaries, key=lambda r: (self.summaries[r].duration_s, -r))
 
     @property
+    def slowest_excess(self) -> float | None:
+        """The slowest rank's compute excess over the median of the others [s]."""
+        st = self.standings.get(self.slowest_rank)
+        return st.compute_excess_s if st else None
+
+    @property
     def worst_memory_rank(self) -> int:
-        return max(self.summaries, key=lambda r: (self.summaries[r].device_total, -r))
+        return max(self.summaries, key=lambda r: (self.summaries[r].device_total or 0, -r))
 
     @property
     def loss(self) -> float | None:
-        """Rank 0's loss when it reported (what the training script prints), else the lowest
-        rank's."""
-        for rank in sorted(self.summaries):
-            if self.summaries[rank].loss is not None:
-                return self.summaries[rank].loss
-        return None
+        """The mean of the ranks' losses (each rank's own micro-batches); NA when no rank
+        reported one."""
+        losses = [s.loss for s in self.summaries.values() if s.loss is not None]
+        return sum(losses) / len(losses) if losses else None
 
     @property
     def loss_scale(self) -> float | None:
@@ -81,10 +110,21 @@ class StepAggregate:
         return any(s.overflow for s in self.summaries.values())
 
     @property
+    def exposed_s(self) -> float | None:
+        """The cluster's exposed time: the least-exposed rank's wait in collectives [s]. The
+        other ranks' extra wait is waiting for slower peers (a straggler), not communication
+        cost; NA when no rank reported a collective."""
+        if self._closed is not None:
+            return self._closed[2]
+        waits = [s.exposed_s for s in self.summaries.values() if s.ops]
+        return min(waits) if waits else None
+
+    @property
     def exposed_share(self) -> float | None:
-        """The worst rank's exposed communication share of its step."""
-        shares = [s.exposed_share for s in self.summaries.values() if s.exposed_share is not None]
-        return max(shares) if shares else None
+        """Exposed %: the cluster's exposed time / step time [fraction]."""
+        exposed = self.exposed_s
+        step = self.step_time
+        return exposed / step if exposed is not None and step > 0 else None
 
 
 class ClusterState:
@@ -112,7 +152,12 @@ class ClusterState:
         """Set by the collector's owner when the trace stopped recording (an alert)."""
         self.steps_completed = 0
         """Steps closed since the start (``steps`` keeps only the last ``history_steps``)."""
-        """Set by the collector's owner when the trace stopped recording (an alert)."""
+        self.totals = ClusterTotals()
+        """The whole run's cluster figures (steps/s, samples/s, mean step, exposed %)."""
+        self.lags = LagBook(self.rules)
+        """Stragglers and slow links (zeroscope.state.stragglers)."""
+        self.roster = Roster()
+        """The collector's Admission records: who was turned away (state/roster.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -123,6 +168,13 @@ class ClusterState:
 
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
         """Fold one message in; returns the steps it completed (oldest first)."""
+        if isinstance(message, Admission):
+            # The collector's record, not a rank's: it names no reporting rank and moves no
+            # clock (replay reads these before the steps, with the Hellos).
+            self.messages += 1
+            self.version += 1
+            self.roster.note(message, message.wall_ns / 1e9 if received_s is None else received_s)
+            return []
         if received_s is None:
             # Replay: no receiver clock. Ranks' clocks can be far apart, so a message arrives
             # at the newest instant seen so far, never earlier on its own rank's clock (a rank
@@ -138,6 +190,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
             self.config = self.config or message.config
@@ -147,6 +200,8 @@ class ClusterState:
             self.events.append(message)
         elif isinstance(message, Heartbeat):
             rank.dropped += message.dropped
+            if message.host is not None:
+                rank.host = message.host
         elif isinstance(message, Bye):
             rank.bye = message
         return []
@@ -186,9 +241,9 @@ class ClusterState:
             if s > step:
                 break
             if not agg.complete:
-                agg.complete = True
+                agg.close()
                 self.steps_completed += 1
-                self._judge_stragglers(agg)
+                self._judge(agg)
                 closed.append(agg)
                 self.last_complete = s
         return closed
@@ -197,19 +252,32 @@ class ClusterState:
         """The job ended: close the steps still waiting for reports that will never come."""
         return self._close_until(max(self.steps)) if self.steps else []
 
-    def _judge_stragglers(self, agg: StepAggregate) -> None:
-        """Median + k·MAD outlier test per step; a rank straggles after n outlier steps in a row."""
-        times = [s.duration_s for s in agg.summaries.values()]
-        if len(times) < 3:
-            return
-        median = statistics.median(times)
-        mad = statistics.median(abs(t - median) for t in times)
-        limit = max(median + self.rules.straggler_k * mad, median * (1 + self.rules.straggler_min))
-        for r, s in agg.summaries.items():
-            state = self.ranks[r]
-            state.straggling_steps = state.straggling_steps + 1 if s.duration_s > limit else 0
+    def _judge(self, agg: StepAggregate) -> None:
+        """A step closed: rank standings (stragglers, slow links) and the run's totals."""
+        agg.standings = judge(agg.summaries)
+        for r, st in agg.standings.items():
+            rs = self.ranks[r]
+            if rs.summary is not None and rs.summary.step == agg.step:
+                rs.slowness = st.slowness
+        self.lags.add(agg.step, agg.standings, agg.median_time)
+        self.totals.add(
+            step=agg.step,
+            wall_ns=agg.wall_ns,
+            step_time=agg.step_time,
+            exposed=agg.exposed_s,
+            samples=agg.samples,
+            skipped=agg.skipped,
+            overflow=agg.overflow,
+        )
 
     # ------------------------------------------------------------------ views
+    # The API views, summary, export and later screens (history plots, the advisor) read:
+    # per step: ``steps`` / ``complete_steps()`` / ``latest()`` (StepAggregate); per rank:
+    # ``ranks[r]`` (RankState: summary, history, totals, host); the run: ``totals``
+    # (ClusterTotals); ``throughput()``, ``findings()``, ``alerts()``; per-step series in
+    # zeroscope.state.history; predictions in zeroscope.state.prediction; all of it as one
+    # dict in zeroscope.state.report.
+
     def latest(self) -> StepAggregate | None:
         """The newest complete step (or the newest step at all before any completed)."""
         if self.last_complete is not None and self.last_complete in self.steps:
@@ -217,11 +285,14 @@ class ClusterState:
         return next(reversed(self.steps.values()), None)
 
     def complete_steps(self) -> list[StepAggregate]:
+        """Closed steps kept in history, oldest first."""
         return [a for a in self.steps.values() if a.complete]
 
     def throughput(self, window: int = 10) -> tuple[float | None, float | None]:
         """(steps/s, samples/s) over the last ``window`` complete steps, from the ranks' own
-        step-end instants (NA until two steps completed)."""
+        step-end instants: (n - 1) steps / the span from the first's end to the last's end;
+        samples are those of the n - 1 steps after the first. NA until two steps completed.
+        The whole run's figures are ``totals.steps_per_s`` / ``totals.samples_per_s``."""
         done = self.complete_steps()[-window - 1 :]
         if len(done) < 2:
             return None, None
@@ -229,19 +300,21 @@ class ClusterState:
         if span <= 0:
             return None, None
         samples = sum(a.samples for a in done[1:])
-        return (len(done) - 1) / span, samples / span
+        return (len(done) - 1) / span, (samples / span if samples else None)
 
     def slowness(self, rank: int) -> float | None:
-        """This rank's latest step time relative to that step's median across ranks (1.0 =
-        typical); NA until it reported."""
+        """This rank's compute time in its newest complete step relative to the median of
+        the other ranks' (1.00 = typical); NA until judged."""
         state = self.ranks.get(rank)
-        if state is None or state.summary is None:
-            return None
-        agg = self.steps.get(state.summary.step)
-        if agg is None or not agg.summaries:
-            return None
-        median = agg.median_time
-        return state.summary.duration_s / median if median > 0 else None
+        return state.slowness if state is not None else None
+
+    def findings(self) -> list[Finding]:
+        """Ranks flagged now as stragglers or slow links, largest excess first."""
+        return self.lags.findings()
+
+    def missing(self) -> list[MissingGroup]:
+        """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
+        return missing_of(self)
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)

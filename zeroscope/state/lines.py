@@ -9,15 +9,16 @@ from __future__ import annotations
 from . import units
 from .alerts import interrupted
 from .cluster import ClusterState, StepAggregate
+from .roster import headcount
 
 
 def step_line(agg: StepAggregate) -> str:
-    """step, step time, loss, loss scale, worst rank's P/G/O/A, exposed comm %, slowest rank."""
+    """step, step time, mean loss, loss scale, worst rank's P/G/O/A, the cluster's exposed comm
+    %, and the rank with the most compute beyond the others (its excess)."""
     worst = agg.worst_memory_rank
     w = agg.summaries[worst]
     slowest = agg.slowest_rank
-    median = agg.median_time
-    slower = agg.summaries[slowest].duration_s / median - 1 if median > 0 else None
+    excess = agg.slowest_excess
     flags = " SKIPPED" if agg.skipped else ""
     return (
         f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
@@ -26,28 +27,29 @@ def step_line(agg: StepAggregate) -> str:
         f"O {units.size(w.optim)} A {units.size(w.activations)}  "
         f"exposed {units.percent(agg.exposed_share):>4}  "
         f"slowest r{slowest}"
-        + (f" (+{slower:.0%})" if slower is not None else "")
+        + (f" (+{units.seconds(excess)} compute)" if excess is not None and excess > 0 else "")
         + f"  ranks {len(agg.summaries)}{flags}"
     )
 
 
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
-    """The final summary: totals, the worst figures of the run, and the alerts still standing."""
+    """The final summary: the run's figures (zeroscope.state.totals: steady steps), the worst
+    memory, and the alerts still standing."""
     done = state.complete_steps()
+    t = state.totals
     lines = [f"job {state.job_id or 'NA'}: {_count_sentence(state)}"]
+    lines += missing_lines(state)
     if done:
-        times = [a.step_time for a in done]
-        skipped = sum(1 for a in done if a.skipped)
         last = done[-1]
-        steps_s, samples_s = state.throughput()
-        span = "" if len(done) == state.steps_completed else f" (last {len(done)} steps)"
         lines.append(
-            f"time per step{span}: mean {units.seconds(sum(times) / len(times))}, "
-            f"max {units.seconds(max(times))}; {skipped} skipped; "
-            f"final loss {units.number(last.loss, '.4f')}, loss scale {units.scale(last.loss_scale)}; "
-            f"{units.number(steps_s, '.2f')} steps/s, {units.number(samples_s, '.1f')} samples/s"
+            f"time per step {units.seconds(t.mean_step_s)} (steady steps); "
+            f"{t.skipped} skipped; final loss {units.number(last.loss, '.4f')} (rank mean), "
+            f"loss scale {units.scale(last.loss_scale)}; "
+            f"{units.number(t.steps_per_s, '.3f')} steps/s, "
+            f"{units.number(t.samples_per_s, '.2f')} samples/s; "
+            f"exposed comm {units.percent(t.exposed_share)}"
         )
-        peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total)
+        peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total or 0)
         r = peak.worst_memory_rank
         p = peak.summaries[r]
         lines.append(
@@ -56,13 +58,26 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"host {units.size(p.host_bytes)}"
         )
     for alert in state.alerts():
-        # After the job, silence is its end, not a warning; lost ranks get their own line.
-        if alert.kind not in ("silent", "lost"):
+        # After the job, silence is its end, not a warning; lost and missing ranks get their
+        # own lines.
+        if alert.kind not in ("silent", "lost", "missing"):
             lines.append(f"alert: {alert.message}")
     lines += exit_lines(state)
     if trace:
         lines.append(f"trace: {trace}")
     return lines
+
+
+def missing_lines(state: ClusterState) -> list[str]:
+    """Ranks of the job that never reported, one line per node and reason, with the reason
+    (state/roster.py): a view of half the cluster must say so. No grace period here: the job
+    has ended."""
+    groups = state.missing()
+    if not groups:
+        return []
+    reported, world = headcount(state)
+    head = f"missing ranks: {world - reported} of {world} never reported"
+    return [head, *(f"  missing {g.text}" for g in groups)]
 
 
 def exit_lines(state: ClusterState) -> list[str]:
@@ -100,7 +115,7 @@ def _plural(n: int, word: str) -> str:
 
 def _count_sentence(state: ClusterState) -> str:
     """ "12 steps on 2 ranks", in words that also fit a job that never got going."""
-    steps, ranks = state.steps_completed, len(state.ranks)
+    steps, ranks = state.totals.steps, len(state.ranks)
     if not ranks:
         return "no rank reported"
     if not steps:

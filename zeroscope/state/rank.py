@@ -1,8 +1,10 @@
-"""One rank as the viewer knows it: identity, the latest full report and a compact history.
+"""One rank as the viewer knows it: identity, the latest full report, a compact per-step history
+and the run's aggregates.
 
 History keeps a :class:`StepSummary` per step (a few dozen numbers), not the whole StepReport:
 1024 ranks x a long window of full reports with hundreds of collectives each would cost
-gigabytes. The latest full report is kept for the drill-down timeline.
+gigabytes. The latest full report is kept for the drill-down timeline. Every per-rank figure a
+view shows is a field or property here, defined once, with its unit.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zeroscope.agent.metrics import bus_factor
-from zeroscope.agent.schema import Bye, Hello, StepReport
+from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport
+
+from .bandwidth import bus_factor, busbw_of, volume
+from .totals import RankTotals
 
 HISTORY_STEPS = 512
 """Steps of per-rank history kept for the over-time charts."""
@@ -23,77 +27,152 @@ class OpTotals:
 
     count: int = 0
     nbytes: int = 0
+    """Sum of message sizes S (nccl-tests convention) [bytes]."""
+    volume: int = 0
+    """Sum of :func:`bandwidth.volume` (all-reduce counts 2S) [bytes]."""
     seconds: float = 0.0
+    """Sum of issue-to-completion times [s]."""
     exposed_s: float = 0.0
+    """Sum of the time the loop waited for them [s]."""
     bus_bytes: float = 0.0
-    """Sum of nbytes x the nccl-tests bus factor of each collective (its group size)."""
+    """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes]."""
 
     @property
     def busbw(self) -> float | None:
-        """Bus bandwidth over the op's total time: sum(S·factor) / sum(t), i.e. each
-        collective's busbw (agent.metrics) weighted by its time."""
-        return self.bus_bytes / self.seconds if self.seconds > 0 else None
+        """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]."""
+        return busbw_of(self.bus_bytes, self.seconds)
+
+
+def busy_seconds(collectives: list[Collective]) -> float:
+    """Time with at least one collective in flight [s]: the union of their [start, end)
+    intervals, so overlapping collectives (prefetch, bucketed reduce-scatters) count once."""
+    spans = [(c.start_s, c.start_s + c.duration_s) for c in collectives]
+    if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
+        spans.sort()  # reports list them in issue order, so this is rare
+    if not spans:
+        return 0.0
+    total = 0.0
+    lo, hi = spans[0]
+    for a, b in spans:
+        if a > hi:
+            total += hi - lo
+            lo, hi = a, b
+        elif b > hi:
+            hi = b
+    return total + (hi - lo)
 
 
 @dataclass(slots=True)
 class StepSummary:
-    """What the over-time views need of one rank's step."""
+    """One rank's step, as every view needs it. None = not reported (NA), never 0."""
 
     step: int
     wall_ns: int
     duration_s: float
-    params: int
-    grads: int
-    optim: int
+    """The rank's step time [s]."""
+    params: int | None
+    grads: int | None
+    optim: int | None
     activations: int | None
     host_bytes: int
+    """Offloaded P + G + O in host memory [bytes]."""
+    gathered_params: int
+    nvme_bytes: int
+    device_peak: int | None
     comm_volume: int
-    """Sum of collectives' nbytes in the 2Ψ/3Ψ convention (an all-reduce counts twice)."""
+    """Sum of every collective's volume (all-reduce counts twice; bandwidth.volume) [bytes]."""
     comm_s: float
+    """Sum of collective issue-to-completion times [s]."""
+    busy_s: float
+    """Time with a collective in flight (:func:`busy_seconds`) [s]."""
     exposed_s: float
-    offload_bw: float | None
+    """Time the loop waited inside collectives: sum of ``Collective.exposed_s`` [s]."""
+    bus_bytes: float
+    offload_bytes: int
+    offload_s: float
     loss: float | None
     loss_scale: float | None
+    grad_norm: float | None
+    lr: float | None
     overflow: bool
+    samples: int
+    prefetched: int
+    """Collectives issued ahead of need (stage-3 prefetch)."""
+    collectives: int
+    """Collectives reported in the step."""
     ops: dict[str, OpTotals]
 
     @property
+    def compute_s(self) -> float:
+        """Compute time: the step minus the time waiting in collectives [s]. Under synchronous
+        collectives every rank's step time is the same; this is what differs."""
+        return max(self.duration_s - self.exposed_s, 0.0)
+
+    @property
     def exposed_share(self) -> float | None:
+        """Exposed %: the share of the step the loop waited inside collectives
+        (exposed_s / duration_s) [fraction]; NA for a zero-length step."""
         return self.exposed_s / self.duration_s if self.duration_s > 0 else None
 
     @property
-    def model_states(self) -> int:
-        return self.params + self.grads + self.optim
+    def busbw(self) -> float | None:
+        """Time-weighted busbw of all the step's collectives [bytes/s]."""
+        return busbw_of(self.bus_bytes, self.comm_s)
 
     @property
-    def device_total(self) -> int:
-        return self.model_states + (self.activations or 0)
+    def offload_bw(self) -> float | None:
+        """Offload transfer bytes / transfer time [bytes/s]."""
+        return self.offload_bytes / self.offload_s if self.offload_s > 0 else None
+
+    @property
+    def model_states(self) -> int | None:
+        """P + G + O on the device [bytes]; NA when none of them was reported."""
+        parts = [v for v in (self.params, self.grads, self.optim) if v is not None]
+        return sum(parts) if parts else None
+
+    @property
+    def device_total(self) -> int | None:
+        """P + G + O + A [bytes] (the parts reported); NA when none was."""
+        parts = [v for v in (self.params, self.grads, self.optim, self.activations) if v]
+        known = (self.params, self.grads, self.optim, self.activations)
+        return sum(parts) if any(v is not None for v in known) else None
 
 
 def summarize(report: StepReport) -> StepSummary:
-    ops: dict[str, OpTotals] = {}
-    volume = 0
-    comm_s = exposed = 0.0
-    factors: dict[tuple[str, int], float] = {}
+    """Fold one StepReport into the figures the views need."""
+    # Per (op, group size): count, S, time, exposed; volume and bus bytes are linear in S, so
+    # they are applied once per group rather than per collective (1024 ranks x hundreds of
+    # collectives per report arrive at the collector).
+    groups: dict[tuple[str, int], list[float]] = {}
+    prefetched = 0
     for c in report.collectives:
-        op = c.op
+        g = groups.get((c.op, c.group_size))
+        if g is None:
+            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0]
+        g[0] += 1
+        g[1] += c.nbytes
+        g[2] += c.duration_s
+        g[3] += c.exposed_s
+        prefetched += c.prefetched
+    ops: dict[str, OpTotals] = {}
+    total_volume = 0
+    comm_s = exposed = bus_total = 0.0
+    for (op, size), (count, nbytes, seconds, waited) in groups.items():
         totals = ops.get(op)
         if totals is None:
             totals = ops[op] = OpTotals()
-        totals.count += 1
-        totals.nbytes += c.nbytes
-        totals.seconds += c.duration_s
-        totals.exposed_s += c.exposed_s
-        key = (op, c.group_size)
-        factor = factors.get(key)
-        if factor is None:
-            factor = factors[key] = bus_factor(op, max(1, c.group_size))
-        totals.bus_bytes += c.nbytes * factor
-        volume += 2 * c.nbytes if op == "all_reduce" else c.nbytes  # formulas.volume_equivalent
-        comm_s += c.duration_s
-        exposed += c.exposed_s
-    moved = sum(t.nbytes for t in report.transfers)
-    moving = sum(t.duration_s for t in report.transfers)
+        v = volume(op, int(nbytes))
+        bus = nbytes * bus_factor(op, max(1, size))
+        totals.count += int(count)
+        totals.nbytes += int(nbytes)
+        totals.volume += v
+        totals.seconds += seconds
+        totals.exposed_s += waited
+        totals.bus_bytes += bus
+        total_volume += v
+        comm_s += seconds
+        exposed += waited
+        bus_total += bus
     m = report.memory
     return StepSummary(
         step=report.step,
@@ -104,29 +183,48 @@ def summarize(report: StepReport) -> StepSummary:
         optim=m.optim,
         activations=m.activations,
         host_bytes=m.host_params + m.host_grads + m.host_optim,
-        comm_volume=volume,
+        gathered_params=m.gathered_params,
+        nvme_bytes=m.nvme_bytes,
+        device_peak=m.device_peak,
+        comm_volume=total_volume,
         comm_s=comm_s,
+        busy_s=busy_seconds(report.collectives),
         exposed_s=exposed,
-        offload_bw=moved / moving if moving > 0 else None,
+        bus_bytes=bus_total,
+        offload_bytes=sum(t.nbytes for t in report.transfers),
+        offload_s=sum(t.duration_s for t in report.transfers),
         loss=report.loss,
         loss_scale=report.loss_scale,
+        grad_norm=report.grad_norm,
+        lr=report.lr,
         overflow=report.overflow,
+        samples=report.samples,
+        prefetched=prefetched,
+        collectives=len(report.collectives),
         ops=ops,
     )
 
 
 @dataclass(slots=True)
 class RankState:
+    """Everything known about one rank. The per-rank API later views build on:
+    ``summary`` (its newest step), ``history`` (the last HISTORY_STEPS steps, oldest first),
+    ``totals`` (the whole run), ``lag`` (straggler standing) and ``host`` (the newest sample)."""
+
     rank: int
     hello: Hello | None = None
     latest: StepReport | None = None
     summary: StepSummary | None = None
     history: deque[StepSummary] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
+    totals: RankTotals = field(default_factory=RankTotals)
     last_seen_s: float | None = None
     dropped: int = 0
     bye: Bye | None = None
-    straggling_steps: int = 0
-    """Consecutive completed steps on which this rank was an outlier (median + k·MAD)."""
+    host: HostSample | None = None
+    """The newest host/GPU sampler figures, from a heartbeat or a step report."""
+    slowness: float | None = None
+    """Compute time in its newest complete step relative to the median of the other ranks'
+    (1.00 = typical) [ratio]; set when a step closes (zeroscope.state.stragglers)."""
 
     @property
     def hostname(self) -> str:
@@ -137,6 +235,9 @@ class RankState:
         summary = summarize(report)
         if self.latest is None or report.step >= self.latest.step:
             self.latest, self.summary = report, summary
+            if report.host is not None:
+                self.host = report.host
         self.history.append(summary)
+        self.totals.add(summary)
         self.dropped += report.dropped
         return summary

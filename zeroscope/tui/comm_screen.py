@@ -1,48 +1,24 @@
-"""Communication: bytes per step against the paper's 2Ψ (stages 0-2) or 3Ψ (stage 3), bus
-bandwidth per op over time (nccl-tests convention), and the share of the step left exposed."""
+"""Communication: volume per step against the engine's traffic model for the config
+(zeroscope.state.prediction; the paper's 2Ψ / 3Ψ beside it), bus bandwidth per op over time
+(nccl-tests convention), and the share of the step left exposed. Figures come from
+zeroscope.state; this screen only formats them."""
 
 from __future__ import annotations
-
-import statistics
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.formulas import comm_bytes_per_step
-from zeroscope.state import ClusterState, units
+from zeroscope.state import units
+from zeroscope.state.history import busbw_series, volume_series
+from zeroscope.state.prediction import predicted_traffic
 
 from .base import StateScreen
 from .charts import sparkline
 from .header import ClusterHeader
 from .pane import Pane
 from .rank_screen import LANES
-
-
-def expected_volume(state: ClusterState) -> tuple[float | None, str]:
-    c, p = state.config, state.params
-    if c is None or p is None:
-        return None, "NA"
-    label = "3Ψ" if c.stage == 3 else "2Ψ"
-    return comm_bytes_per_step(p.total, c.stage, c.precision), label
-
-
-def volume_series(state: ClusterState) -> list[float | None]:
-    """Per complete step: the median rank's collective volume (2Ψ/3Ψ convention)."""
-    return [
-        statistics.median(s.comm_volume for s in a.summaries.values()) if a.summaries else None
-        for a in state.complete_steps()
-    ]
-
-
-def busbw_series(state: ClusterState, op: str) -> list[float | None]:
-    out: list[float | None] = []
-    for agg in state.complete_steps():
-        values = [s.ops[op].busbw for s in agg.summaries.values() if op in s.ops]
-        known = [v for v in values if v is not None]
-        out.append(statistics.median(known) if known else None)
-    return out
 
 
 class CommScreen(StateScreen):
@@ -52,10 +28,12 @@ class CommScreen(StateScreen):
     def compose(self) -> ComposeResult:
         yield ClusterHeader()
         with VerticalScroll():
-            yield Pane("bytes per step vs the ZeRO formula", self._volume, id="volume")
+            yield Pane("volume per step vs the engine's traffic model", self._volume, id="volume")
             yield Pane("bus bandwidth per op (median rank)", self._busbw, id="busbw")
             yield Pane(
-                "exposed communication, share of the step (worst rank)", self._exposed, id="exposed"
+                "exposed communication, share of the step (least-exposed rank)",
+                self._exposed,
+                id="exposed",
             )
         yield Footer()
 
@@ -70,14 +48,17 @@ class CommScreen(StateScreen):
 
     def _volume(self, width: int) -> Text:
         series = volume_series(self.state)
-        expected, label = expected_volume(self.state)
+        expected = predicted_traffic(self.state)
         last = series[-1] if series else None
-        text = Text(
-            f"last step {units.size(last)} per rank; formula {label} = {units.size(expected)}"
-        )
-        if last is not None and expected:
-            ratio = last / expected
-            text.append(f"  ({ratio:.2f}x)", style="green" if 0.9 <= ratio <= 1.1 else "yellow")
+        text = Text(f"last step {units.size(last)} per rank; ")
+        if expected is None:
+            text.append("prediction NA")
+        else:
+            text.append(f"predicted {units.size(expected.volume)}")
+            ratio = expected.ratio(last)
+            if ratio is not None:
+                text.append(f" ({ratio:.2f}x)", style="green" if 0.9 <= ratio <= 1.1 else "yellow")
+            text.append(f"\n{expected.label}; paper {units.size(expected.paper)}", style="dim")
         text.append("\n")
         text.append_text(sparkline(series, max(8, width - 2), lo=0, style="cyan"))
         return text

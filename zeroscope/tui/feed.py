@@ -72,6 +72,9 @@ class ReplayFeed:
         self.first, self.last = span if span else (0, -1)
         self.hellos: list[Message] = list(trace.hellos())
         world = max(1, len(self.hellos))
+        # The collector's records of senders it turned away name the ranks that never came;
+        # they are replayed with the Hellos (an older trace, or a test double, has none).
+        self.hellos += getattr(trace, "admissions", list)()
         self.window = max(2, min(64, 4096 // world))
         """Steps of history rebuilt on a seek: enough for the charts, bounded for 1024 ranks."""
         self.paused = paused

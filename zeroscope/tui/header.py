@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from zeroscope.state import ClusterState, units
+from zeroscope.state.roster import headcount
 
 
 def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, str]]:
@@ -14,9 +15,11 @@ def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, st
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
+    reported, world = headcount(state)
     segments = [
         (f"{state.job_id or 'NA'}", "bold"),
-        (f"{state.world_size or len(state.ranks)} ranks", ""),
+        # Until every rank of the job reported, say how many did (the alert says why).
+        (f"{world} ranks", "") if reported >= world else (f"ranks {reported}/{world}", "bold red"),
     ]
     if c is not None:
         offload = (

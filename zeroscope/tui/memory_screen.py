@@ -1,5 +1,6 @@
 """Memory: what the ZeRO formulas predict for this config against what each rank holds, part by
-part. The prediction is zeroscope.formulas, the same module ``zeroscope estimate`` prints."""
+part. The prediction is zeroscope.state.prediction (zeroscope.formulas, the same formulas
+``zeroscope estimate`` prints)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.formulas import ModelStateBytes, model_state_bytes
-from zeroscope.state import ClusterState, units
+from zeroscope.state import units
+from zeroscope.state.prediction import deviation, predicted_memory
 
 from .base import StateScreen
 from .charts import PART_STYLES
@@ -17,34 +18,11 @@ from .header import ClusterHeader
 from .pane import Pane
 
 
-def predicted(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
-    """The formula's bytes per rank for the job's config, and the line that says which."""
-    c, p = state.config, state.params
-    if c is None or p is None:
-        return None, "prediction NA: no config or parameter count reported yet"
-    try:
-        m = model_state_bytes(
-            p.total,
-            c.dp_world_size,
-            c.stage,
-            c.precision,
-            c.offload_optimizer,
-            c.offload_param,
-            persistent=p.persistent,
-        )
-    except ValueError as exc:
-        return None, f"prediction NA: {exc}"
-    return m, (
-        f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters, N={c.dp_world_size}, "
-        f"offload optimizer {c.offload_optimizer}, param {c.offload_param}"
-    )
-
-
 def _cell(measured: float | None, expected: float | None) -> Text:
     """'measured/predicted' with the deviation colored when over 10 %."""
     text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
-    if measured is not None and expected:
-        dev = measured / expected - 1
+    dev = deviation(measured, expected)
+    if dev is not None:
         text.append(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
     elif measured is not None and expected == 0:
         text.append(" new" if measured else "  ok", style="red" if measured else "green")
@@ -72,7 +50,7 @@ class MemoryScreen(StateScreen):
         self.query_one(Pane).refresh(layout=True)
 
     def _table(self, width: int) -> Text:
-        m, why = predicted(self.state)
+        m, why = predicted_memory(self.state)
         text = Text(why + "\n", style="dim")
         head = Text(f"{'rank':<5}")
         for part in ("P", "G", "O"):

@@ -1,5 +1,6 @@
-"""Rank detail: memory by part over time, the last step's phases and collectives as a timeline,
-collectives by op (count, bytes, time, bus bandwidth, exposed), offload bandwidth over time."""
+"""Rank detail: memory by part over time, the last step's phases and collectives on one timeline
+(the step's own axis), collectives by op (count, volume, time, bus bandwidth, exposed), offload
+bandwidth over time, and every other figure the rank reports (rank_figures)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
+from zeroscope.agent.schema import StepReport
 from zeroscope.state import RankState, units
 
 from .base import StateScreen
 from .charts import PART_STYLES, sparkline, timeline
 from .header import ClusterHeader
 from .pane import Pane
+from .rank_figures import rank_figures
 
 LANES = (
     ("all_gather", "cyan"),
@@ -48,6 +51,7 @@ class RankScreen(StateScreen):
             yield Pane("last step: phases and collectives", self._timeline, id="timeline")
             yield Pane("collectives by op (last step)", self._ops, id="ops")
             yield Pane("offload bandwidth over time", self._offload, id="offload")
+            yield Pane("every figure (last step, newest sample)", self._figures, id="figures")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -76,7 +80,7 @@ class RankScreen(StateScreen):
         if s is not None:
             slow = self.state.slowness(self.rank)
             text.append(f" · step {s.step} took {units.seconds(s.duration_s)}")
-            text.append(f" ({'NA' if slow is None else f'{slow:.2f}x'} median)")
+            text.append(f" (compute {'NA' if slow is None else f'{slow:.2f}x'} the others')")
             text.append(
                 f" · loss {units.number(s.loss, '.4f')} · scale {units.scale(s.loss_scale)}"
             )
@@ -118,17 +122,7 @@ class RankScreen(StateScreen):
         lane = max(10, width - 16)
         total = report.duration_s
         text = Text(f"{'phases':<15} ")
-        t = 0.0
-        cells = 0
-        for name, letter, style in PHASES:
-            value = getattr(report.phases, name)
-            if value is None:
-                continue
-            t += value
-            end = min(lane, round(t / total * lane)) if total > 0 else 0
-            text.append(letter * (end - cells), style=f"bold {style} reverse")
-            cells = end
-        text.append(" " * (lane - cells))
+        text.append_text(_phase_row(report, total, lane))
         for op, style in LANES:
             spans = [
                 (c.start_s, c.duration_s, c.exposed_s) for c in report.collectives if c.op == op
@@ -151,14 +145,14 @@ class RankScreen(StateScreen):
         rs = self.rs
         s = rs.summary if rs else None
         text = Text(
-            f"{'op':<15}{'count':>6}{'bytes':>9}{'time':>8}{'busbw':>11}{'exposed':>9}",
+            f"{'op':<15}{'count':>6}{'volume':>9}{'time':>8}{'busbw':>11}{'exposed':>9}",
             style="bold",
         )
         if s is None or not s.ops:
             return text.append("\nno collectives reported", style="dim")
         for op, t in sorted(s.ops.items()):
             text.append(
-                f"\n{op:<15}{t.count:>6}{units.size(t.nbytes):>9}{units.seconds(t.seconds):>8}"
+                f"\n{op:<15}{t.count:>6}{units.size(t.volume):>9}{units.seconds(t.seconds):>8}"
                 f"{units.rate(t.busbw):>11}{units.seconds(t.exposed_s):>9}"
             )
         share = s.exposed_share
@@ -178,3 +172,34 @@ class RankScreen(StateScreen):
         text = Text(f"{units.rate(values[-1]):>10}  ")
         text.append_text(sparkline(values, max(8, width - 12), lo=0, style="cyan"))
         return text
+
+    def _figures(self, width: int) -> Text:
+        return rank_figures(self.rs, width)
+
+
+def _phase_row(report: StepReport, total: float, lane: int) -> Text:
+    """The phases on the step's own axis (the collectives' axis): each span where it ran;
+    from reporters that give only sums, laid back to back."""
+    cells = [" "] * lane
+    styles = [""] * lane
+    spans = [(p.name, p.start_s, p.duration_s) for p in report.phase_spans]
+    if not spans:
+        t = 0.0
+        for name, _letter, _style in PHASES:
+            value = getattr(report.phases, name)
+            if value is not None:
+                spans.append((name, t, value))
+                t += value
+    looks = {name: (letter, style) for name, letter, style in PHASES}
+    for name, start, duration in spans:
+        if total <= 0 or name not in looks:
+            continue
+        letter, style = looks[name]
+        a = max(0, min(lane - 1, int(start / total * lane)))
+        b = max(a + 1, min(lane, round((start + duration) / total * lane)))
+        for i in range(a, b):
+            cells[i], styles[i] = letter, f"bold {style} reverse"
+    text = Text()
+    for ch, st in zip(cells, styles):
+        text.append(ch, style=st)
+    return text

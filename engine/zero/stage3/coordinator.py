@@ -88,12 +88,18 @@ class ParameterCoordinator:
     # -- what a module needs -----------------------------------------------------------------
 
     def params_of(self, module: nn.Module) -> list[ShardedParam]:
-        """The module's own parameters (not its children's) plus registered external ones."""
+        """The module's own parameters (not its children's) plus registered external ones
+        (through the engine, or ``deepspeed.zero.register_external_parameter``, which keeps
+        them in ``module._external_params`` as DeepSpeed does)."""
         found = self._params_of.get(module)
         if found is None:
             own = [self.partition.by_param[p] for p in module.parameters(recurse=False)]
             found = own + [sp for sp in self.external.get(module, []) if sp not in own]
             self._params_of[module] = found
+        registered = module.__dict__.get("_external_params")
+        if registered:
+            extra = [self.partition.by_param[p] for p in registered.values()]
+            found = found + [sp for sp in extra if sp not in found]
         return found
 
     def register_external_parameter(self, module: nn.Module, param: nn.Parameter) -> None:

@@ -51,7 +51,9 @@ class GradReducer:
         self.bucket_numel = bucket_numel
         self.overlap_comm = overlap_comm
         self.telemetry = partition.telemetry
+        self._numel = partition.shards.numel()
         self.grads = torch.zeros_like(partition.shards)
+        """G: this rank's averaged gradient shards (made again after :meth:`release`)."""
         self._bucket: list[tuple[ShardedParam, torch.Tensor]] = []
         self._bucket_size = 0
         self._pending: list[tuple[Waitable, torch.Tensor, torch.Tensor, list[ShardedParam]]] = []
@@ -86,26 +88,33 @@ class GradReducer:
             inp = self._bucket[0][1].reshape(-1)
         else:
             # Row r of (N, S) is what rank r owns: its slice of every gradient, side by side.
-            rows = torch.empty(world, sum(sp.shard_numel for sp in params), dtype=self.grads.dtype)
+            rows = torch.empty(
+                world,
+                sum(sp.shard_numel for sp in params),
+                dtype=self.partition.dtype,
+                device=self.partition.device,
+            )
             col = 0
             for sp, grad in self._bucket:
                 _copy_padded(rows[:, col : col + sp.shard_numel], grad.reshape(-1))
                 col += sp.shard_numel
             inp = rows.view(-1)
-        out = torch.empty(inp.numel() // world, dtype=inp.dtype)
-        work: Waitable
-        if world == 1:
+        out = torch.empty(inp.numel() // world, dtype=inp.dtype, device=inp.device)
+        tracked: Waitable
+        if (
+            self.partition.skip_collectives
+        ):  # one rank: a copy, not reported (engine/process_group.py)
             out.copy_(inp)
-            work = Done()
+            tracked = Done()
         else:
             work = _reduce_scatter(out, inp, group=self.partition.group, async_op=True)
-        tracked = self.telemetry.collective(
-            work,
-            op="reduce_scatter",
-            nbytes=inp.numel() * inp.element_size(),
-            group_size=world,
-            label=params[0].name if len(params) == 1 else f"{params[0].name}+{len(params) - 1}",
-        )
+            tracked = self.telemetry.collective(
+                work,
+                op="reduce_scatter",
+                nbytes=inp.numel() * inp.element_size(),
+                group_size=world,
+                label=params[0].name if len(params) == 1 else f"{params[0].name}+{len(params) - 1}",
+            )
         self._pending.append((tracked, inp, out, params))
         self._bucket, self._bucket_size = [], 0
         # Keep one bucket in flight: the older ones are (nearly always) done by now, and
@@ -117,12 +126,25 @@ class GradReducer:
         """Wait for every reduce-scatter in flight and add the averaged slices into G."""
         self._drain(keep=0)
 
+    def release(self) -> None:
+        """Optimizer offload, after the gradients went to the host: free G (2 Psi/N) until the
+        next backward needs it (DeepSpeed keeps no device gradient partition there)."""
+        self.grads = self.grads.new_empty(0)
+
+    def ensure(self) -> torch.Tensor:
+        """G, made again (zeros) if :meth:`release` freed it."""
+        if self.grads.numel() != self._numel:
+            part = self.partition
+            self.grads = torch.zeros(self._numel, dtype=part.dtype, device=part.device)
+        return self.grads
+
     def _drain(self, *, keep: int) -> None:
         world = self.partition.world_size
         while len(self._pending) > keep:
             tracked, _inp, out, params = self._pending.pop(0)
             tracked.wait()
             out.div_(world)
+            self.ensure()
             col = 0
             for sp in params:
                 self.grads[sp.offset : sp.offset + sp.shard_numel] += out[

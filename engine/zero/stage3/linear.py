@@ -6,42 +6,66 @@ Linear weight gathered in forward would stay alive until backward, and stage 3 w
 memory on the layers that hold most of it. DeepSpeed avoids this the same way
 (``runtime/zero/linear.py``, LinearFunctionForZeroStage3, its ``memory_efficient_linear``):
 save the Parameter itself, whose data backward re-gathers, and compute the gradients by hand.
+
+Autocast: the hand-written backward runs outside the forward's autocast region, so under
+``torch.autocast`` with fp32 weights a bias-free Linear (the usual LLM layer) would multiply a
+bf16/fp16 ``grad_out`` by an fp32 weight and fail. As DeepSpeed does, the Function's forward and
+backward carry ``torch.amp.custom_fwd`` / ``custom_bwd`` for the input's device type, so backward
+runs under the same autocast state as forward.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import torch
 from torch import nn
 
+_AUTOCAST_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia"})
+"""Device types ``torch.amp.custom_fwd`` knows; others (meta) get the undecorated Function."""
 
-class _Zero3Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        ctx.save_for_backward(x, weight, bias)
-        out = x.matmul(weight.t())
-        return out + bias if bias is not None else out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
-        x, weight, bias = ctx.saved_tensors
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_out.matmul(weight)
-        if ctx.needs_input_grad[1]:
-            grad_w = grad_out.reshape(-1, grad_out.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-        if bias is not None and ctx.needs_input_grad[2]:
-            grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
-        return grad_x, grad_w, grad_b
+def _forward_impl(
+    ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> Any:
+    ctx.save_for_backward(x, weight, bias)
+    out = x.matmul(weight.t())
+    return out + bias if bias is not None else out
+
+
+def _backward_impl(ctx: Any, grad_out: torch.Tensor) -> Any:
+    x, weight, bias = ctx.saved_tensors
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = grad_out.matmul(weight)
+    if ctx.needs_input_grad[1]:
+        grad_w = grad_out.reshape(-1, grad_out.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+    if bias is not None and ctx.needs_input_grad[2]:
+        grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+    return grad_x, grad_w, grad_b
+
+
+@functools.cache
+def _linear_function(device_type: str) -> Any:
+    """The memory-efficient Linear Function for inputs on ``device_type``."""
+    forward, backward = _forward_impl, _backward_impl
+    if device_type in _AUTOCAST_DEVICES:
+        forward = torch.amp.custom_fwd(forward, device_type=device_type)
+        backward = torch.amp.custom_bwd(backward, device_type=device_type)
+    return type(
+        f"_Zero3Linear_{device_type}",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
+    )
 
 
 def _forward(self: nn.Linear, input: torch.Tensor) -> torch.Tensor:
     # ``input``: nn.Linear.forward's own parameter name, so keyword calls keep working.
     if not torch.is_grad_enabled():
         return torch.nn.functional.linear(input, self.weight, self.bias)
-    return _Zero3Linear.apply(input, self.weight, self.bias)
+    return _linear_function(input.device.type).apply(input, self.weight, self.bias)
 
 
 def patch_linears(root: nn.Module) -> list[nn.Linear]:

@@ -29,6 +29,8 @@ from torch import nn
 
 from zeroscope.agent.api import Telemetry, Waitable
 
+from .zero_init import forget, full_shape, is_zero_init_param, next_param_id
+
 # torch >= 2.13 names it all_gather_single; older releases only have all_gather_into_tensor.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -40,6 +42,8 @@ class CommLike(Protocol):
     group: Any
     rank: int
     world_size: int
+    device: torch.device
+    force: bool
 
     def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable: ...
 
@@ -136,6 +140,9 @@ class Partition:
         self.group = comm.group
         self.world_size = comm.world_size
         self.rank = comm.rank
+        self.device = comm.device
+        """Where the shards, gathers and placeholders live (the engine's device)."""
+        self.skip_collectives = comm.world_size == 1 and not comm.force
         self.dtype = dtype
         self.telemetry = comm.tel
         self.params: list[ShardedParam] = []
@@ -143,46 +150,77 @@ class Partition:
         offset = persistent_total = 0
         # A tied parameter comes once (named_parameters() dedupes): it is partitioned once.
         for index, (name, param) in enumerate(named_params):
-            s = padded_shard_numel(param.numel(), self.world_size)
+            shape = full_shape(param)
+            numel = shape.numel()
+            s = padded_shard_numel(numel, self.world_size)
             sp = ShardedParam(
                 param=param,
                 name=name,
                 index=index,
-                shape=param.shape,
-                numel=param.numel(),
+                shape=shape,
+                numel=numel,
                 shard_numel=s,
                 offset=offset,
                 world_size=self.world_size,
-                persistent=param.numel() <= persistence_threshold
-                and persistent_total + param.numel() <= model_persistence_threshold,
+                persistent=numel <= persistence_threshold
+                and persistent_total + numel <= model_persistence_threshold,
             )
             self.params.append(sp)
             self.by_param[param] = sp
-            persistent_total += param.numel() if sp.persistent else 0
+            persistent_total += numel if sp.persistent else 0
             offset += s
-        self.shards = torch.zeros(offset, dtype=dtype)
+        self.shards = torch.zeros(offset, dtype=dtype, device=self.device)
         self._partition_initial_values()
 
     def _partition_initial_values(self) -> None:
-        """Broadcast rank 0's initial values (ranks may have built different random inits; one
-        flat broadcast, as DeepSpeed's _broadcast_model), keep this rank's slice of each
-        parameter, and free the full tensors of the non-persistent ones."""
-        if not self.params:
-            return
-        flat = torch.cat([sp.param.detach().reshape(-1).to(self.dtype) for sp in self.params])
-        if self.world_size > 1:
-            self.comm.broadcast(flat, src=0, label="stage3 init").wait()
-        start = 0
+        """Broadcast rank 0's initial values (ranks may have built different random inits, as
+        DeepSpeed's _broadcast_model), keep this rank's slice of each parameter, and free the
+        full tensors of the non-persistent ones. One parameter at a time, in place: the device
+        never holds a second full copy of the model (a flat copy of every parameter would
+        double the model's footprint at the worst moment, before anything is sharded).
+        Parameters that ``zero.Init`` partitioned already are adopted as they are
+        (zero/stage3/zero_init.py)."""
         for sp in self.params:
-            full = flat[start : start + sp.numel]
-            start += sp.numel
+            sp.param.ds_id = getattr(sp.param, "ds_id", None) or next_param_id()  # type: ignore[attr-defined]
+            sp.param.ds_numel, sp.param.ds_shape = sp.numel, sp.shape  # type: ignore[attr-defined]
+        adopted = [sp for sp in self.params if is_zero_init_param(sp.param)]
+        fresh = [sp for sp in self.params if not is_zero_init_param(sp.param)]
+        if adopted:
+            self._adopt(adopted)
+        for sp in fresh:
+            full = sp.param.detach()
+            if full.dtype != self.dtype or full.device != self.device or not full.is_contiguous():
+                full = full.to(
+                    device=self.device, dtype=self.dtype, memory_format=torch.contiguous_format
+                )
+            full = full.reshape(-1)
+            if not self.skip_collectives:
+                self.comm.broadcast(full, src=0, label="stage3 init").wait()
             self.shard_of(sp).copy_(self._slice_of_rank(full, sp))
             if sp.persistent:
-                sp.param.data = full.clone().view(sp.shape)
+                sp.param.data = full.view(sp.shape)
                 sp.status = ParamStatus.AVAILABLE
             else:
-                sp.param.data = torch.empty(0, dtype=self.dtype)
+                sp.param.data = self._placeholder()
                 sp.status = ParamStatus.NOT_AVAILABLE
+
+    def _adopt(self, adopted: list[ShardedParam]) -> None:
+        """Take over ``zero.Init`` shards (same layout: ``ceil(numel/N)`` per rank, padded at
+        the end); persistent ones get their full tensor back with one all-gather."""
+        for sp in adopted:
+            self.shard_of(sp).copy_(sp.param.ds_tensor)  # type: ignore[attr-defined]
+            forget(sp.param)
+            sp.param.data = self._placeholder()
+            sp.status = ParamStatus.NOT_AVAILABLE
+        persistent = [sp for sp in adopted if sp.persistent]
+        for sp in persistent:
+            sp.param.data = torch.empty(sp.shape, dtype=self.dtype, device=self.device)
+        if persistent:
+            self.all_gather(persistent, prefetched=False).wait()
+
+    def _placeholder(self) -> torch.Tensor:
+        """What a released parameter's ``.data`` is: empty, on the engine's device."""
+        return torch.empty(0, dtype=self.dtype, device=self.device)
 
     def _slice_of_rank(self, full: torch.Tensor, sp: ShardedParam) -> torch.Tensor:
         start = self.rank * sp.shard_numel
@@ -210,15 +248,19 @@ class Partition:
             inp = self.shard_span(params[0].offset, end)
         else:
             inp = torch.cat([self.shard_of(sp) for sp in params])
-        out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype)
+        out = torch.empty(inp.numel() * self.world_size, dtype=self.dtype, device=self.device)
         work: Waitable
-        if self.world_size == 1:
+        if self.skip_collectives:
             out.copy_(inp)
             work = Done()
         else:
             work = _all_gather(out, inp, group=self.group, async_op=True)
         for sp in params:
             sp.status = ParamStatus.INFLIGHT
+        if (
+            self.skip_collectives
+        ):  # nothing crossed a link: nothing to report (as engine/process_group.py)
+            return Gather(work, out, params)
         tracked = self.telemetry.collective(
             work,
             op="all_gather",
@@ -232,7 +274,7 @@ class Partition:
     def release(self, sp: ShardedParam) -> None:
         """Drop the full data of a gathered parameter; the shard stays (DeepSpeed partition())."""
         assert not sp.persistent, "persistent parameters are never released"
-        sp.param.data = torch.empty(0, dtype=self.dtype)
+        sp.param.data = self._placeholder()
         sp.status = ParamStatus.NOT_AVAILABLE
 
     def refresh_persistent(self) -> None:
@@ -248,7 +290,7 @@ class Partition:
 
     @property
     def element_size(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
+        return torch.empty(0, dtype=self.dtype, device="cpu").element_size()
 
     @property
     def persistent_bytes(self) -> int:

@@ -29,10 +29,11 @@ from zeroscope.engine.precision import DTYPES, copy_master_to_params, master_cop
 from zeroscope.engine.zero.strategy import Shard
 
 from .coordinator import ParameterCoordinator
+from .gathered import EngineParams
 from .grads import GradReducer
 from .hooks import Stage3Hooks
 from .partition import CommLike, Partition
-from .save import NOT_GATHERED, write_safetensors
+from .save import NOT_GATHERED, SafetensorsWriter, is_safetensors, write_model_file
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +76,18 @@ class Stage3Strategy:
             max_live_parameters=zero.stage3_max_live_parameters,
             max_reuse_distance=zero.stage3_max_reuse_distance,
         )
+        owner = EngineParams(self)  # GatheredParameters finds the engine through the parameter
+        for sp in self.partition.params:
+            sp.param._zs_owner = owner  # type: ignore[attr-defined]
         self.hooks = Stage3Hooks(module, self.coordinator)
         self.reducer = GradReducer(
             self.partition, bucket_numel=zero.reduce_bucket_size, overlap_comm=zero.overlap
         )
-        self.master = master_copy(self.partition.shards)
+        # With optimizer offload O is built on the host by the offload store from the 16-bit
+        # shards: no fp32 master or moments on the device, not even for a moment.
+        offloaded = zero.offload_optimizer.device != "none"
+        shards = self.partition.shards
+        self.master = shards if offloaded else master_copy(shards)
         self._shards: list[Shard] = []
         start = 0
         for index in range(len(groups)):
@@ -90,9 +98,10 @@ class Stage3Strategy:
             # time, which bounds the fp32 temporaries of the step.
             for lo in range(start, end, zero.sub_group_size):
                 view = self.master[lo : min(lo + zero.sub_group_size, end)]
-                self._shards.append(
-                    Shard(master=view, state=AdamState.zeros_like(view), group=index)
+                state = (
+                    AdamState.elsewhere(view.device) if offloaded else AdamState.zeros_like(view)
                 )
+                self._shards.append(Shard(master=view, state=state, group=index))
             start = end
         self._boundary = False
         self.gathered_peak_bytes = 0
@@ -119,7 +128,7 @@ class Stage3Strategy:
 
     def reduced_grads(self) -> list[torch.Tensor]:
         self.reducer.wait()
-        grads = self.reducer.grads
+        grads = self.reducer.ensure()
         out, start = [], 0
         for shard in self._shards:
             out.append(grads[start : start + shard.master.numel()])
@@ -134,6 +143,10 @@ class Stage3Strategy:
 
     def zero_grads(self) -> None:
         self.reducer.zero()
+
+    def release_grads(self) -> None:
+        """Optimizer offload: G went to the host; free it until the next backward."""
+        self.reducer.release()
 
     def memory(self) -> MemoryBytes:
         """P = shards + persistent full tensors; G = gradient shards; O = master (when not the
@@ -197,28 +210,92 @@ class Stage3Strategy:
         """``param`` is used inside ``module``'s forward though another module owns it."""
         self.coordinator.register_external_parameter(module, param)
 
-    def consolidated_16bit_state_dict(self) -> dict[str, torch.Tensor] | None:
+    def consolidated_16bit_state_dict(
+        self, exclude_frozen_parameters: bool = False
+    ) -> dict[str, torch.Tensor] | None:
         """Every parameter gathered whole, in the module's ``state_dict`` names (a tied weight
         under each of its names); returned on rank 0, None elsewhere. Collective: every rank
-        must call it."""
-        self.coordinator.release_all()
-        full: dict[nn.Parameter, torch.Tensor] = {}
-        for sp in self.partition.params:
-            if sp.persistent:
-                full[sp.param] = sp.param.detach().clone()
-                continue
-            self.partition.all_gather([sp], prefetched=False).wait()
-            full[sp.param] = sp.param.detach().clone()
-            self.partition.release(sp)
-        if self.partition.rank != 0:
+        must call it. ``exclude_frozen_parameters`` leaves out parameters without grad. Only
+        rank 0 keeps what is gathered, on the host, one parameter at a time."""
+        keep = self.partition.rank == 0
+        full: dict[int, torch.Tensor] = {}
+
+        def take(sp: Any, tensor: torch.Tensor) -> None:
+            if keep:  # only rank 0 holds the gathered weights, on the host
+                full[id(sp.param)] = tensor.detach().to("cpu", copy=True)
+
+        self._gather_each(take)
+        if not keep:
             return None
-        by_id = {id(p): t for p, t in full.items()}
         out: dict[str, torch.Tensor] = {}
         for name, value in self.module.state_dict(keep_vars=True).items():
-            out[name] = by_id.get(id(value), value.detach())
+            if exclude_frozen_parameters and id(value) in full and not value.requires_grad:
+                continue
+            out[name] = full.get(id(value), value.detach())
         return out
 
-    def save_16bit_model(self, save_dir: str, save_filename: str = "model.safetensors") -> bool:
+    def _gather_each(self, take: Any) -> None:
+        """Every parameter whole, one at a time: ``take(sp, full_tensor)`` on every rank, then
+        the gathered copy is released before the next (the device never holds more than one
+        gathered parameter beyond its shards). Collective: every rank must call it."""
+        self.coordinator.release_all()
+        for sp in self.partition.params:
+            if sp.persistent:
+                take(sp, sp.param.detach())
+                continue
+            self.partition.all_gather([sp], prefetched=False).wait()
+            take(sp, sp.param.detach())
+            self.partition.release(sp)
+
+    def _write_consolidated(self, path: str, exclude_frozen_parameters: bool) -> None:
+        """The 16-bit weights streamed into a safetensors ``path`` by rank 0, parameter by
+        parameter as they are gathered: neither the device nor the host ever holds the whole
+        model."""
+        state = self.module.state_dict(keep_vars=True)
+        names: dict[int, list[str]] = {}
+        specs: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        by_param = {id(sp.param): sp for sp in self.partition.params}
+        for name, value in list(state.items()):
+            sp = by_param.get(id(value))
+            if sp is not None and exclude_frozen_parameters and not value.requires_grad:
+                del state[name]
+            elif sp is not None:
+                names.setdefault(id(value), []).append(name)
+                specs[name] = (self.partition.dtype, tuple(sp.shape))
+            else:
+                specs[name] = (value.dtype, tuple(value.shape))
+        writer = SafetensorsWriter(path, specs) if self.partition.rank == 0 else None
+        failed: list[BaseException] = []
+
+        def take(sp: Any, tensor: torch.Tensor) -> None:
+            # A failed write must not stop rank 0's gathers: the other ranks are in them too.
+            if writer is not None and not failed:
+                try:
+                    for name in names.get(id(sp.param), []):
+                        writer.write(name, tensor.reshape(sp.shape))
+                except Exception as exc:
+                    failed.append(exc)
+
+        self._gather_each(take)
+        if writer is None:
+            return
+        try:
+            if failed:
+                raise failed[0]
+            for name, value in state.items():
+                if id(value) not in by_param:  # buffers
+                    writer.write(name, value)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+
+    def save_16bit_model(
+        self,
+        save_dir: str,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
         """DeepSpeed's ``save_16bit_model``: consolidated 16-bit weights written by rank 0 when
         ``stage3_gather_16bit_weights_on_model_save`` is true; otherwise nothing is saved, the
         reason is logged and False returned. Every rank must call it."""
@@ -227,8 +304,13 @@ class Stage3Strategy:
             if self.partition.rank == 0:
                 logger.warning(NOT_GATHERED.format(path=path, world=self.partition.world_size))
             return False
-        state = self.consolidated_16bit_state_dict()
-        if state is not None:
+        if self.partition.rank == 0:
             os.makedirs(save_dir, exist_ok=True)
-            write_safetensors(path, state)
+        if is_safetensors(path):  # streamed: no rank holds the whole model
+            self._write_consolidated(path, exclude_frozen_parameters)
+            return True
+        # DeepSpeed's pytorch_model.bin is one torch.save'd dict: rank 0 holds it on the host.
+        state = self.consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if state is not None:
+            write_model_file(path, state)
         return True

@@ -8,13 +8,23 @@ reduce-scatter, the buffer size for all-reduce.
 Process groups: torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR...) initializes
 torch.distributed with nccl on CUDA and gloo on CPU; a plain ``python train.py`` with no such
 environment runs as one rank without any process group (collectives become no-ops).
+
+World 1: every collective is skipped at one rank (there is nothing to exchange), which also means
+one GPU never exercises NCCL or the agent's collective timing. ``ZEROSCOPE_WORLD1_COLLECTIVES=1``
+forces the real collectives at world 1 (initializing a one-rank process group when torchrun gave
+none); the numbers are the same, since a sum over one rank is the tensor itself.
+
+Devices: rank ``LOCAL_RANK`` uses GPU ``LOCAL_RANK % device_count`` (with a one-time warning when
+there are fewer visible GPUs than local ranks, e.g. the 2-rank demo on a 1-GPU machine), and the
+process group is bound to it (``init_process_group(device_id=...)``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,20 +41,57 @@ class _Done:
         return True
 
 
-def init_distributed(device: torch.device) -> None:
-    """Initialize torch.distributed from torchrun's environment, once."""
-    if dist.is_available() and not dist.is_initialized() and "RANK" in os.environ:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+log = logging.getLogger("zeroscope.engine")
+
+WORLD1_COLLECTIVES_ENV = "ZEROSCOPE_WORLD1_COLLECTIVES"
+"""Set to 1 to issue the engine's collectives at world size 1 too (see the module docstring)."""
+
+
+def force_collectives() -> bool:
+    """True when ``ZEROSCOPE_WORLD1_COLLECTIVES`` asks for real collectives at world 1."""
+    return os.environ.get(WORLD1_COLLECTIVES_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def init_distributed(device: torch.device, backend: str | None = None) -> None:
+    """Initialize torch.distributed from torchrun's environment, once (nccl on CUDA, gloo on the
+    CPU, unless ``backend``), an NCCL group bound to ``device``. Without torchrun's environment, a
+    one-rank group (in-process store) only when world-1 collectives are forced."""
+    if not dist.is_available() or dist.is_initialized():
+        return
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    # Bound to the rank's GPU for NCCL (eager communicator, no guessing from the current device).
+    nccl = device.type == "cuda" and "nccl" in backend
+    bound: dict[str, Any] = {"device_id": device} if nccl else {}
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=backend, **bound)
+    elif force_collectives():
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, **bound
+        )
+
+
+_warned_shared_gpu = False
 
 
 def pick_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` when CUDA is available, else the CPU."""
-    if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+    """``cuda:(LOCAL_RANK % device_count)`` when CUDA is available (made the current device),
+    else the CPU. More local ranks than visible GPUs share them round-robin, said once."""
+    global _warned_shared_gpu
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    index = local_rank % count
+    if index != local_rank and not _warned_shared_gpu:
+        _warned_shared_gpu = True
+        log.warning(
+            "LOCAL_RANK %d but only %d visible GPU(s): using cuda:%d (ranks share GPUs)",
+            local_rank,
+            count,
+            index,
+        )
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 # torch >= 2.10 renamed the tensor collectives (*_single) and warns on the old names; the old
@@ -61,13 +108,29 @@ class Comm:
     group: Any = None
     rank: int = 0
     world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where the engine's tensors and so its collectives' buffers live."""
+    force: bool = False
+    """Issue collectives even at world size 1 (``ZEROSCOPE_WORLD1_COLLECTIVES``)."""
 
     @classmethod
-    def data_parallel(cls, tel: Telemetry) -> Comm:
+    def data_parallel(cls, tel: Telemetry, device: torch.device | None = None) -> Comm:
         """All ranks of the job (the whole world is the data-parallel group here)."""
+        where = torch.device("cpu") if device is None else device
         if dist.is_available() and dist.is_initialized():
-            return cls(tel=tel, rank=dist.get_rank(), world_size=dist.get_world_size())
-        return cls(tel=tel)
+            return cls(
+                tel=tel,
+                rank=dist.get_rank(),
+                world_size=dist.get_world_size(),
+                device=where,
+                force=force_collectives(),
+            )
+        return cls(tel=tel, device=where)
+
+    @property
+    def skip(self) -> bool:
+        """True when collectives are skipped: one rank and no forced world-1 collectives."""
+        return self.world_size == 1 and not self.force
 
     def _report(self, work: Any, op: CollectiveOp, nbytes: int, label: str) -> Waitable:
         return self.tel.collective(
@@ -78,14 +141,14 @@ class Comm:
         self, tensor: torch.Tensor, *, label: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> Waitable:
         """In-place all-reduce (SUM unless told)."""
-        if self.world_size == 1:
+        if self.skip:
             return _Done()
         work = dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
         return self._report(work, "all_reduce", tensor.numel() * tensor.element_size(), label)
 
     def broadcast(self, tensor: torch.Tensor, *, src: int, label: str) -> Waitable:
         """In-place broadcast of ``tensor`` from rank ``src``."""
-        if self.world_size == 1:
+        if self.skip:
             return _Done()
         work = dist.broadcast(tensor, src=src, group=self.group, async_op=True)
         return self._report(work, "broadcast", tensor.numel() * tensor.element_size(), label)
@@ -93,7 +156,7 @@ class Comm:
     def reduce_scatter(self, output: torch.Tensor, full: torch.Tensor, *, label: str) -> Waitable:
         """Sum ``full`` over ranks; this rank receives its 1/N chunk in ``output`` (which may be
         that chunk of ``full`` itself: in place)."""
-        if self.world_size == 1:
+        if self.skip:
             if output.data_ptr() != full.data_ptr():
                 output.copy_(full)
             return _Done()
@@ -104,7 +167,7 @@ class Comm:
 
     def all_gather(self, full: torch.Tensor, shard: torch.Tensor, *, label: str) -> Waitable:
         """Every rank's ``shard`` into ``full`` (``shard`` may be this rank's chunk of ``full``)."""
-        if self.world_size == 1:
+        if self.skip:
             if full.data_ptr() != shard.data_ptr():
                 full.copy_(shard)
             return _Done()

@@ -1,0 +1,148 @@
+"""Host <-> device copies of the offload paths, and how each one is timed.
+
+Two things a plain ``dst.copy_(src)`` gets wrong on a GPU (issue 22, item 8):
+
+- **A cast across the link.** ``device_bf16.copy_(host_fp32)`` first casts on the CPU into a
+  *pageable* temporary, then copies from it synchronously: the pinned master is wasted and the
+  measured GB/s includes the cast. Here the cast goes into a page-locked 16-bit staging buffer
+  on the host, and only same-dtype bytes cross PCIe, with ``non_blocking=True``. Two staging
+  buffers of at most :data:`STAGING_NUMEL` elements alternate, so the host casts chunk k+1
+  while the link carries chunk k; a buffer is reused only after its copy's end event.
+- **Timing the queue, not the copy.** Host time around a blocking copy includes every kernel
+  queued before it (the end of backward). On CUDA each copy is timed with CUDA events recorded
+  on the current stream right around it: the copy's own device time. Events are read only once
+  complete; :meth:`Copier.poll` reports what has finished without waiting, :meth:`Copier.flush`
+  waits for the last one (the optimizer step does, since it must hand the parameters to the next
+  forward, and the host needs the gradients before CPU Adam anyway).
+
+On the CPU the copies are synchronous and timed with ``perf_counter_ns`` around the copy alone
+(there is no queued device work to include). The bytes reported are the bytes that cross the
+link: the destination's dtype for host -> device (the 16-bit parameters, not the fp32 master).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zeroscope.agent.api import Telemetry
+from zeroscope.agent.schema import TransferDirection
+
+from .host_memory import host_empty
+
+STAGING_NUMEL = 1 << 24
+"""Elements per host staging buffer (32 MiB in bf16); two of them alternate."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    direction: TransferDirection
+    nbytes: int
+    issued_ns: int
+    start: Any
+    end: Any
+    label: str
+
+
+class Copier:
+    """Copies between host buffers and the engine's device, reporting each one."""
+
+    def __init__(self, tel: Telemetry, *, pin: bool) -> None:
+        self.tel = tel
+        self.pin = pin
+        self._staging: list[torch.Tensor | None] = [None, None]
+        self._staging_done: list[Any] = [None, None]
+        self._next = 0
+        self._pending: list[_Pending] = []
+
+    # -- copies ------------------------------------------------------------------------------
+
+    def copy(
+        self,
+        direction: TransferDirection | None,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        label: str = "offload",
+    ) -> None:
+        """``dst.copy_(src)``, reported as ``direction`` (None: not a transfer, not reported).
+        A host -> device copy that changes dtype is cast on the host into staging first."""
+        crossing = dst.device.type != "cpu" or direction is not None
+        if src.dtype != dst.dtype and src.device.type == "cpu" and crossing:
+            # (On a CPU-only engine "device" buffers are host tensors too: the same staged
+            # path runs, so what is reported is what would cross PCIe on a GPU.)
+            self._staged(direction, dst, src, label)
+        else:
+            self._timed(direction, dst, src, label)
+        self.poll()
+
+    def _staged(
+        self, direction: TransferDirection | None, dst: torch.Tensor, src: torch.Tensor, label: str
+    ) -> None:
+        flat_dst, flat_src = dst.reshape(-1), src.reshape(-1)
+        for lo in range(0, flat_src.numel(), STAGING_NUMEL):
+            n = min(STAGING_NUMEL, flat_src.numel() - lo)
+            stage = self._take_staging(n, dst.dtype)
+            stage.copy_(flat_src[lo : lo + n])  # the cast, on the host, into page-locked memory
+            self._timed(direction, flat_dst[lo : lo + n], stage, label)
+            self._staging_done[self._next] = self._last_event
+
+    def _take_staging(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self._next = (self._next + 1) % 2
+        done = self._staging_done[self._next]
+        if done is not None:
+            done.synchronize()  # its previous copy must have left the buffer
+            self._staging_done[self._next] = None
+        buf = self._staging[self._next]
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = host_empty(numel, dtype, pin=self.pin)  # numel <= STAGING_NUMEL
+            self._staging[self._next] = buf
+        return buf[:numel]
+
+    def _timed(
+        self, direction: TransferDirection | None, dst: torch.Tensor, src: torch.Tensor, label: str
+    ) -> None:
+        self._last_event = None
+        nbytes = dst.numel() * dst.element_size()
+        if dst.device.type == "cuda" or src.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            issued = time.perf_counter_ns()
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            self._last_event = end
+            if direction is not None:
+                self._pending.append(_Pending(direction, nbytes, issued, start, end, label))
+            return
+        t0 = time.perf_counter_ns()
+        dst.copy_(src)
+        if direction is not None:
+            self.tel.transfer(direction, nbytes, t0, time.perf_counter_ns(), label)
+
+    _last_event: Any = None
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Report the device copies that have completed (never waits)."""
+        while self._pending and self._pending[0].end.query():
+            self._report(self._pending.pop(0))
+
+    def flush(self) -> None:
+        """Wait for every device copy issued so far and report them all."""
+        if self._pending:
+            self._pending[-1].end.synchronize()
+        while self._pending:
+            self._report(self._pending.pop(0))
+
+    def _report(self, p: _Pending) -> None:
+        elapsed_ns = int(p.start.elapsed_time(p.end) * 1e6)
+        self.tel.transfer(p.direction, p.nbytes, p.issued_ns, p.issued_ns + elapsed_ns, p.label)
+
+    @property
+    def staging_buffers(self) -> list[torch.Tensor]:
+        """The host staging buffers (for memory accounting)."""
+        return [b for b in self._staging if b is not None]

@@ -1,0 +1,66 @@
+"""Per-collective figures: bandwidth and volume, one definition for every view.
+
+Bandwidth follows the nccl-tests conventions (nccl-tests doc/PERFORMANCE.md), the figures users
+compare against: for a message of S bytes (``Collective.nbytes``: the full, gathered size for
+all-gather and reduce-scatter, the buffer for all-reduce) moved in t seconds among n ranks,
+
+- algbw = S / t                                                       [bytes/s]
+- busbw = algbw * 2(n-1)/n for all-reduce (a ring reduce-scatter then all-gather),
+  algbw * (n-1)/n for all-gather and reduce-scatter,
+  algbw for broadcast, reduce and point-to-point                      [bytes/s]
+
+busbw is comparable across ops and group sizes: it is what each link carried. Over many
+collectives it is time-weighted: sum(S * factor) / sum(t) (:func:`busbw_of`).
+
+Communication *volume* is the ZeRO paper's accounting (section 7), the one the 2Ψ / 3Ψ
+formulas use: an all-reduce of S bytes is a reduce-scatter plus an all-gather of S bytes each,
+so it counts 2S; every other op counts S [bytes]. Every "comm bytes" figure zeroscope shows
+(per step, per op, per rank, per run) is this volume.
+
+This module lived in ``agent/metrics.py`` before derived figures moved to zeroscope/state/.
+"""
+
+from __future__ import annotations
+
+_FACTORS_2X = frozenset({"all_reduce"})
+_FACTORS_1X = frozenset({"all_gather", "reduce_scatter"})
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw/algbw ratio for ``op`` among ``n`` ranks."""
+    if n < 1:
+        raise ValueError(f"group size must be >= 1, got {n}")
+    if op in _FACTORS_2X:
+        return 2.0 * (n - 1) / n
+    if op in _FACTORS_1X:
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw(nbytes: int, seconds: float) -> float | None:
+    """Algorithm bandwidth in bytes/s; None when the time is not positive (not measurable)."""
+    if seconds <= 0:
+        return None
+    return nbytes / seconds
+
+
+def busbw(op: str, nbytes: int, seconds: float, n: int) -> float | None:
+    """Bus bandwidth in bytes/s (nccl-tests convention); None when not measurable."""
+    bw = algbw(nbytes, seconds)
+    return None if bw is None else bw * bus_factor(op, n)
+
+
+def wire_bytes(op: str, nbytes: int, n: int) -> float:
+    """Bytes each rank sends on a ring for one op (the busbw numerator): S * bus_factor."""
+    return nbytes * bus_factor(op, n)
+
+
+def busbw_of(bus_bytes: float, seconds: float) -> float | None:
+    """Time-weighted busbw of many collectives: sum(S * factor) / sum(t), bytes/s."""
+    return bus_bytes / seconds if seconds > 0 else None
+
+
+def volume(op: str, nbytes: int) -> int:
+    """A collective's communication volume in bytes (ZeRO paper section 7): 2S for an
+    all-reduce (reduce-scatter + all-gather), S for every other op."""
+    return 2 * nbytes if op == "all_reduce" else nbytes

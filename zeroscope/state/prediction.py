@@ -1,0 +1,128 @@
+"""What the job's config *should* cost per rank: model-state memory and communication volume per
+optimizer step, beside which the Memory and Comm screens set what was measured.
+
+Memory is the ZeRO paper's accounting (zeroscope.formulas.model_state_bytes). Communication is
+the engine's real traffic model, not only the paper's 2Ψ / 3Ψ: with Ψ elements (padded as the
+engine pads them, ``ParamCounts.padded_total``), p bytes per element, g micro-batches per step
+(gradient accumulation), volumes in the bandwidth.volume convention (all-reduce counts 2S):
+
+- stage 0: one gradient all-reduce at the boundary                        2Ψp
+- stage 1: reduce-scatter at the boundary + all-gather of the parameters  2Ψp
+- stage 2: a reduce-scatter every micro-batch + the all-gather            (g + 1)Ψp
+- stage 3: every micro-batch gathers the non-persistent parameters Ψn in forward and again in
+  backward, minus what stage3_max_reuse_distance / max_live_parameters keep gathered between
+  the two (a fraction k), then reduce-scatters all gradients; after the step the persistent
+  parameters Ψp_ are refreshed by one all-gather:                         g(Ψn(2 - k) + Ψ)p + Ψp_·p
+
+k: a parameter is kept when its next use (in backward) is within max_reuse_distance elements,
+about twice the elements after it in forward, so the last min(distance / 2, max_live) elements
+of forward are kept: k = min(1, distance / 2 / Ψn, max_live / Ψn). The few-byte all-reduces
+(global gradient norm, fp16 overflow flag) are left out (under 0.01 % of any real model).
+These are steady-step figures: step 1 also carries the initial broadcasts and stage 3's
+recording step (no reuse yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zeroscope.formulas import (
+    ModelStateBytes,
+    comm_bytes_per_step,
+    model_state_bytes,
+    param_bytes,
+)
+
+if TYPE_CHECKING:
+    from zeroscope.agent.schema import ConfigSummary, ParamCounts
+
+    from .cluster import ClusterState
+
+
+def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
+    """The formula's bytes per rank for the job's config, and the line that says which."""
+    c, p = state.config, state.params
+    if c is None or p is None:
+        return None, "prediction NA: no config or parameter count reported yet"
+    try:
+        m = model_state_bytes(
+            p.total,
+            c.dp_world_size,
+            c.stage,
+            c.precision,
+            c.offload_optimizer,
+            c.offload_param,
+            persistent=p.persistent,
+        )
+    except ValueError as exc:
+        return None, f"prediction NA: {exc}"
+    return m, (
+        f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters, N={c.dp_world_size}, "
+        f"offload optimizer {c.offload_optimizer}, param {c.offload_param}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficPrediction:
+    volume: float
+    """Communication volume per rank per steady optimizer step [bytes]."""
+    paper: float
+    """The paper's 2Ψ / 3Ψ for the same model [bytes], for reference."""
+    label: str
+    """How the volume is made up, e.g. "2 reduce-scatters + all-gather"."""
+
+    def ratio(self, measured: float | None) -> float | None:
+        """Measured / predicted volume [ratio]; NA without both."""
+        return measured / self.volume if measured is not None and self.volume else None
+
+
+def deviation(measured: float | None, predicted: float | None) -> float | None:
+    """Measured / predicted - 1 [fraction] (the Memory screen's +x%); NA when either is
+    missing or the prediction is 0."""
+    if measured is None or not predicted:
+        return None
+    return measured / predicted - 1
+
+
+def reuse_fraction(config: ConfigSummary, nonpersistent: float) -> float:
+    """k of the module docstring: the share of forward's gathered elements kept for backward."""
+    if nonpersistent <= 0:
+        return 1.0
+    kept = min(config.max_reuse_distance / 2, config.max_live_parameters)
+    return max(0.0, min(1.0, kept / nonpersistent))
+
+
+def traffic_elements(config: ConfigSummary, params: ParamCounts) -> tuple[float, str]:
+    """Elements moved per steady step (volume convention) and the label saying how."""
+    psi = float(params.padded_total or params.total)
+    g = max(1, config.gradient_accumulation_steps)
+    if config.dp_world_size <= 1:
+        return 0.0, "one rank: no collectives"
+    if config.stage == 0:
+        return 2 * psi, "gradient all-reduce"
+    if config.stage == 1:
+        return 2 * psi, "reduce-scatter + all-gather"
+    if config.stage == 2:
+        return (g + 1) * psi, f"{g} reduce-scatter{'s' if g > 1 else ''} + all-gather"
+    persistent = float(params.persistent)
+    nonpersistent = max(psi - persistent, 0.0)
+    k = reuse_fraction(config, nonpersistent)
+    per_micro = nonpersistent * (2 - k) + psi
+    label = f"{g}x(gathers {2 - k:.2f}Ψn + reduce-scatter Ψ) + persistent refresh"
+    return g * per_micro + persistent, label
+
+
+def predicted_traffic(state: ClusterState) -> TrafficPrediction | None:
+    """The volume the engine should move per steady step for the job's config; NA without a
+    config and parameter count."""
+    c, p = state.config, state.params
+    if c is None or p is None:
+        return None
+    try:
+        elements, label = traffic_elements(c, p)
+        size = param_bytes(c.precision)
+        paper = comm_bytes_per_step(p.total, c.stage, c.precision)
+    except ValueError:
+        return None
+    return TrafficPrediction(volume=elements * size, paper=paper, label=label)

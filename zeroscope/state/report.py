@@ -1,0 +1,118 @@
+"""The run's figures as one plain dict: what ``zeroscope summary --json`` prints and ``export``
+embeds, read off ClusterState after the whole trace went through it — so the summary, the
+export, ``replay --headless`` and the live view's final lines are the same numbers.
+
+Units are in the key names: ``*_s`` seconds, ``*_bytes*`` bytes, ``*_per_s`` per second,
+``*_percent`` percent. None is NA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .bandwidth import busbw_of
+
+if TYPE_CHECKING:
+    from .cluster import ClusterState
+    from .rank import RankState
+
+TOTAL_AGGREGATION = {
+    "steps": "cluster: complete steps",
+    "mean_step_s": "cluster: mean over steady steps of the slowest rank's step time",
+    "params_peak": "max over ranks",
+    "grads_peak": "max over ranks",
+    "optim_peak": "max over ranks",
+    "activations_peak": "max over ranks",
+    "comm_bytes_per_step": "sum over ranks",
+    "exposed_percent": "cluster: the least-exposed rank's wait / step time, steady steps",
+    "busbw_bytes_s": "time-weighted over every rank's collectives",
+    "offload_bytes_s": "over every rank's transfers (bytes / time)",
+    "overflows": "cluster: steps with an overflow on any rank",
+}
+"""How the ``all`` row of the summary combines the ranks, column by column."""
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else 100.0 * fraction
+
+
+def rank_row(rs: RankState) -> dict[str, Any]:
+    """One rank's run figures (RankTotals), the summary table's row."""
+    t = rs.totals
+    return {
+        "rank": rs.rank,
+        "steps": t.steps,
+        "mean_step_s": t.mean_step_s,
+        "params_peak": t.params_peak,
+        "grads_peak": t.grads_peak,
+        "optim_peak": t.optim_peak,
+        "activations_peak": t.activations_peak,
+        "host_peak": t.host_peak,
+        "device_peak": t.device_peak,
+        "comm_bytes_per_step": t.comm_bytes_per_step,
+        "exposed_percent": _percent(t.exposed_share),
+        "busbw_bytes_s": t.busbw,
+        "offload_bytes_s": t.offload_bw,
+        "overflows": t.overflows,
+    }
+
+
+def _peak(rows: list[dict[str, Any]], key: str) -> int | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return max(values) if values else None
+
+
+def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``all`` row, combined as TOTAL_AGGREGATION says."""
+    ranks = [state.ranks[r] for r in sorted(state.ranks)]  # a fixed order: identical sums
+    sums = [s for rs in ranks if (s := rs.totals.sums()) is not None]
+    per_step = [r["comm_bytes_per_step"] for r in rows if r["comm_bytes_per_step"] is not None]
+    offload_s = sum(s.offload_s for s in sums)
+    return {
+        "rank": None,
+        "steps": state.totals.steps,
+        "mean_step_s": state.totals.mean_step_s,
+        **{k: _peak(rows, k) for k in ("params_peak", "grads_peak", "optim_peak")},
+        "activations_peak": _peak(rows, "activations_peak"),
+        "host_peak": _peak(rows, "host_peak"),
+        "device_peak": _peak(rows, "device_peak"),
+        "comm_bytes_per_step": sum(per_step) if per_step else None,
+        "exposed_percent": _percent(state.totals.exposed_share),
+        "busbw_bytes_s": busbw_of(sum(s.bus_bytes for s in sums), sum(s.comm_s for s in sums)),
+        "offload_bytes_s": sum(s.offload_bytes for s in sums) / offload_s if offload_s else None,
+        "overflows": state.totals.overflows,
+    }
+
+
+def missing_rows(state: ClusterState) -> list[dict[str, Any]]:
+    """Every rank of the job that never reported, with the reason (zeroscope.state.roster):
+    ``{"rank", "node", "reason", "message"}``, in rank order."""
+    from .roster import missing_of
+
+    rows = [
+        {"rank": r, "node": g.node, "reason": g.reason, "message": g.explanation}
+        for g in missing_of(state)
+        for r in g.ranks
+    ]
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+def run_report(state: ClusterState) -> dict[str, Any]:
+    """Cluster figures, alerts and the per-rank table of a run (after ``state.flush()``).
+    Alerts about silence or lost ranks are left out: after a run, silence is its end."""
+    rows = [rank_row(state.ranks[r]) for r in sorted(state.ranks)]
+    t = state.totals
+    return {
+        "job_id": state.job_id,
+        "world_size": state.world_size or len(state.ranks),
+        "steps": t.steps,
+        "steps_per_s": t.steps_per_s,
+        "samples_per_s": t.samples_per_s,
+        "mean_step_s": t.mean_step_s,
+        "exposed_percent": _percent(t.exposed_share),
+        "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
+        "missing_ranks": missing_rows(state),
+        "ranks": rows,
+        "total": total_row(state, rows),
+        "total_aggregation": TOTAL_AGGREGATION,
+    }

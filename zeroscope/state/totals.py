@@ -1,0 +1,200 @@
+"""Whole-run aggregates, per rank and for the cluster: what ``zeroscope summary`` prints and what
+the live summary line, ``replay --headless`` and ``export`` report, from one definition.
+
+Time and communication figures are over *steady* steps: every step but the first (a rank's
+first report; the cluster's first complete step). The first step carries one-off traffic and
+time (initial broadcasts, stage 3's recording step with its double gathers, allocator and JIT
+warm-up) that would otherwise be folded into per-step figures. A run of a single step uses it.
+Peaks and counts cover every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .bandwidth import busbw_of
+
+if TYPE_CHECKING:
+    from .rank import StepSummary
+
+
+def _peak(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+@dataclass(slots=True)
+class _Sums:
+    steps: int = 0
+    duration_s: float = 0.0
+    exposed_s: float = 0.0
+    comm_volume: int = 0
+    comm_s: float = 0.0
+    bus_bytes: float = 0.0
+    collectives: int = 0
+    offload_bytes: int = 0
+    offload_s: float = 0.0
+
+    def add(self, s: StepSummary) -> None:
+        self.steps += 1
+        self.duration_s += s.duration_s
+        self.exposed_s += s.exposed_s
+        self.comm_volume += s.comm_volume
+        self.comm_s += s.comm_s
+        self.bus_bytes += s.bus_bytes
+        self.collectives += s.collectives
+        self.offload_bytes += s.offload_bytes
+        self.offload_s += s.offload_s
+
+
+@dataclass(slots=True)
+class RankTotals:
+    """One rank over the run (fed every StepSummary it reports)."""
+
+    steps: int = 0
+    first_step: int | None = None
+    params_peak: int | None = None
+    grads_peak: int | None = None
+    optim_peak: int | None = None
+    activations_peak: int | None = None
+    host_peak: int | None = None
+    device_peak: int | None = None
+    overflows: int = 0
+    _first: _Sums | None = None
+    _steady: _Sums | None = None
+
+    def add(self, s: StepSummary) -> None:
+        self.steps += 1
+        self.params_peak = _peak(self.params_peak, s.params)
+        self.grads_peak = _peak(self.grads_peak, s.grads)
+        self.optim_peak = _peak(self.optim_peak, s.optim)
+        self.activations_peak = _peak(self.activations_peak, s.activations)
+        self.host_peak = _peak(self.host_peak, s.host_bytes)
+        self.device_peak = _peak(self.device_peak, s.device_peak)
+        self.overflows += s.overflow
+        if self._first is None:
+            self.first_step = s.step
+            self._first = _Sums()
+            self._first.add(s)
+        else:
+            if self._steady is None:
+                self._steady = _Sums()
+            self._steady.add(s)
+
+    @property
+    def _sums(self) -> _Sums | None:
+        return self._steady or self._first
+
+    @property
+    def mean_step_s(self) -> float | None:
+        """Mean step time over steady steps [s]."""
+        s = self._sums
+        return s.duration_s / s.steps if s and s.steps else None
+
+    @property
+    def comm_bytes_per_step(self) -> float | None:
+        """Mean communication volume per steady step (bandwidth.volume) [bytes]."""
+        s = self._sums
+        return s.comm_volume / s.steps if s and s.collectives else None
+
+    @property
+    def exposed_share(self) -> float | None:
+        """Exposed %: time waiting in collectives / step time, over steady steps [fraction]."""
+        s = self._sums
+        return s.exposed_s / s.duration_s if s and s.collectives and s.duration_s > 0 else None
+
+    @property
+    def busbw(self) -> float | None:
+        """Time-weighted busbw of every steady-step collective [bytes/s]."""
+        s = self._sums
+        return busbw_of(s.bus_bytes, s.comm_s) if s else None
+
+    @property
+    def offload_bw(self) -> float | None:
+        """Offload bytes / offload time over steady steps [bytes/s]."""
+        s = self._sums
+        return s.offload_bytes / s.offload_s if s and s.offload_s > 0 else None
+
+    def sums(self) -> _Sums | None:
+        """The steady-step sums (the first step's when it is the only one)."""
+        return self._sums
+
+
+@dataclass(slots=True)
+class ClusterTotals:
+    """The cluster over the run, fed every complete step (see ClusterState)."""
+
+    steps: int = 0
+    first_step: int | None = None
+    first_wall_ns: int | None = None
+    last_wall_ns: int | None = None
+    step_time_s: float = 0.0
+    """Sum of steady cluster step times (each the slowest rank's) [s]."""
+    exposed_s: float = 0.0
+    """Sum over steady steps of the cluster's exposed time (the least-exposed rank's) [s]."""
+    samples: int = 0
+    """Samples of the steady steps (every rank's share added up)."""
+    skipped: int = 0
+    overflows: int = 0
+
+    first_step_time_s: float = 0.0
+
+    def add(
+        self,
+        *,
+        step: int,
+        wall_ns: int,
+        step_time: float,
+        exposed: float | None,
+        samples: int,
+        skipped: bool,
+        overflow: bool,
+    ) -> None:
+        self.steps += 1
+        self.skipped += skipped
+        self.overflows += overflow
+        if self.first_step is None:
+            self.first_step, self.first_wall_ns = step, wall_ns
+            self.first_step_time_s = step_time
+        else:
+            self.step_time_s += step_time
+            self.exposed_s += exposed or 0.0
+            self.samples += samples
+        self.last_wall_ns = wall_ns
+
+    @property
+    def span_s(self) -> float | None:
+        """From the end of the first complete step to the end of the last [s]."""
+        if self.first_wall_ns is None or self.last_wall_ns is None:
+            return None
+        span = (self.last_wall_ns - self.first_wall_ns) / 1e9
+        return span if span > 0 else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Optimizer steps per second over the run: (steps - 1) / span [1/s]."""
+        span = self.span_s
+        return (self.steps - 1) / span if span else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Samples per second over the run: the steady steps' samples / span [samples/s];
+        NA when no rank reports samples."""
+        span = self.span_s
+        return self.samples / span if span and self.samples else None
+
+    @property
+    def mean_step_s(self) -> float | None:
+        """Mean cluster step time over steady steps [s] (the first step's if it is the only)."""
+        n = self.steps - 1
+        if n <= 0:
+            return self.first_step_time_s if self.steps else None
+        return self.step_time_s / n
+
+    @property
+    def exposed_share(self) -> float | None:
+        """The cluster's exposed % over steady steps: sum of each step's least-exposed rank's
+        wait / sum of step times [fraction]."""
+        return self.exposed_s / self.step_time_s if self.step_time_s > 0 else None
