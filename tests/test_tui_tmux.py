@@ -131,7 +131,9 @@ def test_a_failed_rank_is_on_screen_before_quitting(tmp_path: Path) -> None:
     command = _run_command("tests/scripts/failing_train.py")
     try:
         term.start(command, tmp_path)
-        shown = term.wait_for(lambda s: "did you mean" in s and "job exited" in s, 150, False)
+        # The header and the alert pane refresh apart: while the live alert ("r0 failed: ...")
+        # is still up, the header may already say the job exited. Wait for the end's alert.
+        shown = term.wait_for(lambda s: "failed first" in s and "job exited" in s, 150, False)
         assert "EXIT=" not in shown  # the view is still up
         flat = " ".join(shown.split())
         assert "r0 failed first (exit code 1): ConfigError: unknown key" in flat
