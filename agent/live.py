@@ -145,8 +145,14 @@ class LiveTelemetry(Telemetry):
                     uuid = f"GPU-{props.uuid}"
                     pci_bus = pci_bus_id(props)
                 self.sampler.set_device(index, uuid, pci_bus)
-                # The step's axis becomes the device's; peaks are sampled, never reset.
-                self._timeline.cuda_event = _cuda_event
+                # The step's axis becomes the device's; peaks are sampled, never reset. Where
+                # no CUDA event can be made (a stubbed or broken runtime) the host clock stays:
+                # a step report without device times beats no step report.
+                try:
+                    _cuda_event()
+                    self._timeline.cuda_event = _cuda_event
+                except Exception:
+                    self._collectives.cuda = False
                 self._peaks = DevicePeaks(torch.cuda, index)
             self._send_hello(config, params, device)
         except Exception:

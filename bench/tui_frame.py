@@ -5,7 +5,10 @@
 
 Frame: one step of 1024 reports is folded into ClusterState (timed apart: "ingest"), then the
 cluster screen rebuilds its rows (sort, alerts) and Textual lays out and paints the frame on
-its headless driver ("frame"), at 80x24 (heatmap) and 160x48. Goal: frame <= 50 ms.
+its headless driver ("frame"), at 80x24 (heatmap) and 160x48. Goal: frame <= 50 ms. The
+history plots are measured three ways in the same run: as a live job draws them (rebuilt at
+most once a second: "plots live"), rebuilt on every frame (each frame here closes a step:
+"plots every frame"), and hidden ("plots off", the baseline the plots' cost is read against).
 
 Seek: ``ReplayFeed.goto(step)`` then the poll that answers it: the Hellos plus a short window of
 steps read through the trace's (step, rank, kind) index and decoded ("seek"), then folded into
@@ -49,10 +52,14 @@ def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1e3:6.1f} ms, max {max(values) * 1e3:6.1f} ms"
 
 
+PLOT_MODES = ("live", "every frame", "off")
+
+
 async def _frames(
-    ranks: int, frames: int, size: tuple[int, int]
+    ranks: int, frames: int, size: tuple[int, int], plots: str = "live"
 ) -> tuple[list[float], list[float], list[float]]:
     from zeroscope.tui.app import ZeroscopeApp
+    from zeroscope.tui.history_plots import HistoryPlots
 
     run = synthetic_run(RunShape(ranks=ranks, steps=frames + 2, collectives=True, straggle_from=1))
     hellos = [m for m in run if isinstance(m, schema.Hello)]
@@ -65,6 +72,10 @@ async def _frames(
     app = ZeroscopeApp(state)
     ingest, frame, cpu = [], [], []
     async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        grid = app.screen.query_one(HistoryPlots)
+        grid.min_interval_s = {"live": 1.0, "every frame": 0.0, "off": 0.0}[plots]
+        grid.display = plots != "off"
         await pilot.pause()
         for step in sorted(by_step):
             t0 = time.perf_counter()
@@ -84,20 +95,23 @@ async def _frames(
 
 
 def bench_frames(ranks: int, frames: int) -> dict[str, dict[str, float]]:
-    """Median/max frame wall and CPU time, and one step's ingest, per terminal size."""
+    """Median/max frame wall and CPU time, and one step's ingest, per terminal size and plot
+    mode (the plain size key is the live mode)."""
     out = {}
     for size in ((80, 24), (160, 48)):
-        ingest, frame, cpu = asyncio.run(_frames(ranks, frames, size))
-        print(
-            f"cluster screen {size[0]}x{size[1]}, {ranks} ranks: frame {_ms(frame)} "
-            f"(CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}"
-        )
-        out[f"{size[0]}x{size[1]}"] = {
-            "frame_s": statistics.median(frame),
-            "frame_max_s": max(frame),
-            "frame_cpu_s": statistics.median(cpu),
-            "ingest_s": statistics.median(ingest),
-        }
+        for mode in PLOT_MODES:
+            ingest, frame, cpu = asyncio.run(_frames(ranks, frames, size, mode))
+            print(
+                f"cluster screen {size[0]}x{size[1]}, {ranks} ranks, plots {mode}: frame "
+                f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}"
+            )
+            key = f"{size[0]}x{size[1]}" + ("" if mode == "live" else f", plots {mode}")
+            out[key] = {
+                "frame_s": statistics.median(frame),
+                "frame_max_s": max(frame),
+                "frame_cpu_s": statistics.median(cpu),
+                "ingest_s": statistics.median(ingest),
+            }
     return out
 
 

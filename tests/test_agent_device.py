@@ -49,6 +49,7 @@ def test_allocator_and_nvml_readings_follow_the_hello_device(
     col.add_listener(got.append)
     with col:
         tel = LiveTelemetry(Publisher(col.ingest_address), job_id="dev")
+        assert tel.publisher.wait_connected(30)  # a report sent before the handshake is dropped
         devices: list[tuple[Any, ...]] = []
         monkeypatch.setattr(tel.sampler, "set_device", lambda *a: devices.append(a))
         tel.hello(
@@ -56,6 +57,9 @@ def test_allocator_and_nvml_readings_follow_the_hello_device(
             params=ParamCounts(total=1, trainable=1),
             device="cuda:1",
         )
+        # The peak is the step's: device 1's run peak rises during the step (the agent samples
+        # peaks and never resets them, so a peak from before it started is not this step's).
+        per_device[1] = (111, 222, 444)
         tel.step_end(memory=MemoryBytes(params=1))
         tel.close()
         assert wait_for(lambda: any(isinstance(m, StepReport) for m in got))
@@ -64,7 +68,7 @@ def test_allocator_and_nvml_readings_follow_the_hello_device(
         report.memory.device_allocated,
         report.memory.device_reserved,
         report.memory.device_peak,
-    ) == per_device[1]
+    ) == (111, 222, 444)
     assert queried and {device for _, device in queried} == {1}
     assert devices == [(1, "GPU-1234-abcd", "00000000:65:00.0")]
     assert pci_bus_id(props) == "00000000:65:00.0"

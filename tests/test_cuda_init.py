@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zeroscope.engine import api, comm
+from zeroscope.engine import api
+from zeroscope.engine import process_group as comm
 
 
 @pytest.fixture

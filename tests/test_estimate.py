@@ -77,20 +77,45 @@ def test_communication_volume_is_two_or_three_psi() -> None:
     ) + bandwidth.volume("all_gather", 8)
 
 
+def _rows(out: str) -> list[list[str]]:
+    """The table's data rows, split into cells (two lines of title, one of column names)."""
+    return [row.split() for row in out.splitlines()[3:]]
+
+
 def test_estimate_prints_the_paper_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--params", "7.5B", "--ranks", "64"]) == 0
-    rows = capsys.readouterr().out.splitlines()[2:]
-    device = [row.split()[4] for row in rows]
-    assert device == ["120.0", "31.4", "16.6", "1.9"]
+    device = [row[4] for row in _rows(capsys.readouterr().out)]
+    assert device == ["120GB", "31.4GB", "16.6GB", "1.9GB"]
 
 
 def test_estimate_single_stage_with_offload(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["estimate", "--params", "1e9", "--ranks", "4", "--stage", "3", "--offload", "cpu"]
     assert main(argv) == 0
-    (row,) = capsys.readouterr().out.splitlines()[2:]
-    stage, *_, device, host, comm = row.split()
-    # 1e9 params on 4 ranks: device P 2Ψ/N = 0.5 GB; host fp32 G + O 16Ψ/N = 4.0 GB; 3Ψ fp16.
-    assert (stage, device, host, comm) == ("3", "0.5", "4.0", "6.0")
+    (row,) = _rows(capsys.readouterr().out)
+    stage, p, g, o, device, host, nvme, comm = row
+    # 1e9 params on 4 ranks: device P 2Ψ/N = 0.5 GB (and nothing else on the device); host
+    # fp32 G + O 16Ψ/N = 4.0 GB; nothing on NVMe; 3Ψ fp16 = 6 GB per step.
+    assert (stage, p, g, o, device, host, nvme, comm) == (
+        "3", "500MB", "0B", "0B", "500MB", "4.0GB", "0B", "6.0GB"
+    )  # fmt: skip
+
+
+def test_estimate_small_models_never_print_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    # 1e6 parameters: every part is kilobytes to megabytes; a fixed-GB column printed "0.0".
+    assert main(["estimate", "--params", "1e6", "--ranks", "64", "--stage", "3"]) == 0
+    (row,) = _rows(capsys.readouterr().out)
+    assert row[1:] == ["31.2KB", "31.2KB", "188KB", "250KB", "0B", "0B", "6.0MB"]
+
+
+def test_estimate_counts_nvme_apart_from_host_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    # ZeRO-Infinity as DeepSpeed places it: optimizer states and the parameter shard on NVMe,
+    # the fp32 gradient shard in host memory (4Ψ/N).
+    argv = ["estimate", "--params", "8e9", "--ranks", "8", "--stage", "3",
+            "--offload", "nvme", "--offload-param", "nvme"]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = _rows(capsys.readouterr().out)
+    device, host, nvme = row[4:7]
+    assert (device, host, nvme) == ("0B", "4.0GB", "14.0GB")  # 4Ψ/N; 12Ψ/N + 2Ψ/N
 
 
 def test_estimate_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,7 +80,7 @@ async def test_cursor_sort_filter_and_drill_down() -> None:
         await pilot.press("enter")
         assert isinstance(app.screen, RankScreen) and app.screen.rank == 1
         text = screen_text(app)
-        assert "rank 1" in text and "memory by part over time" in text
+        assert "rank 1" in text and "rank 1 beside the cluster over steps" in text
         await pilot.press("escape")
         assert isinstance(app.screen, ClusterScreen)
 
@@ -117,12 +117,12 @@ def test_every_collected_figure_has_a_place_na_where_absent() -> None:
     assert report is not None
     prefetched = sum(c.prefetched for c in report.collectives)
     for needle in (
-        "gathered P   8.0M",
+        "gathered P   8.0MB",
         f"prefetched   {prefetched} ",
         "grad norm    1.01",
-        "rss          1.1G",
+        "rss          1.1GB",
         "cpu          ",
-        "host O       36.0M",
+        "host O       36.0MB",
         "NVMe         0B",
     ):
         assert needle in text, needle
@@ -149,7 +149,7 @@ def test_the_phase_row_draws_each_span_where_it_ran() -> None:
     ("key", "screen", "needle"),
     [
         ("m", MemoryScreen, "measured / predicted"),
-        ("c", CommScreen, "predicted 72.0M (1.00x)"),
+        ("c", CommScreen, "predicted 72.0MB (1.00x)"),
         ("l", LossScaleScreen, "5 of 40 steps skipped"),
     ],
 )
@@ -175,7 +175,7 @@ async def test_memory_screen_predicted_matches_measured_for_the_fixture() -> Non
             if line.strip("│ ")[:2] in ("r0", "r1", "r2", "r3")
         ]
         assert len(rows) == 4
-        assert all("6.0M/6.0M" in row and "+0%" in row for row in rows)
+        assert all("6.0MB/6.0MB" in row and "+0%" in row for row in rows)
 
 
 @sync

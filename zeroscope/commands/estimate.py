@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from zeroscope.formulas import GB, comm_bytes_per_step, model_state_bytes
+from zeroscope.formulas import ModelStateBytes, comm_bytes_per_step, model_state_bytes
+from zeroscope.state import units
 
 HELP = "model-state memory per rank by the ZeRO formulas"
 
@@ -52,11 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16")
 
 
-def _gb(value: float) -> str:
-    """GB with one decimal, like the paper; parts under 1 GB get three significant digits."""
-    if value == 0 or value >= GB:
-        return f"{value / GB:9.1f}"
-    return f"{value / GB:9.3g}"
+def placement(
+    m: ModelStateBytes, offload_optimizer: str, offload_param: str
+) -> tuple[float, float]:
+    """(host memory, NVMe) bytes of the offloaded parts. The formulas say what leaves the device;
+    where it goes follows DeepSpeed: with an NVMe optimizer offload the optimizer states live on
+    NVMe while the fp32 gradient shard the host optimizer consumes stays in host memory; with an
+    NVMe parameter offload the parameter shard lives on NVMe."""
+    nvme = (m.host_optim if offload_optimizer == "nvme" else 0.0) + (
+        m.host_params if offload_param == "nvme" else 0.0
+    )
+    return m.host_total - nvme, nvme
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,10 +75,15 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"--offload-param needs ZeRO stage 3 (got --stage {args.stage})")
     stages = [args.stage] if args.stage is not None else [0, 1, 2, 3]
     print(
-        f"model states of {args.params:.4g} parameters on {args.ranks} ranks, {args.precision}, "
-        f"offload_optimizer={args.offload}, offload_param={args.offload_param} (GB = 1e9 bytes)"
+        f"model states per rank of {args.params:.4g} parameters on {args.ranks} ranks, "
+        f"{args.precision}, offload_optimizer={args.offload}, offload_param={args.offload_param}"
     )
-    print(f"{'stage':>5} {'P':>9} {'G':>9} {'O':>9} {'device':>9} {'host':>9} {'comm/step':>10}")
+    print(
+        "P G O device: on each GPU; host: CPU memory; NVMe: on disk; comm/step: volume per "
+        "rank (1 GB = 1e9 bytes)"
+    )
+    head = ("stage", "P", "G", "O", "device", "host", "NVMe", "comm/step")
+    print(" ".join(f"{h:>9}" if i else f"{h:>5}" for i, h in enumerate(head)))
     for stage in stages:
         # Without --stage every stage is listed; offloads apply where that stage allows them.
         offload = args.offload if stage >= 1 else "none"
@@ -79,10 +91,8 @@ def main(args: argparse.Namespace) -> int:
         m = model_state_bytes(
             args.params, args.ranks, stage, args.precision, offload, offload_param
         )
+        host, nvme = placement(m, offload, offload_param)
         comm = comm_bytes_per_step(args.params, stage, args.precision)
-        print(
-            f"{stage:>5} {_gb(m.params + m.host_params)} {_gb(m.grads + m.host_grads)} "
-            f"{_gb(m.optim + m.host_optim)} {_gb(m.device_total)} {_gb(m.host_total)} "
-            f"{comm / GB:9.1f}"
-        )
+        cells = (m.params, m.grads, m.optim, m.device_total, host, nvme, comm)
+        print(f"{stage:>5} " + " ".join(f"{units.size(v):>9}" for v in cells))
     return 0

@@ -62,12 +62,10 @@ def summarize(path: Path) -> dict[str, Any]:
 
 
 def _bytes(v: float | None) -> str:
-    if v is None:
-        return "NA"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(v) >= size:
-            return f"{v / size:.2f} {unit}"
-    return f"{v:.0f} B"
+    """Sizes as every view prints them (zeroscope.state.units: decimal, 1 MB = 1e6 bytes)."""
+    from zeroscope.state import units
+
+    return units.size(v)
 
 
 def _rate(v: float | None) -> str:

@@ -25,6 +25,7 @@ from zeroscope.agent.schema import (
 )
 
 from .alerts import Alert, AlertRules, evaluate
+from .history import StepSeries, step_point
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
 from .stragglers import Finding, LagBook, Standing, judge
@@ -158,6 +159,8 @@ class ClusterState:
         """Stragglers and slow links (zeroscope.state.stragglers)."""
         self.roster = Roster()
         """The collector's Admission records: who was turned away (state/roster.py)."""
+        self.series = StepSeries(history_steps)
+        """The cluster's figures per closed step, for the history plots (state/history.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -260,6 +263,11 @@ class ClusterState:
             if rs.summary is not None and rs.summary.step == agg.step:
                 rs.slowness = st.slowness
         self.lags.add(agg.step, agg.standings, agg.median_time)
+        flagged = next((f for f in self.lags.findings() if f.kind == "straggler"), None)
+        self.series.add(
+            step_point(agg, flagged.rank if flagged else None),
+            flagged.first_step if flagged else None,
+        )
         self.totals.add(
             step=agg.step,
             wall_ns=agg.wall_ns,

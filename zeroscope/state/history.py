@@ -1,14 +1,18 @@
-"""Per-step series for the over-time views (the Comm screen's sparklines today, history plots
-later): one value per complete step, oldest first, None where no rank reported the figure.
+"""Per-step series for the over-time views (the Comm screen's sparklines, the history plots of
+the cluster and rank screens): one value per complete step, oldest first, None where no rank
+reported the figure.
 
 A cluster series of a per-rank figure is the *median rank's* value in each step: robust to
-one outlier rank (a straggler, a rank whose report was dropped) and shown as such.
+one outlier rank (a straggler, a rank whose report was dropped) and shown as such. The history
+plots read :class:`StepSeries`, whose points ClusterState freezes as each step closes.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,3 +55,126 @@ def rank_series(
     """(step, figure) of one rank's kept history (RankState.history), oldest first."""
     rs = state.ranks.get(rank)
     return [] if rs is None else [(s.step, figure(s)) for s in rs.history]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPoint:
+    """One closed step's cluster figures for the history plots, frozen when the step closed
+    (late reports of a closed step change no figure, as for StepAggregate)."""
+
+    step: int
+    step_time: float
+    """The cluster's step time: the slowest rank's (StepAggregate.step_time) [s]."""
+    median_time: float
+    """The median rank's step time (StepAggregate.median_time) [s]."""
+    straggler: int | None
+    """The rank flagged as a straggler in this step (the straggler alert stood: its compute was
+    over the others' by the margin in ``straggler_steps`` of its last ``straggler_window`` steps,
+    stragglers.py), from the first over-step of that streak on; None if none."""
+    loss: float | None
+    """The ranks' mean loss (StepAggregate.loss)."""
+    loss_scale: float | None
+    overflow: bool
+    exposed: float | None
+    """The cluster's exposed share (the least-exposed rank's wait / step time) [fraction]."""
+    median_exposed: float | None
+    """The median rank's exposed share [fraction]: what one rank's is held against."""
+    memory_rank: int
+    """The rank holding the most device memory (P+G+O+A) in this step."""
+    params: int | None
+    grads: int | None
+    optim: int | None
+    activations: int | None
+    """That rank's P, G, O, A on the device [bytes]; None = not reported."""
+    host: int
+    """That rank's offloaded P+G+O in host memory [bytes]."""
+    median_memory: float | None
+    """The median rank's device P+G+O+A [bytes]."""
+    offload_bw: float | None
+    """The median offload bandwidth of the ranks that moved data [bytes/s]; None if none did."""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
+    """The history figures of one closed (and judged) step; ``straggler``: the rank flagged."""
+    worst = agg.worst_memory_rank
+    w = agg.summaries[worst]
+    summaries = agg.summaries.values()
+    return StepPoint(
+        step=agg.step,
+        step_time=agg.step_time,
+        median_time=agg.median_time,
+        straggler=straggler,
+        loss=agg.loss,
+        loss_scale=agg.loss_scale,
+        overflow=agg.overflow,
+        exposed=agg.exposed_share,
+        median_exposed=_median(s.exposed_share for s in summaries),
+        memory_rank=worst,
+        params=w.params,
+        grads=w.grads,
+        optim=w.optim,
+        activations=w.activations,
+        host=w.host_bytes,
+        median_memory=_median(s.device_total for s in summaries),
+        offload_bw=_median(s.offload_bw for s in summaries),
+    )
+
+
+class StepSeries:
+    """The cluster's history over steps (one StepPoint per closed step, oldest first, the last
+    ``limit``), kept by ClusterState as steps close: a plot reads it in O(steps), never
+    O(steps x ranks), which keeps a 1024-rank frame cheap."""
+
+    def __init__(self, limit: int) -> None:
+        self.points: deque[StepPoint] = deque(maxlen=limit)
+        self.version = 0
+        """Bumped when a point is added: a plot redraws only when its series moved."""
+
+    def add(self, point: StepPoint, flagged_since: int | None = None) -> None:
+        """Append a step; a straggler flagged from an earlier step (``flagged_since``) marks
+        the kept points back to that step: the streak that raised the flag."""
+        if point.straggler is not None and flagged_since is not None:
+            for i in range(len(self.points) - 1, -1, -1):
+                p = self.points[i]
+                if p.step < flagged_since or p.straggler is not None:
+                    break
+                self.points[i] = replace(p, straggler=point.straggler)
+        self.points.append(point)
+        self.version += 1
+
+    def at(self, step: int) -> StepPoint | None:
+        """The point of ``step`` (None when not kept)."""
+        for p in reversed(self.points):
+            if p.step == step:
+                return p
+            if p.step < step:
+                return None
+        return None
+
+
+def rank_beside_cluster(
+    state: ClusterState,
+    rank: int,
+    figure: Callable[[StepSummary], float | None],
+    cluster: Callable[[StepPoint], float | None],
+    series: StepSeries | None = None,
+) -> tuple[list[int], list[float | None], list[float | None]]:
+    """(steps, the rank's figure, the cluster's figure) over the rank's kept history, aligned
+    by step: the rank detail's "this rank beside the cluster median". ``series`` defaults to
+    the state's own (replay passes the whole run's)."""
+    rs = state.ranks.get(rank)
+    if rs is None:
+        return [], [], []
+    by_step = {p.step: p for p in (series or state.series).points}
+    steps, mine, theirs = [], [], []
+    for s in rs.history:
+        p = by_step.get(s.step)
+        steps.append(s.step)
+        mine.append(figure(s))
+        theirs.append(cluster(p) if p is not None else None)
+    return steps, mine, theirs

@@ -13,8 +13,9 @@ from .roster import headcount
 
 
 def step_line(agg: StepAggregate) -> str:
-    """step, step time, mean loss, loss scale, worst rank's P/G/O/A, the cluster's exposed comm
-    %, and the rank with the most compute beyond the others (its excess)."""
+    """step, step time, mean loss, loss scale, worst rank's P/G/O/A on the device (and what it
+    offloaded to host memory or NVMe), the cluster's exposed comm %, and the rank with the most
+    compute beyond the others (its excess)."""
     worst = agg.worst_memory_rank
     w = agg.summaries[worst]
     slowest = agg.slowest_rank
@@ -24,8 +25,11 @@ def step_line(agg: StepAggregate) -> str:
         f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
         f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
         f"mem r{worst} P {units.size(w.params)} G {units.size(w.grads)} "
-        f"O {units.size(w.optim)} A {units.size(w.activations)}  "
-        f"exposed {units.percent(agg.exposed_share):>4}  "
+        f"O {units.size(w.optim)} A {units.size(w.activations)}"
+        # Offloaded parts live in host memory: say how much, or O 0B reads as no optimizer.
+        + (f" host {units.size(w.host_bytes)}" if w.host_bytes else "")
+        + (f" nvme {units.size(w.nvme_bytes)}" if w.nvme_bytes else "")
+        + f"  exposed {units.percent(agg.exposed_share):>4}  "
         f"slowest r{slowest}"
         + (f" (+{units.seconds(excess)} compute)" if excess is not None and excess > 0 else "")
         + f"  ranks {len(agg.summaries)}{flags}"

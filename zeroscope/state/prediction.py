@@ -126,3 +126,23 @@ def predicted_traffic(state: ClusterState) -> TrafficPrediction | None:
     except ValueError:
         return None
     return TrafficPrediction(volume=elements * size, paper=paper, label=label)
+
+
+def paper_differences(config: ConfigSummary, params: ParamCounts) -> list[str]:
+    """Why the engine's traffic differs from the paper's 2Ψ / 3Ψ for this config, one short
+    reason each (the Comm screen prints them beside the two ratios)."""
+    out = []
+    g = max(1, config.gradient_accumulation_steps)
+    if config.stage in (2, 3) and g > 1:
+        out.append(f"gradients are reduce-scattered every micro-batch ({g} per step)")
+    if config.stage == 3:
+        psi = float(params.padded_total or params.total)
+        nonpersistent = max(psi - float(params.persistent), 0.0)
+        k = reuse_fraction(config, nonpersistent)
+        if k > 0:
+            out.append(f"backward reuses {k:.0%} of forward's gathers (stage3_max_reuse_distance)")
+        if params.persistent:
+            out.append("persistent parameters are gathered once per step, not per micro-batch")
+    if (params.padded_total or params.total) != params.total:
+        out.append("the engine pads the flat buffers it communicates")
+    return out

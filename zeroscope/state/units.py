@@ -1,20 +1,26 @@
-"""Human figures for the TUI and the headless lines. ``None`` always prints as NA, never 0."""
+"""Human figures: the one formatter of every view (TUI, headless lines, ``summary``, ``estimate``,
+plot axes), so a size reads the same everywhere. ``None`` always prints as NA, never 0."""
 
 from __future__ import annotations
 
 NA = "NA"
 
 
+SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
+"""Decimal units (1 GB = 1e9 bytes), as the ZeRO paper counts and DeepSpeed's estimators print."""
+
+
 def size(nbytes: float | None) -> str:
-    """1.2G style (decimal units, like the ZeRO paper and `zeroscope estimate`)."""
+    """``1.2GB`` style: the largest decimal unit that keeps the figure >= 1, one decimal under
+    100 of it; a non-zero size never prints as 0."""
     if nbytes is None:
         return NA
     value = float(nbytes)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1000 or unit == "T":
+    for unit in SIZE_UNITS:
+        if abs(value) < 999.95 or unit == SIZE_UNITS[-1]:
             if unit == "B":
                 return f"{value:.0f}B"
-            return f"{value:.1f}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
+            return f"{value:.1f}{unit}" if abs(value) < 99.95 else f"{value:.0f}{unit}"
         value /= 1000
     return NA  # pragma: no cover
 
@@ -30,8 +36,15 @@ def rate(bytes_per_s: float | None) -> str:
 
 
 def seconds(value: float | None) -> str:
+    """``150ms`` / ``2.31s``; under 10 ms with a decimal, so a short time never prints as 0."""
     if value is None:
         return NA
+    if value == 0:
+        return "0ms"
+    if value < 1e-4:
+        return f"{value * 1e6:.0f}µs"
+    if value < 0.01:
+        return f"{value * 1e3:.1f}ms"
     if value < 1:
         return f"{value * 1e3:.0f}ms"
     return f"{value:.2f}s"

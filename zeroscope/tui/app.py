@@ -20,6 +20,7 @@ from textual.worker import get_current_worker
 
 from zeroscope.job_over import all_ranks_said_bye
 from zeroscope.state import Alert, ClusterState
+from zeroscope.state.history import StepSeries
 
 from .base import StateScreen
 from .cluster_screen import ClusterScreen
@@ -58,7 +59,8 @@ class ZeroscopeApp(App[str]):
         Binding("1", "show('cluster')", "cluster", show=False),
         Binding("m", "show('memory')", "memory"),
         Binding("c", "show('comm')", "comm"),
-        Binding("l", "show('loss_scale')", "loss scale"),
+        Binding("l", "show('loss_scale')", "scale"),
+        Binding("o", "show('log')", "log"),
         Binding("escape", "go_back", "back", show=False),
         Binding("space", "pause", "pause", show=False),
         # Replay's step keys win over a focused heatmap's cursor (check_action lets them through
@@ -91,6 +93,8 @@ class ZeroscopeApp(App[str]):
         self._drawn = -1
         self.job_over = False
         """Set (mark_over) by a viewer that learns the job is gone (attach's tunnel keeper)."""
+        self.run_series: StepSeries | None = None
+        """Replay: the whole run's history series (read in the background); None until then."""
 
     @property
     def replay(self) -> ReplayFeed | None:
@@ -123,6 +127,7 @@ class ZeroscopeApp(App[str]):
                     messages[start : start + CHUNK],
                     reset=batch.reset and start == 0,
                     final=batch.final and start + CHUNK >= len(messages),
+                    overview=batch.overview if start == 0 else None,
                 )
                 self.call_from_thread(self.apply_batch, part)
 
@@ -137,6 +142,9 @@ class ZeroscopeApp(App[str]):
             self.state.ingest(message, now)
         if batch.final:
             self.state.flush()
+            self.state.version += 1
+        if batch.overview is not None:
+            self.run_series = batch.overview
             self.state.version += 1
 
     def _tick(self) -> None:
@@ -157,6 +165,27 @@ class ZeroscopeApp(App[str]):
         alerts = self.state.alerts(time.time() if self.live_clock else None)
         job_alerts = getattr(self.job, "alerts", None)
         return [*job_alerts(), *alerts] if callable(job_alerts) else alerts
+
+    @property
+    def cursor(self) -> int | None:
+        """Replay: the step on screen (the plots' cursor); None live."""
+        if self.replay is None:
+            return None
+        latest = self.state.latest()
+        return latest.step if latest is not None else None
+
+    @property
+    def log_path(self) -> str | None:
+        """The job's own output: the live job's log, or the one recorded beside the trace."""
+        log = getattr(self.job, "log", None) if self.job is not None else None
+        if log:
+            return str(log)
+        if self.trace:
+            from pathlib import Path
+
+            beside = Path(self.trace).with_suffix(".log")
+            return str(beside) if beside.is_file() else None
+        return None
 
     def status_text(self) -> str:
         if self.replay is not None:
@@ -251,7 +280,13 @@ class ZeroscopeApp(App[str]):
             self.replay.goto(step)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        """zeroscope's own commands only: its screens, its ranks, replay's controls, help and
+        quit. Textual's generic entries (themes, screenshots, maximize) are left out: they do
+        not help read a training job and crowd the list (issue 19)."""
+        yield SystemCommand("Help: keys", "every key and what the columns mean", self.action_help)
+        yield SystemCommand(
+            "Quit", "leave zeroscope (asks while the job runs)", self.action_quit_app
+        )
         for name, (title, help_text) in SCREENS.items():
             yield SystemCommand(title, help_text, lambda n=name: self.action_show(n))
         for rank in sorted(self.state.ranks)[:64]:

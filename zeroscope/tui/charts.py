@@ -27,21 +27,31 @@ def legend() -> Text:
 
 def stacked_bar(parts: Sequence[tuple[str, float | None]], scale: float, width: int) -> Text:
     """One bar of ``width`` cells: each part's share of ``scale`` bytes, in PART_STYLES colors.
-    Cells are assigned by cumulative rounding so the bar's length is exact."""
-    text = Text()
+    Cells are assigned by cumulative rounding so the bar's length is exact; a part that holds
+    bytes but rounds to no cell gets one, taken from the largest part, so a small P beside
+    large activations still shows its colour."""
     if scale <= 0 or width <= 0:
         return Text(" " * max(width, 0))
+    known = [(part, value) for part, value in parts if value is not None]
+    cells: list[int] = []
     acc = 0.0
     used = 0
-    for part, value in parts:
-        if value is None:
-            continue
+    for _part, value in known:
         acc += value
         end = min(width, round(acc / scale * width))
-        if end > used:
-            text.append("█" * (end - used), style=PART_STYLES.get(part, ""))
-            used = end
-    text.append(" " * (width - used))
+        cells.append(max(0, end - used))
+        used = max(used, end)
+    for i, (_part, value) in enumerate(known):
+        if value > 0 and cells[i] == 0:
+            donor = max(range(len(cells)), key=lambda k: cells[k])
+            if cells[donor] > 1:
+                cells[donor] -= 1
+                cells[i] = 1
+    text = Text()
+    for (part, _value), n in zip(known, cells):
+        if n:
+            text.append("█" * n, style=PART_STYLES.get(part, ""))
+    text.append(" " * (width - sum(cells)))
     return text
 
 

@@ -12,7 +12,7 @@ from textual.widgets import Footer
 
 from zeroscope.state import units
 from zeroscope.state.history import busbw_series, volume_series
-from zeroscope.state.prediction import predicted_traffic
+from zeroscope.state.prediction import paper_differences, predicted_traffic
 
 from .base import StateScreen
 from .charts import sparkline
@@ -35,7 +35,7 @@ class CommScreen(StateScreen):
                 self._exposed,
                 id="exposed",
             )
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#volume", Pane).focus()
@@ -59,6 +59,19 @@ class CommScreen(StateScreen):
             if ratio is not None:
                 text.append(f" ({ratio:.2f}x)", style="green" if 0.9 <= ratio <= 1.1 else "yellow")
             text.append(f"\n{expected.label}; paper {units.size(expected.paper)}", style="dim")
+            if last is not None and expected.paper:
+                text.append(f" ({last / expected.paper:.2f}x of it)", style="dim")
+            c, p = self.state.config, self.state.params
+            reasons = paper_differences(c, p) if c is not None and p is not None else []
+            text.append(
+                "\nratio = measured / predicted (1.00x: the traffic model met exactly); "
+                + (
+                    "the paper's figure differs here: " + "; ".join(reasons)
+                    if reasons
+                    else "the paper's figure is the same for this config"
+                ),
+                style="dim",
+            )
         text.append("\n")
         text.append_text(sparkline(series, max(8, width - 2), lo=0, style="cyan"))
         return text

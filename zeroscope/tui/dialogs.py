@@ -16,12 +16,21 @@ KEYS = """\
   enter         drill into the rank under the cursor
   escape        back to the cluster view (or clear the filter)
   tab           next pane
-  m  c  l       memory · communication · loss scale screens
+  m  c  l  o    memory · communication · loss scale · the job's log
   s             sort the table (heatmap: metric)
   v             table / heatmap
+  n             more history plots (when they do not all fit)
   /             filter ranks: 3  0-7  r12  node1  slow
   ctrl+p        command palette (every screen, every rank)
   ?             this help        q  quit
+[b]Columns[/b]
+  memory        device bytes by part: [bold blue]P[/] params [bold green]G[/] grads \
+[bold yellow]O[/] optimizer [bold magenta]A[/] activations
+  slow          the rank's compute (step minus time waiting in collectives)
+                ÷ the median of the other ranks' (1.00x typical; yellow > 1.05x, red > 1.2x)
+  expo          exposed comm: share of the rank's step spent waiting in collectives
+  offload       host ↔ device transfer bandwidth; scale: fp16 loss scale
+  flag          slow · comm · mem! · silent · exited · died · drops (see the alerts)
 """
 REPLAY_KEYS = """\
 [b]Replay[/b]

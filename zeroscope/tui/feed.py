@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from zeroscope.agent.schema import Message
+from zeroscope.state import ClusterState
+from zeroscope.state.history import StepSeries
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 BASE_STEPS_PER_S = 4.0
 """Replay pace at speed 1x (steps per second)."""
+OVERVIEW_REPORTS = 200_000
+"""Traces up to this many step reports are read whole (in slices between replay polls) for the
+history plots' whole-run series; larger ones plot the steps replayed so far."""
+OVERVIEW_STEPS = 20_000
+"""Steps of whole-run series kept (one StepPoint each, a few hundred bytes)."""
+OVERVIEW_SLICE = 2048
+"""Messages folded per poll while reading the overview (keeps seeks and steps responsive)."""
 
 
 @dataclass(slots=True)
@@ -27,6 +37,8 @@ class Batch:
     """Clear ClusterState before folding these in (a seek)."""
     final: bool = False
     """No more messages will come (end of the trace): close steps still open."""
+    overview: StepSeries | None = None
+    """The whole run's history series (replay), once read."""
 
 
 class Source(Protocol):
@@ -84,6 +96,43 @@ class ReplayFeed:
         self._seek: int | None = self.first if start_step is None else self.clamp(start_step)
         self._due = 0.0
         self._ended = False
+        count = getattr(trace, "count", None)
+        small = count is None or count("step") <= OVERVIEW_REPORTS
+        self._overview: Iterator[StepSeries | None] | None = (
+            self._read_overview() if small else None
+        )
+
+    def _read_overview(self) -> Iterator[StepSeries | None]:
+        """The whole trace through a ClusterState of its own, a slice per ``next``: yields None
+        until done, then the run's StepSeries (the figures the live view computed step by step)."""
+        state = ClusterState()
+        state.series = StepSeries(OVERVIEW_STEPS)
+        state.ingest_all(self.hellos)
+        messages: Iterable[Message] = self.trace.messages()  # type: ignore[assignment]
+        for i, message in enumerate(messages):
+            state.ingest(message)
+            if i % OVERVIEW_SLICE == OVERVIEW_SLICE - 1:
+                yield None
+        state.flush()
+        yield state.series
+
+    def _overview_slice(self) -> StepSeries | None:
+        """Read the next slice of the overview; the series when complete. A trace that fails to
+        read gives no overview (the replay itself reports the error)."""
+        if self._overview is None:
+            return None
+        try:
+            series = next(self._overview)
+        except Exception:
+            self._overview = None
+            return None
+        if series is not None:
+            self._overview = None
+        return series
+
+    @property
+    def reading_overview(self) -> bool:
+        return self._overview is not None
 
     def clamp(self, step: int) -> int:
         return max(self.first, min(self.last, step))
@@ -118,6 +167,12 @@ class ReplayFeed:
             paused, speed = self.paused, self.speed
         if target is not None:
             return self._seek_to(target)
+        if self._overview is not None:
+            series = self._overview_slice()
+            if series is not None:
+                return Batch(overview=series)
+            if paused or self.position >= self.last:
+                return None  # no waiting while there is reading to do
         if paused or self.position >= self.last:
             if self.position >= self.last and not self._ended and self.last >= self.first:
                 self._ended = True

@@ -9,9 +9,11 @@ from zeroscope.state import ClusterState, units
 from zeroscope.state.roster import headcount
 
 
-def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, str]]:
-    """(text, style) pieces: job, world size, stage, precision, offload, step, steps/s,
-    samples/s, status; NA until known."""
+def header_segments(
+    state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
+) -> list[tuple[str, str]]:
+    """(text, style) pieces: job, world size (or, under a filter, how many ranks it shows),
+    stage, precision, offload, step, steps/s, samples/s, status; NA until known."""
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
@@ -21,6 +23,8 @@ def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, st
         # Until every rank of the job reported, say how many did (the alert says why).
         (f"{world} ranks", "") if reported >= world else (f"ranks {reported}/{world}", "bold red"),
     ]
+    if shown is not None:
+        segments[1] = (f"{shown[0]} of {shown[1]} ranks shown (filter)", "bold yellow")
     if c is not None:
         offload = (
             c.offload_optimizer
@@ -39,11 +43,16 @@ def header_segments(state: ClusterState, status: str = "") -> list[tuple[str, st
     return segments
 
 
-def header_text(state: ClusterState, status: str = "", width: int = 200) -> Text:
+def header_text(
+    state: ClusterState,
+    status: str = "",
+    width: int = 200,
+    shown: tuple[int, int] | None = None,
+) -> Text:
     """The segments joined by │, wrapped only between segments (two lines at 80 columns)."""
     text = Text(" zeroscope ", style="bold reverse")
     column = len(text)
-    for i, (piece, style) in enumerate(header_segments(state, status)):
+    for i, (piece, style) in enumerate(header_segments(state, status, shown)):
         sep = " " if i == 0 else " │ "
         if column + len(sep) + len(piece) > width:
             text.append("\n ")
@@ -64,12 +73,16 @@ class ClusterHeader(Widget):
         super().__init__()
         self._state: ClusterState | None = None
         self._status = ""
+        self._shown: tuple[int, int] | None = None
 
-    def show(self, state: ClusterState, status: str = "") -> None:
-        self._state, self._status = state, status
+    def show(
+        self, state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
+    ) -> None:
+        """``shown``: (ranks shown, ranks) while a filter hides some."""
+        self._state, self._status, self._shown = state, status, shown
         self.refresh(layout=True)
 
     def render(self) -> Text:
         if self._state is None:
             return Text(" zeroscope ", style="bold reverse")
-        return header_text(self._state, self._status, self.content_size.width or 80)
+        return header_text(self._state, self._status, self.content_size.width or 80, self._shown)

@@ -28,17 +28,43 @@ def _value(row: RankRow, metric: str) -> float | None:
     }[metric]
 
 
+CUTS = {
+    "slowness": (1.05, 1.15, 1.3),
+    "exposed": (0.1, 0.2, 0.3),
+    "memory": (0.7, 0.85, 0.95),
+    "step": (0.7, 0.85, 0.95),
+}
+"""Colour thresholds: slowness (x the others' median) and exposed share are absolute; memory
+and step time are shares of the largest rank's."""
+NA_STYLE = "grey30"
+
+
 def level(metric: str, value: float | None, top: float) -> str:
     """Color of one cell: slowness by fixed thresholds; other metrics relative to the max."""
     if value is None:
-        return "grey30"
+        return NA_STYLE
+    if metric not in ("slowness", "exposed"):
+        value = value / top if top > 0 else 0.0
+    return LEVELS[sum(value > c for c in CUTS[metric])]
+
+
+def legend(metric: str) -> Text:
+    """What each colour means for ``metric``: the heatmap's colour legend."""
+    cuts = CUTS[metric]
     if metric == "slowness":
-        cuts = (1.05, 1.15, 1.3)
-        return LEVELS[sum(value > c for c in cuts)]
-    if metric == "exposed":
-        return LEVELS[sum(value > c for c in (0.1, 0.2, 0.3))]
-    share = value / top if top > 0 else 0.0
-    return LEVELS[sum(share > c for c in (0.7, 0.85, 0.95))]
+        marks = [f"{c:.2f}x" for c in cuts]
+    elif metric == "exposed":
+        marks = [f"{c:.0%}" for c in cuts]
+    else:
+        marks = [f"{c:.0%} of max" if i == 0 else f"{c:.0%}" for i, c in enumerate(cuts)]
+    text = Text()
+    labels = [f"≤{marks[0]}", f"≤{marks[1]}", f"≤{marks[2]}", f">{marks[2]}"]
+    for style, label in zip(LEVELS, labels):
+        text.append("██", style=style)
+        text.append(f" {label}  ")
+    text.append("██", style=NA_STYLE)
+    text.append(" NA")
+    return text
 
 
 class RankHeatmap(Widget, can_focus=True):
@@ -46,11 +72,11 @@ class RankHeatmap(Widget, can_focus=True):
     RankHeatmap { height: 1fr; min-height: 3; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left,h", "move(-1)", show=False),
-        Binding("right,l", "move(1)", show=False),
+        Binding("left", "move(-1)", show=False),
+        Binding("right", "move(1)", show=False),  # l is the loss-scale screen
         Binding("up,k", "move_row(-1)", show=False),
         Binding("down,j", "move_row(1)", show=False),
-        Binding("enter", "select", "drill in"),
+        Binding("enter", "select", "rank"),
         Binding("s", "cycle_metric", "metric"),
     ]
 
@@ -121,7 +147,7 @@ class RankHeatmap(Widget, can_focus=True):
             if self.metric == "step"
             else units.size(value)
         )
-        text.append(f"{n} ranks by {self.metric} (s: metric, enter: drill in)", style="bold")
+        text.append(f"{n} ranks by {self.metric}", style="bold")
         text.append(f"   r{current.rank if current else 'NA'}: {shown}\n")
         # Runs of equal color become one span: at 1024 ranks that is tens of spans, not 1024
         # (the cost of a frame is in styling spans, not in counting cells).
@@ -140,4 +166,6 @@ class RankHeatmap(Widget, can_focus=True):
                     text.append("\n")
             run += glyph
         text.append(run, style=run_style)
+        text.append("\n")
+        text.append_text(legend(metric))
         return text

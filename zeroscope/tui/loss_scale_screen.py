@@ -1,19 +1,26 @@
-"""Loss scale: the fp16 dynamic loss scale per step on a log2 axis (✗ = overflow, step
-skipped) and the event log (overflow, scale change, scale at minimum, nan loss)."""
+"""Loss scale: the fp16 dynamic loss scale per step on a log2 axis (x = overflow, step
+skipped), drawn by plotext with a 2^k label on the row of every power of two it shows, and the
+event log (overflow, scale change, scale at minimum, nan loss)."""
 
 from __future__ import annotations
+
+import math
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
+from textual_plotext.plot import Plot
 
 from zeroscope.state import units
 
 from .base import StateScreen
-from .charts import log2_chart
 from .header import ClusterHeader
+from .history_plot import Chart, Line, build, legend_text
 from .pane import Pane
+
+MAX_ROWS = 9
+"""Data rows of the chart at most (the frame and the step labels add three)."""
 
 SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
 
@@ -21,15 +28,16 @@ SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
 class LossScaleScreen(StateScreen):
     def __init__(self) -> None:
         super().__init__(name="loss_scale")
+        self._plot = Plot()
 
     def compose(self) -> ComposeResult:
         yield ClusterHeader()
         with VerticalScroll():
             yield Pane(
-                "loss scale per step (log2 axis; ✗ overflow, step skipped)", self._chart, id="chart"
+                "loss scale per step (log2 axis; x overflow, step skipped)", self._chart, id="chart"
             )
             yield Pane("overflow / skip / scale events (newest first)", self._events, id="events")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#chart", Pane).focus()
@@ -48,13 +56,12 @@ class LossScaleScreen(StateScreen):
         scales = [a.loss_scale for a in steps]
         if all(s is None for s in scales):
             return Text("NA (no loss scale reported)", style="dim")
-        cols = max(8, width - 8)
-        rows = log2_chart(scales, cols, 6, [a.overflow for a in steps])
-        text = Text("\n").join(rows)
-        shown = steps[-cols:]
-        text.append(
-            f"\n{'step':>6} {shown[0].step:<{max(1, cols - 8)}}{shown[-1].step:>8}", style="dim"
+        chart, rows = loss_scale_chart(
+            [a.step for a in steps], scales, [a.overflow for a in steps], self.zapp.cursor
         )
+        text = legend_text(chart, width)
+        text.append("\n")
+        text.append_text(build(self._plot, chart, width, rows + 3))
         skipped = sum(1 for a in steps if a.skipped)
         text.append(f"\nnow {units.scale(scales[-1])}; {skipped} of {len(steps)} steps skipped")
         return text
@@ -76,3 +83,45 @@ class LossScaleScreen(StateScreen):
             text.append(f"{e.event:<17}", style=style)
             text.append(f"{e.message}"[: max(10, width - 36)])
         return text
+
+
+def loss_scale_chart(
+    steps: list[int], scales: list[float | None], overflow: list[bool], cursor: int | None
+) -> tuple[Chart, int]:
+    """(the chart, its data rows). log2 of each scale is plotted and the axis labelled 2^k at
+    integer levels; the rows are chosen so every labelled level falls exactly on a row (rows - 1
+    a multiple of the levels' span), so a label sits on the row of the points with that scale
+    and no point lands on a row between two labels."""
+    logs = [math.log2(v) if v and v > 0 else None for v in scales]
+    known = [x for x in logs if x is not None]
+    lo, hi = math.floor(min(known)), math.ceil(max(known))
+    stride = 1
+    while -(-(max(hi, lo + 1) - lo) // stride) + 1 > MAX_ROWS:
+        stride *= 2  # 2^0, 2^2, 2^4 ... when the scale spans more octaves than rows
+    spans = max(1, -(-(hi - lo) // stride))
+    hi = lo + spans * stride
+    per = max(1, (MAX_ROWS - 1) // spans)  # rows per labelled level
+    rows = spans * per + 1
+    levels = [float(lo + i * stride) for i in range(spans + 1)]
+    chart = Chart(
+        "loss scale (log2)",
+        [Line("scale", steps, logs, "cyan", marker="dot", scatter=True, legend="•")],
+        cursor=cursor,
+        y_min=lo,
+        y_max=hi,
+        y_ticks=(levels, [f"2^{k:.0f}" for k in levels]),
+    )
+    over = [(s, x) for s, x, o in zip(steps, logs, overflow) if o and x is not None]
+    if over:
+        chart.lines.append(
+            Line(
+                "overflow, skipped",
+                [s for s, _ in over],
+                [x for _, x in over],
+                "red",
+                marker="x",
+                scatter=True,
+                legend="x ",
+            )
+        )
+    return chart, rows

@@ -18,17 +18,25 @@ from .header import ClusterHeader
 from .pane import Pane
 
 
-def _cell(measured: float | None, expected: float | None) -> Text:
-    """'measured/predicted' with the deviation colored when over 10 %."""
-    text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
+def _deviation(measured: float | None, expected: float | None) -> Text:
+    """The deviation in 4 cells, coloured when over 10 %."""
     dev = deviation(measured, expected)
     if dev is not None:
-        text.append(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
-    elif measured is not None and expected == 0:
-        text.append(" new" if measured else "  ok", style="red" if measured else "green")
+        return Text(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
+    if measured is not None and expected == 0:
+        return Text(" new" if measured else "  ok", style="red" if measured else "green")
+    return Text("  NA")
+
+
+def _cell(measured: float | None, expected: float | None, compact: bool) -> Text:
+    """'measured/predicted dev' (17 cells), or 'measured dev' (11) when the predicted value is
+    printed once above the ranks (narrow terminals)."""
+    if compact:
+        text = Text(f"{units.size(measured):>6} ")
     else:
-        text.append("  NA")
-    return text
+        text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
+    text.append_text(_deviation(measured, expected))
+    return text.append(" ")
 
 
 class MemoryScreen(StateScreen):
@@ -39,7 +47,7 @@ class MemoryScreen(StateScreen):
         yield ClusterHeader()
         with VerticalScroll():
             yield Pane("model states per rank: measured / predicted", self._table, id="table")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one(Pane).focus()
@@ -52,14 +60,21 @@ class MemoryScreen(StateScreen):
     def _table(self, width: int) -> Text:
         m, why = predicted_memory(self.state)
         text = Text(why + "\n", style="dim")
+        compact = width < 84
+        cell = 12 if compact else 18
         head = Text(f"{'rank':<5}")
         for part in ("P", "G", "O"):
-            head.append(f"{part + ' device':^17}", style=PART_STYLES[part])
-        head.append(f"{'host (offload)':^17}")
-        if width >= 84:
-            head.append(f"{'A':>8}", style=PART_STYLES["A"])
+            head.append(f"{part + ' device':^{cell}}", style=PART_STYLES[part])
+        head.append(f"{'host (offload)':^{cell}}")
+        head.append(f"{'A':>7}", style=PART_STYLES["A"])
         head.stylize("bold")
         text.append_text(head)
+        if compact:
+            # Narrow: the prediction (the same for every rank) once, then measured and ±%.
+            row = Text("\npred ", style="dim")
+            for value in (m.params, m.grads, m.optim, m.host_total) if m else (None,) * 4:
+                row.append(f"{units.size(value):>6}{'':{cell - 6}}", style="dim")
+            text.append_text(row)
         for r, rs in sorted(self.state.ranks.items()):
             s = rs.summary
             row = Text(f"\nr{r:<4}")
@@ -70,9 +85,8 @@ class MemoryScreen(StateScreen):
                 (s.host_bytes if s else None, m.host_total if m else None),
             ]
             for measured, expected in parts:
-                row.append_text(_cell(measured, expected))
-            if width >= 84:
-                row.append(f"{units.size(s.activations if s else None):>8}")
+                row.append_text(_cell(measured, expected, compact))
+            row.append(f"{units.size(s.activations if s else None):>7}")
             text.append_text(row)
         if not self.state.ranks:
             text.append("\nwaiting for ranks…", style="dim")

@@ -1,21 +1,28 @@
-"""Rank detail: memory by part over time, the last step's phases and collectives on one timeline
-(the step's own axis), collectives by op (count, volume, time, bus bandwidth, exposed), offload
-bandwidth over time, and every other figure the rank reports (rank_figures)."""
+"""Rank detail: the rank's history plots beside the cluster's (step time, loss, memory by part,
+exposed comm, offload), the last step's phases and collectives on one timeline (the step's own
+axis), collectives by op (count, volume, time, bus bandwidth, exposed), and every other figure
+the rank reports (rank_figures)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from zeroscope.agent.schema import StepReport
 from zeroscope.state import RankState, units
 
 from .base import StateScreen
-from .charts import PART_STYLES, sparkline, timeline
+from .charts import timeline
 from .header import ClusterHeader
+from .history_plot import Chart
+from .history_plots import HistoryPlots
 from .pane import Pane
+from .plots import rank_charts
 from .rank_figures import rank_figures
 
 LANES = (
@@ -37,7 +44,13 @@ PHASES = (
 class RankScreen(StateScreen):
     DEFAULT_CSS = """
     RankScreen #title { height: auto; padding: 0 1; background: $boost; }
+    RankScreen #history { height: 18; border: round $primary-darken-2; padding: 0 1; }
+    RankScreen #history:focus-within { border: round $accent; }
     """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.go_back", "back"),
+        Binding("n", "next_plots", "more plots", show=False),
+    ]
 
     def __init__(self, rank: int) -> None:
         super().__init__(name=f"rank{rank}")
@@ -47,16 +60,34 @@ class RankScreen(StateScreen):
         yield ClusterHeader()
         yield Static(id="title")
         with VerticalScroll():
-            yield Pane("memory by part over time", self._memory, id="memory")
+            with Vertical(id="history") as history:
+                history.border_title = f"rank {self.rank} beside the cluster over steps"
+                yield HistoryPlots(
+                    self._charts,
+                    self._plot_key,
+                    min_interval_s=1.0 if self.zapp.live_clock else 0.0,
+                )
             yield Pane("last step: phases and collectives", self._timeline, id="timeline")
             yield Pane("collectives by op (last step)", self._ops, id="ops")
-            yield Pane("offload bandwidth over time", self._offload, id="offload")
             yield Pane("every figure (last step, newest sample)", self._figures, id="figures")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        self.query_one("#memory", Pane).focus()
+        self.query_one("#timeline", Pane).focus(scroll_visible=False)
         self.refresh_view()
+
+    def _charts(self) -> dict[str, Chart]:
+        series = self.zapp.run_series or self.state.series
+        return rank_charts(self.state, self.rank, series, self.zapp.cursor)
+
+    def _plot_key(self) -> object:
+        rs = self.rs
+        newest = rs.history[-1].step if rs is not None and rs.history else None
+        series = self.zapp.run_series or self.state.series
+        return (self.rank, newest, id(series), series.version, self.zapp.cursor)
+
+    def action_next_plots(self) -> None:
+        self.query_one(HistoryPlots).next_page()
 
     @property
     def rs(self) -> RankState | None:
@@ -67,6 +98,7 @@ class RankScreen(StateScreen):
         self.query_one("#title", Static).update(self._title())
         for pane in self.query(Pane):
             pane.refresh(layout=True)
+        self.query_one(HistoryPlots).poke()
 
     def _title(self) -> Text:
         rs = self.rs
@@ -91,29 +123,6 @@ class RankScreen(StateScreen):
         return text
 
     # -- panes -------------------------------------------------------------------------------
-    def _memory(self, width: int) -> Text:
-        rs = self.rs
-        if rs is None or not rs.history:
-            return Text("NA")
-        hist = list(rs.history)
-        spark = max(8, width - 22)
-        series: list[tuple[str, list[int | None]]] = [
-            ("P", [h.params for h in hist]),
-            ("G", [h.grads for h in hist]),
-            ("O", [h.optim for h in hist]),
-            ("A", [h.activations for h in hist]),
-            ("host", [h.host_bytes for h in hist]),
-        ]
-        text = Text()
-        for i, (name, values) in enumerate(series):
-            if i:
-                text.append("\n")
-            style = PART_STYLES.get(name, "white")
-            text.append(f"{name:<5}", style=style)
-            text.append(f"{units.size(values[-1]):>8}  ")
-            text.append_text(sparkline(values, spark, lo=0, style=style))
-        return text
-
     def _timeline(self, width: int) -> Text:
         rs = self.rs
         report = rs.latest if rs else None
@@ -160,17 +169,6 @@ class RankScreen(StateScreen):
             f"\nexposed {units.seconds(s.exposed_s)} = {units.percent(share)} of the step",
             style="bold red" if share and share > 0.3 else "dim",
         )
-        return text
-
-    def _offload(self, width: int) -> Text:
-        rs = self.rs
-        if rs is None or not rs.history:
-            return Text("NA")
-        values = [h.offload_bw for h in rs.history]
-        if all(v is None for v in values):
-            return Text("NA (no offload transfers reported)", style="dim")
-        text = Text(f"{units.rate(values[-1]):>10}  ")
-        text.append_text(sparkline(values, max(8, width - 12), lo=0, style="cyan"))
         return text
 
     def _figures(self, width: int) -> Text:

@@ -13,7 +13,7 @@ from textual.widget import Widget
 
 from zeroscope.state import units
 
-from .charts import stacked_bar
+from .charts import PART_STYLES, stacked_bar
 from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
 
 
@@ -28,7 +28,7 @@ class RankTable(Widget, can_focus=True):
         Binding("pagedown", "move(10)", show=False),
         Binding("home", "move(-1000000)", show=False),
         Binding("end", "move(1000000)", show=False),
-        Binding("enter", "select", "drill in"),
+        Binding("enter", "select", "rank"),
         Binding("s", "cycle_sort", "sort"),
     ]
 
@@ -128,16 +128,19 @@ class RankTable(Widget, can_focus=True):
             return label.ljust(w) if left else label.rjust(w)
 
         text = Text(no_wrap=True, overflow="crop")
+        text.append(head("rank", "rank", 6, True) + (" host     " if host else ""), style="bold")
+        # The bar's column names its parts in their colours: the legend of the stacked bar.
+        text.append(" memory ", style="bold")
+        for i, part in enumerate("PGOA"):
+            text.append(("/" if i else "") + part, style=PART_STYLES[part])
+        text.append(" " * max(0, bar + 1 - len(" memory P/G/O/A")))
         text.append(
-            head("rank", "rank", 6, True)
-            + (" host     " if host else "")
-            + head(" memory P/G/O/A", "memory", bar + 1, True)
-            + head("total", "memory", 7)
+            head("total", "memory", 7)
             + head("step", "step", 7)
             + head("slow", "slowness", 6)
             + head("expo", "exposed", 5)
             + head("offload", "offload", 9)
-            + head("scale", "-", 7)
+            + "  scale"
             + "  flag",
             style="bold",
         )
@@ -167,7 +170,7 @@ class RankTable(Widget, can_focus=True):
             )
             line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
-            line.append(f"{units.percent(row.exposed):>5}{_gbs(row.offload_bw):>9}")
+            line.append(f"{units.percent(row.exposed):>5}{units.rate(row.offload_bw):>9}")
             line.append(f"{units.scale(row.loss_scale):>7}")
             line.append(f"  {row.flag}", style="bold red" if row.flag else "")
             if i == cursor:
@@ -179,7 +182,3 @@ class RankTable(Widget, can_focus=True):
                 style="dim",
             )
         return text
-
-
-def _gbs(value: float | None) -> str:
-    return "NA" if value is None else f"{value / 1e9:.2f}G/s"

@@ -9,6 +9,7 @@ SCREENS: dict[str, tuple[str, str]] = {
     "memory": ("Memory: predicted vs measured", "ZeRO formulas vs the engine's bytes, per rank"),
     "comm": ("Communication", "bytes per step vs 2Ψ/3Ψ, bus bandwidth per op, exposed share"),
     "loss_scale": ("Loss scale", "fp16 loss scale on a log2 axis, overflow and skip events"),
+    "log": ("Log", "the job's own output (runs/<job>.log), followed live"),
 }
 
 
@@ -25,4 +26,8 @@ def screen_for(name: str) -> StateScreen:
         from .loss_scale_screen import LossScaleScreen
 
         return LossScaleScreen()
+    if name == "log":
+        from .log_screen import LogScreen
+
+        return LogScreen()
     raise ValueError(f"no screen named {name!r}")

@@ -1,0 +1,131 @@
+"""The history plots as a grid that fills the space it is given: as many charts as fit (each at
+least MIN_WIDTH x MIN_HEIGHT cells), the most important first (plots.ORDER); ``n`` pages
+through the rest when the terminal is small. Charts without data (no offload in the job) are
+left out rather than drawn empty.
+
+Charts are rebuilt only when their data moved (``key``), and while a job is live at most once
+per ``min_interval_s`` (a plot of hundreds of steps gains nothing from 4 redraws a second; the
+rank table keeps its own pace).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Static
+
+from .history_plot import Chart, HistoryPlot
+from .plots import ORDER
+
+MIN_WIDTH = 36
+MIN_HEIGHT = 7
+
+
+class HistoryPlots(Widget):
+    DEFAULT_CSS = """
+    HistoryPlots { height: 1fr; min-height: 0; layout: grid; grid-gutter: 0 1; }
+    HistoryPlots > #plots-more { height: 1; color: $text-muted; display: none; }
+    """
+
+    def __init__(
+        self,
+        charts: Callable[[], dict[str, Chart]],
+        key: Callable[[], object],
+        *,
+        min_interval_s: float = 0.0,
+        id: str | None = None,
+    ) -> None:
+        super().__init__(id=id)
+        self._charts = charts
+        self._key = key
+        self._cache: tuple[object, dict[str, Chart]] | None = None
+        self.min_interval_s = min_interval_s
+        self._shown_key: object = None
+        self._drawn_at = -1e9
+        self._pending = False
+        self.page = 0
+        self.shown: list[str] = []
+        """Names of the charts on screen now (tests read it)."""
+        self.more = 0
+        """Charts with data that do not fit on this page."""
+
+    def compose(self) -> ComposeResult:
+        for name in ORDER:
+            yield HistoryPlot(partial(self.chart, name), self._shown, id=f"plot-{name}")
+        yield Static(id="plots-more")
+
+    def _shown(self) -> object:
+        return self._shown_key
+
+    def chart(self, name: str) -> Chart:
+        key = self._shown_key
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._charts())
+        return self._cache[1][name]
+
+    def on_mount(self) -> None:
+        self.poke()
+
+    def on_resize(self) -> None:
+        self._arrange()
+
+    def poke(self) -> None:
+        """The state moved: redraw if the plotted data did (no faster than min_interval_s)."""
+        key = self._key()
+        if key == self._shown_key:
+            return
+        wait = self._drawn_at + self.min_interval_s - time.monotonic()
+        if wait > 0:
+            if not self._pending:
+                self._pending = True
+                self.set_timer(wait, self._due)
+            return
+        self._show(key)
+
+    def _due(self) -> None:
+        self._pending = False
+        self.poke()
+
+    def _show(self, key: object) -> None:
+        self._shown_key = key
+        self._drawn_at = time.monotonic()
+        self._arrange()
+        for plot in self.query(HistoryPlot):
+            if plot.display:
+                plot.refresh()
+
+    def next_page(self) -> None:
+        self.page += 1
+        self._arrange()
+
+    def _arrange(self) -> None:
+        width, height = self.size.width, self.size.height
+        names = [n for n in ORDER if self.chart(n).has_data() or n in ("step", "memory")]
+        cols = max(1, min(3, (width + 1) // (MIN_WIDTH + 1)))
+        rows = height // MIN_HEIGHT
+        capacity = cols * rows
+        if capacity and len(names) > capacity:
+            # Leave the last row a line for the "more" hint.
+            rows = (height - 1) // MIN_HEIGHT
+            capacity = cols * rows
+        pages = max(1, -(-len(names) // capacity)) if capacity else 1
+        self.page %= pages
+        shown = names[self.page * capacity : (self.page + 1) * capacity] if capacity else []
+        self.more = len(names) - len(shown)
+        self.shown = shown
+        for plot in self.query(HistoryPlot):
+            plot.display = plot.id is not None and plot.id.removeprefix("plot-") in shown
+        used_rows = max(1, -(-len(shown) // cols)) if shown else 1
+        self.styles.grid_size_columns = cols
+        self.styles.grid_size_rows = used_rows + (1 if self.more else 0)
+        self.styles.grid_rows = "1fr " * used_rows + ("1" if self.more else "")
+        hint = self.query_one("#plots-more", Static)
+        hint.styles.column_span = cols
+        if self.more:
+            hint.update(Text(f"n: more plots (page {self.page + 1} of {pages})", style="dim"))
+        hint.display = bool(self.more)
