@@ -166,7 +166,7 @@ def test_a_rank_that_dies_without_a_word_is_named_with_its_last_step() -> None:
     assert flags_from_alerts(state, state.alerts()) == {0: "exited", 1: "died"}
     lines = summary_lines(state)
     assert "rank r1 died without a word after step 3 (killed or crashed: no Bye)" in lines
-    assert "ranks exited with errors: {0: 1}" in lines
+    assert "rank 0 exited with code 1: reset" in lines
     # Every rank ended cleanly: nobody is lost.
     state.ingest(Bye(rank=1, step=5, wall_ns=time.time_ns()))
     assert "lost" not in {a.kind for a in state.alerts()}

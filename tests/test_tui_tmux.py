@@ -3,15 +3,19 @@ the way a person would see it. Every rank must be on screen, and a memory breakd
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +32,14 @@ def _engine_ready() -> bool:
         return callable(getattr(api, "initialize", None))
     except Exception:
         return False
+
+
+def _run_command(script: str) -> str:
+    """``zeroscope run`` (live view) of a script given relative to the repository."""
+    return (
+        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
+        f"--record t.zstrace {ROOT}/{script}"
+    )
 
 
 class Tmux:
@@ -91,10 +103,7 @@ class Tmux:
 )
 def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: str) -> None:
     term = Tmux(script.split("/")[-1].split(".")[0])
-    command = (
-        f"{shlex.quote(sys.executable)} -m zeroscope run --nproc-per-node 2 "
-        f"--record t.zstrace {ROOT}/{script.format(root=ROOT)}"
-    )
+    command = _run_command(script.format(root=ROOT))
     try:
         term.start(command, tmp_path)
         cluster = term.wait_for(
@@ -106,12 +115,68 @@ def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: s
         for part in ("P device", "G device", "O device"):
             assert part in memory
         rows = [line for line in memory.splitlines() if line.strip("│ ").startswith(("r0 ", "r1 "))]
-        assert len(rows) == 2 and all("/" in row for row in rows)
+        # Each part measured, then its deviation from the prediction (+0%, or ok/new/NA).
+        assert len(rows) == 2 and all(re.search(r"[+-]\d+%", row) for row in rows)
         term.keys("q")
         term.wait_for(lambda s: "still running" in s, 20)
         term.keys("s")  # stop the job; the trace is kept
         done = term.wait_for(lambda s: "EXIT=" in s, 60, early_exit=False)
         assert "trace: t.zstrace" in done
+        assert "job stopped on request (stopped from the view)" in done and "EXIT=130" in done
         assert (tmp_path / "t.zstrace").stat().st_size > 0
     finally:
+        term.kill()
+
+
+def test_a_failed_rank_is_on_screen_before_quitting(tmp_path: Path) -> None:
+    term = Tmux("failing")
+    command = _run_command("tests/scripts/failing_train.py")
+    try:
+        term.start(command, tmp_path)
+        # The header and the alert pane refresh apart: while the live alert ("r0 failed: ...")
+        # is still up, the header may already say the job exited. Wait for the end's alert.
+        shown = term.wait_for(lambda s: "failed first" in s and "job exited" in s, 150, False)
+        assert "EXIT=" not in shown  # the view is still up
+        flat = " ".join(shown.split())
+        assert "r0 failed first (exit code 1): ConfigError: unknown key" in flat
+        assert flat.count("did you mean") == 1
+        term.keys("q")  # the job is over: q quits at once
+        done = term.wait_for(lambda s: "EXIT=" in s, 30, early_exit=False)
+        assert "EXIT=1" in done
+        # Printed once more after the view, in plain words; the tracebacks stay in the log.
+        assert " ".join(done.split()).count("did you mean") == 1 and "Traceback" not in done
+    finally:
+        term.kill()
+
+
+def test_kill_9_leaves_no_job_running_and_gives_the_terminal_back(tmp_path: Path) -> None:
+    term = Tmux("kill9")
+    command = _run_command("tests/scripts/agent_only_train.py --steps 100000")
+    tree: list[psutil.Process] = []
+    try:
+        term.start(command, tmp_path)
+        term.wait_for(lambda s: "r0 " in s and "r1 " in s and "step NA" not in s, 150)
+        assert term.tmux("display", "-p", "-t", "t", "#{alternate_on}").strip() == "1"
+        shell = psutil.Process(int(term.tmux("display", "-p", "-t", "t", "#{pane_pid}")))
+        (zeroscope,) = [p for p in shell.children() if "zeroscope" in " ".join(p.cmdline())]
+        tree = zeroscope.children(recursive=True)
+        assert len(tree) >= 3  # torchrun and two ranks
+        zeroscope.kill()
+        _, alive = psutil.wait_procs(tree, timeout=60)
+        assert not alive, alive
+        deadline = time.monotonic() + 10
+        while term.tmux("display", "-p", "-t", "t", "#{alternate_on}").strip() != "0":
+            assert time.monotonic() < deadline, "still in the alternate screen"
+            time.sleep(0.2)
+        tty = term.tmux("display", "-p", "-t", "t", "#{pane_tty}").strip()
+        fd = os.open(tty, os.O_RDONLY | os.O_NOCTTY)
+        try:
+            lflag = termios.tcgetattr(fd)[3]
+        finally:
+            os.close(fd)
+        assert lflag & termios.ECHO and lflag & termios.ICANON  # typing shows again
+    finally:
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         term.kill()

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from types import ModuleType
+from typing import Any
 
 from . import __version__
 
@@ -31,6 +34,33 @@ class CliError(Exception):
     """A user error: printed as one line ``zeroscope: error: ...``, exit code 2."""
 
 
+class VerbParser(argparse.ArgumentParser):
+    """A verb's parser. argparse hands a sub-command's unknown flags up to the top-level parser,
+    whose error shows ``zeroscope [-h] [--version] VERB ...``: no help for ``run --nprocs 2``.
+    Here the verb reports them itself, with its own usage."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+PIPE_CLOSED = 128 + signal.SIGPIPE
+"""The exit code when our reader went away (``| head``), as a shell reports a SIGPIPE death."""
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null (the Python docs' recipe for a closed pipe, see "Note on
+    SIGPIPE" in the signal module's docs), so nothing, not even the interpreter's last flush,
+    writes to it again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _load(verb: str) -> ModuleType:
     return importlib.import_module(f"zeroscope.commands.{verb}")
 
@@ -43,7 +73,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         "collectives, loss scale and offload bandwidth.",
     )
     parser.add_argument("--version", action="version", version=f"zeroscope {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=VerbParser)
     for name, help_text in VERBS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if verb in (None, name):
@@ -56,7 +86,17 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run a verb; a reader that goes away (``zeroscope export t | head``) ends it quietly."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        quiet_stdout()
+        return PIPE_CLOSED
+
+
+def _main(argv: list[str]) -> int:
     verb = next((a for a in argv if a in VERBS), None)
     parser = build_parser(verb)
     args = parser.parse_args(argv)

@@ -72,6 +72,7 @@ class Collector:
         *,
         viewer_port: int = 0,
         history_bytes: int = HISTORY_BYTES,
+        job_id: str = "",
     ) -> None:
         if not is_loopback(bind_host) and not token:
             raise ValueError(
@@ -88,6 +89,8 @@ class Collector:
         self.token = token or b""
         self.instance = os.urandom(8)
         self.history_bytes = history_bytes
+        self.job_id = job_id
+        """Recorded in the trace from the start, so a job whose ranks never report is named."""
 
         self.received = 0
         self.accepted = 0
@@ -212,7 +215,7 @@ class Collector:
                 ) from None
             # The trace is created only once the sockets are bound: a busy port leaves no file.
             if self.record is not None:
-                self.trace = TraceWriter(self.record)
+                self.trace = TraceWriter(self.record, job_id=self.job_id)
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()

@@ -1,68 +1,115 @@
 """Launching a job under torchrun with the collector's address in its environment.
 
-We do not re-implement a spawner: the job runs as ``python -m torch.distributed.run ...`` with
-the user's own torchrun flags, so rendezvous, restarts and signal handling are torchrun's. The
-launcher gets its own process group (``start_new_session``), so a full-screen TUI owning the
-terminal never hands the job a stray Ctrl-C, and stopping the job is one ``killpg``, as torchrun
-itself forwards SIGINT/SIGTERM to its workers (torch/distributed/elastic/agent/server/api.py).
+We do not re-implement a spawner: the job runs torchrun's own code (``torch.distributed.run``'s
+parser and ``run()``, inside :mod:`zeroscope.torchrun_main`) with the user's own torchrun flags,
+so rendezvous, restarts and signal handling are torchrun's. :class:`~zeroscope.job.Job` starts
+it in its own session, supervised (it dies with zeroscope), and reads its output.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import queue
-import signal
-import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 
 from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.agent.schema import Message
+from zeroscope.job import Job as Job  # where run and the tests have always found it
 
 COLLECTOR_ENV = "ZEROSCOPE_COLLECTOR"
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 TOKEN_ENV = "ZEROSCOPE_TOKEN"
 
-TORCHRUN_FLAGS: tuple[tuple[str, str], ...] = (
-    # (our flag, torchrun's flag): dashes or underscores are accepted, torchrun's spelling sent.
-    ("--nproc-per-node", "--nproc-per-node"),
-    ("--nnodes", "--nnodes"),
-    ("--node-rank", "--node-rank"),
-    ("--master-addr", "--master-addr"),
-    ("--master-port", "--master-port"),
-    ("--rdzv-backend", "--rdzv-backend"),
-    ("--rdzv-endpoint", "--rdzv-endpoint"),
-    ("--rdzv-id", "--rdzv-id"),
-    ("--rdzv-conf", "--rdzv-conf"),
-    ("--max-restarts", "--max-restarts"),
-    ("--local-addr", "--local-addr"),
+TORCHRUN_OPTIONS: tuple[tuple[tuple[str, ...], bool], ...] = (
+    # torch 2.13's torch.distributed.run parser: every option with all its spellings (the first
+    # long one is sent); True when it takes a value. tests/test_run_flags.py checks this table
+    # against the installed torch's own parser.
+    (("--nnodes",), True),
+    (("--nproc-per-node", "--nproc_per_node"), True),
+    (("--rdzv-backend", "--rdzv_backend"), True),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), True),
+    (("--rdzv-id", "--rdzv_id"), True),
+    (("--rdzv-conf", "--rdzv_conf"), True),
+    (("--standalone",), False),
+    (("--max-restarts", "--max_restarts"), True),
+    (("--monitor-interval", "--monitor_interval"), True),
+    (("--start-method", "--start_method"), True),
+    (("--event-log-handler", "--event_log_handler"), True),
+    (("--role",), True),
+    (("-m", "--module"), False),
+    (("--no-python", "--no_python"), False),
+    (("--run-path", "--run_path"), False),
+    (("--log-dir", "--log_dir"), True),
+    (("-r", "--redirects"), True),
+    (("-t", "--tee"), True),
+    (("--local-ranks-filter", "--local_ranks_filter"), True),
+    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), True),
+    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), True),
+    (("--node-rank", "--node_rank"), True),
+    (("--master-addr", "--master_addr"), True),
+    (("--master-port", "--master_port"), True),
+    (("--local-addr", "--local_addr"), True),
+    (("--logs-specs", "--logs_specs"), True),
+    (("--numa-binding", "--numa_binding"), True),
+    (("--signals-to-handle", "--signals_to_handle"), True),
+    (("--shutdown-timeout", "--shutdown_timeout"), True),
+    (("--virtual-local-rank", "--virtual_local_rank"), False),
 )
-TORCHRUN_SWITCHES = ("--standalone",)
+TORCHRUN_MODULE = "zeroscope.torchrun_main"
+"""torchrun's own ``run()``, supervised: it dies with zeroscope and reports how the ranks ended."""
+
+
+def _long(names: tuple[str, ...]) -> str:
+    return next(n for n in names if n.startswith("--"))
+
+
+def _dest(names: tuple[str, ...]) -> str:
+    return _long(names)[2:].replace("-", "_")
 
 
 def add_torchrun_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("torchrun (passed through to torch.distributed.run)")
-    for ours, _ in TORCHRUN_FLAGS:
-        # torchrun accepts both spellings (--nproc-per-node and --nproc_per_node); so do we.
-        underscored = "--" + ours[2:].replace("-", "_")
-        names = (ours,) if underscored == ours else (ours, underscored)
-        group.add_argument(*names, default=None)
-    for switch in TORCHRUN_SWITCHES:
-        group.add_argument(switch, action="store_true")
+    for names, takes_value in TORCHRUN_OPTIONS:
+        # --help lists each flag once; the underscore spellings work without being listed.
+        shown = tuple(n for n in names if "_" not in n)
+        hidden = tuple(n for n in names if "_" in n)
+        _add_option(group, shown, _dest(names), takes_value, None)
+        if hidden:
+            _add_option(group, hidden, _dest(names), takes_value, argparse.SUPPRESS)
+
+
+def _add_option(
+    group: argparse._ArgumentGroup,
+    names: tuple[str, ...],
+    dest: str,
+    takes_value: bool,
+    help_text: str | None,
+) -> None:
+    if takes_value:
+        group.add_argument(*names, dest=dest, default=None, help=help_text)
+    else:
+        group.add_argument(*names, dest=dest, action="store_true", help=help_text)
+
+
+def runs_a_file(args: argparse.Namespace) -> bool:
+    """False when the script is a module name (``-m``) or a program (``--no-python``)."""
+    return not (getattr(args, "module", False) or getattr(args, "no_python", False))
 
 
 def torchrun_argv(args: argparse.Namespace, script: str, script_args: list[str]) -> list[str]:
-    """``python -m torch.distributed.run [flags] script [args]`` for this interpreter."""
-    argv = [sys.executable, "-m", "torch.distributed.run"]
-    for ours, theirs in TORCHRUN_FLAGS:
-        value = getattr(args, ours[2:].replace("-", "_"), None)
-        if value is not None:
-            argv += [theirs, str(value)]
-    for switch in TORCHRUN_SWITCHES:
-        if getattr(args, switch[2:].replace("-", "_"), False):
-            argv.append(switch)
+    """``python -m zeroscope.torchrun_main [torchrun flags] script [args]`` for this
+    interpreter; torchrun's own parser reads the flags."""
+    argv = [sys.executable, "-m", TORCHRUN_MODULE]
+    for names, takes_value in TORCHRUN_OPTIONS:
+        value = getattr(args, _dest(names), None)
+        if takes_value and value is not None:
+            argv += [_long(names), str(value)]
+        elif not takes_value and value:
+            argv.append(_long(names))
     return [*argv, script, *script_args]
 
 
@@ -93,74 +140,36 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
-class Job:
-    """The torchrun process (and, through its process group, its workers)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log: str | None = None) -> None:
-        """``log``: file for the job's stdout/stderr (the TUI owns the terminal); None lets
-        them through (headless)."""
-        self.argv = argv
-        self.log = log
-        out = open(log, "ab") if log else None  # noqa: SIM115 (handed to the child, closed below)
-        try:
-            self.process = subprocess.Popen(
-                argv, env=env, start_new_session=True, stdout=out, stderr=out
-            )
-        finally:
-            if out is not None:
-                out.close()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.poll()
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, grace_s: float = 10.0) -> int:
-        """SIGINT first (torchrun forwards it and workers can clean up), then SIGTERM, then
-        SIGKILL; returns the exit code."""
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if self.process.poll() is not None:
-                break
-            self.signal(sig)
-            try:
-                self.process.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-        return self.process.wait()
-
-    def exit_code(self) -> int:
-        """torchrun's exit code; a signal death maps to 128 + signal, as a shell reports it."""
-        code = self.process.wait()
-        return 128 - code if code < 0 else code
-
-
 class QueueSource:
-    """A Source fed by the in-process collector's listener (thread-safe queue): the live view
-    and the headless lines read the same stream the trace records."""
+    """A Source fed by the in-process collector's listener (thread-safe): the live view and the
+    headless lines read the same stream the trace records.
+
+    A deque under a Condition rather than ``queue.SimpleQueue``: CPython 3.11's
+    ``SimpleQueue.get(timeout=...)`` recomputes its timeout after a signal handler ran and, when
+    that lands past the deadline, waits for ever (a negative timeout means "block"), which a
+    Ctrl-C near the end of a poll did to ``zeroscope run``. ``Condition.wait`` treats an expired
+    deadline as expired.
+    """
+
+    MAX_BATCH = 100_000
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._items: deque[Message] = deque()
+        self._ready = threading.Condition(threading.Lock())
 
     def put(self, message: Message) -> None:
-        self._queue.put(message)
+        with self._ready:
+            self._items.append(message)
+            self._ready.notify()
 
     def poll(self, timeout: float = 0.1) -> list[Message]:
-        """Whatever arrived, waiting up to ``timeout`` for the first message."""
-        try:
-            out = [self._queue.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while len(out) < 100_000:
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return out
+        """Whatever arrived (up to MAX_BATCH), waiting up to ``timeout`` for the first."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(timeout)
+            items = self._items
+            count = min(len(items), self.MAX_BATCH)
+            return [items.popleft() for _ in range(count)]
 
     def close(self) -> None:
         """Nothing to release (the collector owns the sockets)."""

@@ -9,6 +9,7 @@ since seq N", zguide Clone) fills the gap, so no step is missing from the view.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from zeroscope import collector_protocol as proto
 from zeroscope.agent.schema import Message
 from zeroscope.discovery import JobRecord
+from zeroscope.job_over import all_ranks_said_bye
 from zeroscope.sources import LiveSource
 from zeroscope.ssh import SshClient, SshError, Tunnel
 from zeroscope.state import ClusterState
@@ -154,11 +156,6 @@ class TunnelKeeper:
                 time.sleep(delay)
 
 
-def _job_over(state: ClusterState) -> bool:
-    ranks = state.ranks.values()
-    return bool(state.ranks) and len(state.ranks) >= state.world_size and all(r.bye for r in ranks)
-
-
 def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> int:
     """One line per completed step; ends when every rank said Bye or the job is gone."""
     while True:
@@ -169,7 +166,7 @@ def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState
         for m in messages:
             for agg in state.ingest(m, now):
                 print(step_line(agg), flush=True)
-        if _job_over(state) or not keeper.check():
+        if all_ranks_said_bye(state) or not keeper.check():
             for m in source.poll(0.3):  # the last messages in flight
                 for agg in state.ingest(m, now):
                     print(step_line(agg), flush=True)
@@ -220,10 +217,13 @@ def watch_tui(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> 
         while not stop.wait(0.5):
             try:
                 if not keeper.check():
-                    return
+                    break
             except SshError as exc:
                 notify(str(exc))
                 return
+        if keeper.finished:
+            with contextlib.suppress(RuntimeError):  # the app already stopped
+                app.call_from_thread(app.mark_over)
 
     thread = threading.Thread(target=keep, name="zeroscope-tunnel", daemon=True)
     thread.start()
@@ -257,6 +257,7 @@ def watch_job(
     source = open_source(tunnel, job)
     keeper.source = source
     state = ClusterState()
+    state.job_id = job.job_id  # named even before (or if never) a rank reports
     try:
         if not headless:
             try:

@@ -4,7 +4,10 @@ which Perfetto (ui.perfetto.dev) and chrome://tracing load.
 One process track per rank (pid = rank). Thread 0 holds a slice per step with its phases nested
 inside; collectives and offload transfers get their own threads, one lane per overlap (slices
 on one thread must nest), with bytes, group size, exposed time and busbw as arguments. Memory
-(P, G, O, A, allocator) is a counter track per rank; events are instant markers.
+(P, G, O, A, allocator) is a counter track per rank; events are instant markers. Time 0 is the
+earliest instant anything in the trace starts (a step, a collective issued before its step
+began, such as an init broadcast, or an event): every timestamp is >= 0, and all are shifted
+alike, which keeps their order and their distances.
 
 Placement: a step ends at its report's wall clock and starts ``duration_s`` earlier; phases
 (``StepReport.phase_spans``), collectives and transfers are placed relative to the step start,
@@ -209,7 +212,21 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
         state.flush()
     if figures is not None:
         figures.update(run_report(state))
+    _start_at_zero(out)
     return out
+
+
+def _start_at_zero(events: list[dict[str, Any]]) -> None:
+    """Shift every timestamp so the earliest is 0. ``ts - earliest`` is exactly 0 for the
+    earliest and >= 0 for the rest (float subtraction rounds monotonically), so neither float
+    noise (a step at -2.9e-11) nor a collective issued before its step began is negative."""
+    stamps = [e["ts"] for e in events if "ts" in e]
+    if not stamps:
+        return
+    earliest = min(stamps)
+    for e in events:
+        if "ts" in e:
+            e["ts"] -= earliest
 
 
 def main(args: argparse.Namespace) -> int:

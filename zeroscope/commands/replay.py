@@ -47,6 +47,7 @@ def replay_headless(source: TraceSource) -> int:
     from zeroscope.state.lines import step_line, summary_lines
 
     state = ClusterState()
+    state.job_id = source.reader.job_id  # named even when no rank reported
     reader = source.reader
     for message in [*reader.hellos(), *reader.admissions()]:
         state.ingest(message)
@@ -71,5 +72,7 @@ def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
 
         raise CliError(f"--speed must be one of {', '.join(f'{s:g}' for s in SPEEDS)}")
     feed = ReplayFeed(reader, start_step=step, paused=step is not None, speed=speed)
-    ZeroscopeApp(ClusterState(), feed, trace=str(reader.path)).run()
+    state = ClusterState()
+    state.job_id = reader.job_id
+    ZeroscopeApp(state, feed, trace=str(reader.path)).run()
     return 0

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
 
+from zeroscope.interrupts import Interrupts
 from zeroscope.launch import (
     Job,
     QueueSource,
     add_torchrun_arguments,
     job_environment,
+    runs_a_file,
     torchrun_argv,
     with_bootstrap,
 )
@@ -53,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     from zeroscope.collector import Collector
 
     script = Path(args.script)
-    if not script.is_file():
+    if runs_a_file(args) and not script.is_file():
         raise CliError(f"no such training script: {args.script}")
     # Multi-node and discovery (ssh helper, issue #8; zeroscope/multinode.py, docs/remote.md):
     # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
@@ -84,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
     token = plan.token  # always: on a shared login node loopback is reachable by all users
     bind = args.bind if args.bind != "127.0.0.1" else plan.bind_host
     try:
-        collector = Collector(bind, plan.port, record=trace, token=token.encode()).start()
+        collector = Collector(
+            bind, plan.port, record=trace, token=token.encode(), job_id=job_id
+        ).start()
     except (ValueError, OSError) as exc:
         raise CliError(f"cannot start the collector on {bind}:{plan.port}: {exc}") from None
     source = QueueSource()
@@ -105,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
         )
     )
     state = ClusterState()
+    state.job_id = job_id  # known before any rank reports (and if none ever does)
     collector.on_recording_stopped = lambda reason: setattr(state, "recording_error", reason)
     state.recording_error = collector.recording_error  # in case it stopped already
     job: Job | None = None
@@ -113,49 +117,55 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(128 + signum)  # terminal closed: unwind, and stop the job below
 
     signal.signal(signal.SIGHUP, hang_up)
+    log = str(trace.with_suffix(".log"))  # all of the job's output, whatever the terminal shows
+    interrupts = Interrupts().install()  # before the job starts: any Ctrl-C is a stop
     try:
         if args.headless or not sys.stdout.isatty():
-            job = Job(argv, env)
+            job = Job(argv, env, log)
+            interrupts.attach(job)
             return run_headless(job, source, state, str(trace))
-        # The TUI owns the terminal: the job's own output goes to a log beside the trace.
-        job = Job(argv, env, log=str(trace.with_suffix(".log")))
+        # The TUI owns the terminal: the job's own output goes only to the log.
+        job = Job(argv, env, log, forward=False, terminal=True)
+        interrupts.attach(job)
         return run_live(job, source, state, str(trace))
     finally:
         if job is not None and job.returncode is None:
-            job.stop()  # zeroscope is going away on an error or hang-up: never orphan the job
+            job.stop(reason="zeroscope is exiting")  # on an error or hang-up: never orphan it
+        interrupts.restore()
         collector.stop()
         discovery.unregister(handle)
 
 
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
-    """One line per completed step while the job runs, then the summary. Ctrl-C (or SIGTERM)
-    stops the job; a second one kills it."""
-    interrupts = 0
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1:
-            print("zeroscope: stopping the job (Ctrl-C again to kill it)", file=sys.stderr)
-            job.signal(signal.SIGINT)
-        else:
-            job.signal(signal.SIGKILL)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while job.returncode is None:
-            _print_steps(state, source.poll(0.2))
-        _drain(state, source)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    """One line per completed step while the job runs, then the summary. (Ctrl-C and SIGTERM
+    stop the job: zeroscope.job.Interrupts, installed by main.)"""
+    while job.returncode is None:
+        _print_steps(state, source.poll(0.2))
+    _drain(state, source)
     for agg in state.flush():
-        print(step_line(agg), flush=True)
-    code = job.exit_code()
-    for line in summary_lines(state, trace) + silent_job_notice(state):
+        say(step_line(agg))
+    return _finish(job, state, trace)
+
+
+def _finish(job: Job, state: ClusterState, trace: str) -> int:
+    """The summary, how the job ended (once, in plain words), and its exit code."""
+    said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
+    end = job.end(said)
+    for line in [*summary_lines(state, trace), *silent_job_notice(state), *end.sentences(job.log)]:
+        say(line)
+    say(f"job exit code {end.code}")
+    return end.code
+
+
+def say(line: str) -> None:
+    """print, to a stdout that may have gone away (``| head``): the job is not stopped for
+    that, only the printing."""
+    try:
         print(line, flush=True)
-    print(f"job exit code {code}", flush=True)
-    return code
+    except BrokenPipeError:
+        from zeroscope.cli import quiet_stdout
+
+        quiet_stdout()
 
 
 def silent_job_notice(state: ClusterState) -> list[str]:
@@ -172,7 +182,7 @@ def _print_steps(state: ClusterState, messages: list) -> None:
     now = time.time()
     for m in messages:
         for agg in state.ingest(m, now):
-            print(step_line(agg), flush=True)
+            say(step_line(agg))
 
 
 def _drain(state: ClusterState, source: QueueSource) -> None:
@@ -200,34 +210,8 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
         if choice == "detach":
             print(f"zeroscope: the job keeps running; recording to {trace}", flush=True)
             return run_headless(job, source, state, trace)
-        job.stop()
+        print("zeroscope: stopping the job", file=sys.stderr, flush=True)
+        job.stop(reason="stopped from the view")
     _drain(state, source)
     state.flush()
-    code = job.exit_code()
-    for line in summary_lines(state, trace) + silent_job_notice(state):
-        print(line)
-    if code != 0 and job.log:
-        _print_log_tail(job.log)
-    print(f"job exit code {code}")
-    return code
-
-
-def _print_log_tail(log: str, lines: int = 20) -> None:
-    """The job wrote to a log while the TUI owned the terminal; on failure show why: the
-    ranks' exception lines when there are any (torchrun's own summary hides them), else the
-    log's last lines."""
-    try:
-        with open(log, errors="replace") as f:
-            text = f.read().splitlines()
-    except OSError:
-        return
-    # "[rank1]: some.module.ConfigError: what went wrong", once per distinct message.
-    found = (re.match(r"\[rank\d+\]: ([\w.]*(?:Error|Exception)\b.*)", ln) for ln in text)
-    errors = list(dict.fromkeys(m.group(1) for m in found if m))
-    shown = errors[:5] or text[-lines:]
-    print(
-        f"the job's output is in {log}; it ends with:"
-        if not errors
-        else f"the ranks failed with (full output in {log}):"
-    )
-    print("\n".join(shown))
+    return _finish(job, state, trace)

@@ -4,6 +4,9 @@ scheduler, by hand, or on another node).
     zeroscope serve -- torchrun --nproc-per-node 8 train.py     # wraps: the job's exit code
     zeroscope serve                                               # prints the export line
 
+Without a command it collects until every rank of the job has said Bye (then the job is listed
+as finished), or until Ctrl-C.
+
 It binds 127.0.0.1 unless ``--bind`` says otherwise, always with a per-job token (on a shared
 login node loopback is reachable by every local user), and leaves a discovery record so that
 ``zeroscope jobs`` here and ``zeroscope attach`` from a laptop can find it.
@@ -25,6 +28,7 @@ from typing import Any
 from zeroscope import discovery
 from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.cli import CliError
+from zeroscope.job_over import ByeCounter
 from zeroscope.multinode import (
     COLLECTOR_ENV,
     JOB_ID_ENV,
@@ -35,6 +39,12 @@ from zeroscope.multinode import (
 )
 
 HELP = "headless collector and recorder for a job started elsewhere"
+
+ENDED_CLEAN_S = 1.0
+"""Without a command, serve ends this long after the last rank's clean Bye (messages in flight)."""
+ENDED_FAILED_S = 30.0
+"""... or this long after the last Bye when some rank failed: room for torchrun's
+``--max-restarts`` to bring the ranks back (they say Hello again)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +120,13 @@ def export_line(env: dict[str, str]) -> str:
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
 
 
-def _start_collector(args: argparse.Namespace, token: str | None, trace: Path | None) -> Any:
+def _start_collector(
+    args: argparse.Namespace,
+    token: str | None,
+    trace: Path | None,
+    job_id: str = "",
+    listener: Any = None,
+) -> Any:
     from zeroscope.collector import Collector  # imported here: zmq only when serving
 
     try:
@@ -119,10 +135,13 @@ def _start_collector(args: argparse.Namespace, token: str | None, trace: Path | 
             port=args.port,
             record=trace,
             token=token.encode() if token else None,
+            job_id=job_id,
         )
         collector.on_recording_stopped = lambda reason: print(
             f"zeroscope serve: {reason}", file=sys.stderr, flush=True
         )
+        if listener is not None:
+            collector.add_listener(listener)
         collector.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -157,11 +176,12 @@ def main(args: argparse.Namespace) -> int:
         command = command[1:]
     job_id = args.job_id or os.environ.get(JOB_ID_ENV) or discovery.new_job_id()
     token = _token(args)
+    ranks = ByeCounter()
     trace = None if args.no_record else (args.record or Path("runs") / f"{job_id}.zstrace")
     if trace is not None:
         _create_private(trace)
     try:
-        collector = _start_collector(args, token, trace)
+        collector = _start_collector(args, token, trace, job_id, ranks.see)
     except CliError:
         if trace is not None and trace.stat().st_size == 0:
             trace.unlink()
@@ -207,9 +227,21 @@ def main(args: argparse.Namespace) -> int:
         )
         if not command:
             print(export_line(env), flush=True)
-            print("zeroscope serve: collecting; Ctrl-C to stop", file=sys.stderr, flush=True)
+            print(
+                "zeroscope serve: collecting until every rank has said Bye; Ctrl-C to stop",
+                file=sys.stderr,
+                flush=True,
+            )
             while not stop.wait(0.5):
-                pass
+                done, clean, quiet_s = ranks.over()
+                if done and quiet_s >= (ENDED_CLEAN_S if clean else ENDED_FAILED_S):
+                    how = "" if clean else ", some with an error"
+                    print(
+                        f"zeroscope serve: job {job_id} is over (every rank said Bye{how})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    break
             return 0
         try:
             child = subprocess.Popen(command, env={**os.environ, **env})

@@ -71,6 +71,11 @@ class Alert:
         }
 
 
+def interrupted(bye_message: str) -> bool:
+    """A rank that ended on KeyboardInterrupt was stopped (Ctrl-C), not failing."""
+    return bye_message.startswith("KeyboardInterrupt")
+
+
 def _ranks_text(ranks: list[int]) -> str:
     shown = ",".join(f"r{r}" for r in ranks[:6])
     return shown + (f" +{len(ranks) - 6}" if len(ranks) > 6 else "")
@@ -161,7 +166,11 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
-    failed = sorted(r for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code != 0)
+    failed = sorted(
+        r
+        for r, rs in state.ranks.items()
+        if rs.bye and rs.bye.exit_code != 0 and not interrupted(rs.bye.message)
+    )
     if failed:
         alerts.append(
             Alert(

@@ -7,6 +7,7 @@ same ClusterState prints the same lines, which is how the end-to-end test checks
 from __future__ import annotations
 
 from . import units
+from .alerts import interrupted
 from .cluster import ClusterState, StepAggregate
 from .roster import headcount
 
@@ -41,7 +42,7 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     done = state.complete_steps()
     t = state.totals
     engine = "" if state.engine in ("", "zeroscope") else f" ({state.engine})"
-    lines = [f"job {state.job_id or 'NA'}: {t.steps} steps on {len(state.ranks)} ranks" + engine]
+    lines = [f"job {state.job_id or 'NA'}: {_count_sentence(state)}" + engine]
     lines += missing_lines(state)
     if done:
         last = done[-1]
@@ -105,9 +106,46 @@ def exit_lines(state: ClusterState) -> list[str]:
                 f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
             )
         bad = {r: c for r, c in exits.items() if c}
-        lines.append("ranks exited cleanly" if not bad else f"ranks exited with errors: {bad}")
+        lines += _error_sentences(state, bad) if bad else ["all ranks exited cleanly"]
     elif lost:
         last = max(lost)
         when = f"after step {last}" if last else "before step 1"
         lines.append(f"no rank said Bye: the job or its recording ended abruptly {when}")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _count_sentence(state: ClusterState) -> str:
+    """ "12 steps on 2 ranks", in words that also fit a job that never got going."""
+    steps, ranks = state.totals.steps, len(state.ranks)
+    if not ranks:
+        return "no rank reported"
+    if not steps:
+        return f"{_plural(ranks, 'rank')} reported, no step completed"
+    return f"{_plural(steps, 'step')} on {_plural(ranks, 'rank')}"
+
+
+ERRORS_NAMED = 3
+"""Ranks whose exit error is spelled out; the rest are counted."""
+
+
+def _error_sentences(state: ClusterState, bad: dict[int, int]) -> list[str]:
+    """One sentence per failed rank, in the order they said so (the first is the likely
+    cause), with the error each rank reported; past a few, a count."""
+    byes = {r: state.ranks[r].bye for r in bad}
+    stopped = sorted(r for r, bye in byes.items() if bye and interrupted(bye.message))
+    order = sorted(set(bad) - set(stopped), key=lambda r: (byes[r].wall_ns, r))  # type: ignore[union-attr]
+    shown = ",".join(f"r{r}" for r in stopped[:8]) + (
+        f" +{len(stopped) - 8}" if len(stopped) > 8 else ""
+    )
+    lines = [f"{shown} stopped by KeyboardInterrupt"] if stopped else []
+    for r in order[:ERRORS_NAMED]:
+        message = byes[r].message.rstrip().removesuffix(":")  # type: ignore[union-attr]
+        lines.append(f"rank {r} exited with code {bad[r]}" + (f": {message}" if message else ""))
+    if len(order) > ERRORS_NAMED:
+        rest = len(order) - ERRORS_NAMED
+        lines.append(f"{_plural(rest, 'more rank')} exited with an error")
     return lines

@@ -18,6 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
+from zeroscope.job_over import all_ranks_said_bye
 from zeroscope.state import Alert, ClusterState
 from zeroscope.state.advice import Advisory, advise
 from zeroscope.state.history import StepSeries
@@ -41,6 +42,10 @@ class Feed(Protocol):
 
 
 class JobHandle(Protocol):
+    """What the view needs of the job (zeroscope.job.Job). Optional, read with getattr:
+    ``alerts() -> list[Alert]`` (its failure, shown first) and ``final_code() -> int | None``
+    (the job's own exit code once known, which torchrun's may not be)."""
+
     @property
     def returncode(self) -> int | None: ...
 
@@ -92,6 +97,8 @@ class ZeroscopeApp(App[str]):
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
         self._advisory: tuple[int, Advisory, float] | None = None
+        self.job_over = False
+        """Set (mark_over) by a viewer that learns the job is gone (attach's tunnel keeper)."""
         self.run_series: StepSeries | None = None
         """Replay: the whole run's history series (read in the background); None until then."""
 
@@ -135,6 +142,7 @@ class ZeroscopeApp(App[str]):
         if batch.reset:
             old = self.state
             self.state = ClusterState(history_steps=old.history_steps, rules=old.rules)
+            self.state.job_id = old.job_id
         now = time.time() if self.live_clock else None
         for message in batch.messages:
             self.state.ingest(message, now)
@@ -152,13 +160,17 @@ class ZeroscopeApp(App[str]):
 
     def redraw(self) -> None:
         self._drawn = self.state.version
+        if not self.is_running:
+            return  # shutting down: the screens' widgets are being removed under the timer
         screen = self.screen
-        if isinstance(screen, StateScreen):
+        if isinstance(screen, StateScreen) and screen.is_mounted:  # its on_mount draws it
             screen.refresh_view()
 
     # -- what screens ask --------------------------------------------------------------------
     def alerts(self) -> list[Alert]:
-        return self.state.alerts(time.time() if self.live_clock else None)
+        alerts = self.state.alerts(time.time() if self.live_clock else None)
+        job_alerts = getattr(self.job, "alerts", None)
+        return [*job_alerts(), *alerts] if callable(job_alerts) else alerts
 
     def advisory(self) -> Advisory:
         """The advisor's conclusions on the state (recomputed when it moved, at most every
@@ -209,9 +221,17 @@ class ZeroscopeApp(App[str]):
             return f"REPLAY {mode} {r.speed:g}x  step {r.position}/{r.last}"
         if self.job is not None and self.job.returncode is not None:
             log = getattr(self.job, "log", None)
-            code = self.job.returncode
+            final = getattr(self.job, "final_code", None)
+            code = final() if callable(final) else self.job.returncode
             return f"job exited ({code})" + (f", output in {log}" if code and log else "")
+        if self.live_clock and (self.job_over or all_ranks_said_bye(self.state)):
+            return "ENDED"  # attach: the job finished, what is shown is its last state
         return "LIVE" if self.live_clock else ""
+
+    def mark_over(self) -> None:
+        """The job is over (its collector is gone): the view stops saying LIVE."""
+        self.job_over = True
+        self.redraw()
 
     def open_rank(self, rank: int) -> None:
         from .rank_screen import RankScreen

@@ -31,7 +31,7 @@ class RankRow:
     offload_bw: float | None
     loss_scale: float | None
     flag: str
-    """"" or a short word: slow, silent, exited, dropped."""
+    """"" or a short word: raised, killed, died, exited, silent, mem!, slow, comm, drops."""
     mesh: tuple[int, int, int] | None = None
     """(pp, dp, tp) of a 3D-parallel job's rank: the table groups by stage, then replica."""
 
@@ -64,24 +64,34 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
     return rows
 
 
+FLAG_WORDS = {
+    # Most telling first: how a rank ended outranks how it was doing (a rank that raised had
+    # its comm exposed too, but "comm" would hide why it stopped).
+    "raised": "raised",  # the job's first failure: its own exception (zeroscope.job)
+    "killed": "killed",  # a signal: torchrun stopping it after another rank failed, or SIGKILL
+    "lost": "died",
+    "exited": "exited",
+    "silent": "silent",
+    "memory": "mem!",
+    "straggler": "slow",
+    "exposed_comm": "comm",
+    "drops": "drops",
+}
+_RANKING = {kind: i for i, kind in enumerate(FLAG_WORDS)}
+
+
 def flags_from_alerts(state: ClusterState, alerts: list) -> dict[int, str]:
-    """Rank -> the word its worst alert puts in the table's last column."""
-    words = {
-        "lost": "died",
-        "silent": "silent",
-        "exited": "exited",
-        "memory": "mem!",
-        "straggler": "slow",
-        "exposed_comm": "comm",
-        "drops": "drops",
-    }
-    out: dict[int, str] = {}
+    """Rank -> the word its most telling alert puts in the table's last column."""
+    best: dict[int, int] = {}
     for alert in alerts:
-        word = words.get(alert.kind)
-        if word:
-            for r in alert.ranks:
-                out.setdefault(r, word)
-    return out
+        rank_of_kind = _RANKING.get(alert.kind)
+        if rank_of_kind is None:
+            continue
+        for r in alert.ranks:
+            if rank_of_kind < best.get(r, len(_RANKING)):
+                best[r] = rank_of_kind
+    words = list(FLAG_WORDS.values())
+    return {r: words[i] for r, i in best.items()}
 
 
 def sort_rows(rows: list[RankRow], key: str, descending: bool) -> list[RankRow]:

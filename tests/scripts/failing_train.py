@@ -1,0 +1,43 @@
+"""A job whose rank 0 dies of a configuration error right after the process group is up,
+before any rank reports to zeroscope, while rank 1 waits in a collective: the peer's failure
+reaches it as gloo's "connection closed" (its own traceback), then torchrun stops it. The
+end-to-end tests of how ``zeroscope run`` reports a failed job use it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+
+MESSAGE = (
+    "unknown key 'reduce_bucket_sise' in zero_optimization (did you mean 'reduce_bucket_size'?)"
+)
+
+
+class ConfigError(ValueError):
+    """What a config check raises (a stand-in for the engine's)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--exit-code", type=int, default=0, help="sys.exit(N) instead of raising")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    if dist.get_rank() == 0:
+        if args.exit_code:
+            sys.exit(args.exit_code)
+        try:
+            {}["reduce_bucket_sise"]
+        except KeyError as exc:
+            raise ConfigError(MESSAGE) from exc  # a chained traceback: the last line counts
+    dist.all_reduce(x)  # rank 1: the peer is gone
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

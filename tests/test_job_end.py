@@ -1,0 +1,170 @@
+"""How a job's end is read and told, without launching a job: the ranks' error lines in real
+tracebacks (printed by Python and torch.distributed's own excepthook in a subprocess), the
+rules that pick the first failing rank from torchrun's outcome, and the summary's sentences."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.distributed import free_port
+from zeroscope.agent.schema import SCHEMA_VERSION, Bye, Hello
+from zeroscope.job_end import JobEnd, Outcome, RankExit, classify
+from zeroscope.job_errors import ErrorScanner, RankError
+from zeroscope.state import ClusterState
+from zeroscope.state.lines import summary_lines
+
+RAISE = """
+class ConfigError(ValueError):
+    pass
+def check():
+    try:
+        {}["reduce_bucket_sise"]
+    except KeyError as exc:
+        raise ConfigError("unknown key 'reduce_bucket_sise' (did you mean 'reduce_bucket_size'?)") from exc
+print("loss 0.5", flush=True)
+check()
+"""
+ERROR = "ConfigError: unknown key 'reduce_bucket_sise' (did you mean 'reduce_bucket_size'?)"
+
+
+def _stderr_of(code: str) -> list[str]:
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    return run.stderr.splitlines()
+
+
+@pytest.fixture(scope="module")
+def rank_traceback() -> list[str]:
+    """What rank 0 prints when it raises after init_process_group (torch prefixes every line)."""
+    init = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', "
+        "rank=0, world_size=1)\n"
+    )
+    return _stderr_of(init + RAISE)
+
+
+def test_a_ranks_traceback_is_hidden_and_its_last_exception_kept(
+    rank_traceback: list[str],
+) -> None:
+    assert any(line.startswith("[rank0]: Traceback") for line in rank_traceback)
+    assert "" in rank_traceback  # the chained traceback's blank lines carry no prefix
+    scanner = ErrorScanner()
+    shown = [line for line in rank_traceback if scanner.feed(line)]
+    assert shown == []
+    assert scanner.error_of(0) == ERROR  # the raised one, not the KeyError it chains
+    assert [e.rank for e in scanner.errors()] == [0]
+
+
+def test_a_traceback_before_the_process_group_is_read_too() -> None:
+    lines = _stderr_of(RAISE)
+    scanner = ErrorScanner()
+    shown = [line for line in ["loss 0.5", *lines, "next"] if scanner.feed(line)]
+    assert shown == ["loss 0.5", "next"]  # the job's own lines pass
+    (error,) = scanner.errors()
+    assert error.rank is None and error.line == ERROR
+
+
+def test_torchruns_shutdown_chatter_is_hidden() -> None:
+    scanner = ErrorScanner()
+    # Lines as torch 2.13's torchrun logs them (torch/distributed/elastic/...).
+    assert not scanner.feed(
+        "W1130 06:49:17.304000 11447 torch/distributed/elastic/multiprocessing/api.py:1028] "
+        "Sending process 11496 closing signal SIGTERM"
+    )
+    assert not scanner.feed(
+        "E1130 06:49:17.380000 11447 torch/distributed/elastic/multiprocessing/api.py:1002] "
+        "failed (exitcode: 1) local_rank: 0 (pid: 11495) of binary: /usr/bin/python"
+    )
+    assert scanner.feed("W1130 06:49:17.304000 11447 my_training.py:12] a warning of the job's")
+
+
+def test_the_first_failure_decides_the_code_and_the_line() -> None:
+    r0 = RankError(0, ERROR, seq=3)
+    r1 = RankError(1, "RuntimeError: Connection closed by peer", seq=9)
+    # torchrun's outcome of tests/scripts/failing_train.py: rank 0 raised (exit 1), rank 1
+    # raised in turn but was SIGTERMed by torchrun before it could exit on its own.
+    end = classify(
+        1, Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-15))), [r0, r1]
+    )
+    assert end == JobEnd(1, rank=0, error=ERROR, followers=(1,))
+    # A rank killed by a signal failed first, whatever its peers printed afterwards.
+    end = classify(
+        1, Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-9))), [r0]
+    )
+    assert (end.code, end.rank, end.error) == (137, 1, "killed by SIGKILL")
+    # Two ranks raised: the earlier traceback.
+    early_r1 = RankError(1, "RuntimeError: CUDA error", seq=1)
+    end = classify(
+        1,
+        Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=1))),
+        [early_r1, r0],
+    )
+    assert (end.rank, end.error) == (1, "RuntimeError: CUDA error")
+    # Its output went elsewhere (torchrun's --redirects): what its agent reported.
+    end = classify(1, Outcome(exits=(RankExit(rank=0, exitcode=1),)), [], reported={0: ERROR})
+    assert (end.rank, end.error) == (0, ERROR)
+    # sys.exit(3): the rank's own code.
+    end = classify(1, Outcome(exits=(RankExit(rank=2, exitcode=3),)), [])
+    assert (end.code, end.error) == (3, "exited with code 3 without a traceback")
+
+
+def test_a_stop_on_request_is_said_so_whatever_the_ranks_did() -> None:
+    exits = Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-9)))
+    for returncode in (1, 130, -9, 0):
+        end = classify(returncode, exits, [RankError(0, "KeyboardInterrupt", 1)], "Ctrl-C")
+        assert end.code == 130 and end.sentences("x.log") == ["job stopped on request (Ctrl-C)"]
+    assert classify(143, None, [], "SIGTERM", 143).code == 143
+
+
+def test_sentences_are_plain() -> None:
+    end = JobEnd(1, rank=0, error=ERROR, followers=(1, 2))
+    assert end.sentences("runs/j.log") == [
+        f"rank 0 failed first (exit code 1): {ERROR}",
+        "torchrun then stopped ranks 1, 2",
+        "the job's full output: runs/j.log",
+    ]
+    assert JobEnd(0).sentences("runs/j.log") == []
+    assert classify(1, None, []).sentences() == ["the job failed (exit code 1)"]
+    assert classify(-signal.SIGKILL, None, []).code == 137
+
+
+def test_the_summary_speaks_in_sentences() -> None:
+    state = ClusterState()
+    state.job_id = "j1"
+    assert summary_lines(state)[0] == "job j1: no rank reported"
+    now = time.time_ns()
+    for r in (0, 1):
+        state.ingest(
+            Hello(schema_version=SCHEMA_VERSION, job_id="j1", rank=r, world_size=2), now / 1e9
+        )
+    assert summary_lines(state)[0] == "job j1: 2 ranks reported, no step completed"
+    state.ingest(Bye(rank=1, step=0, wall_ns=now + 2, exit_code=1, message="RuntimeError: reset"))
+    state.ingest(Bye(rank=0, step=0, wall_ns=now + 1, exit_code=1, message=ERROR))
+    lines = summary_lines(state)
+    # In the order the ranks said it: rank 0 first. No Python dict anywhere.
+    errors = [ln for ln in lines if "exited with code" in ln]
+    assert errors == [
+        f"rank 0 exited with code 1: {ERROR}",
+        "rank 1 exited with code 1: RuntimeError: reset",
+    ]
+    assert not any("{" in ln for ln in lines)
+
+
+def test_interrupted_ranks_are_not_errors() -> None:
+    state = ClusterState()
+    now = time.time_ns()
+    for r in (0, 1):
+        state.ingest(
+            Hello(schema_version=SCHEMA_VERSION, job_id="j", rank=r, world_size=2), now / 1e9
+        )
+        state.ingest(Bye(rank=r, step=0, wall_ns=now, exit_code=1, message="KeyboardInterrupt: "))
+    lines = summary_lines(state)
+    assert "r0,r1 stopped by KeyboardInterrupt" in lines
+    assert not any("exited with code" in ln for ln in lines)
+    assert "exited" not in {a.kind for a in state.alerts()}

@@ -1,0 +1,174 @@
+"""How ``zeroscope run`` ends, end to end (real torchrun, real gloo ranks, headless):
+
+- a rank's real failure: zeroscope exits with that rank's code and prints its own error line
+  once (the chained ConfigError the script raised), while the terminal is spared the ranks'
+  tracebacks and torchrun's banner, which stay in the job's log; the job id is named although no
+  rank ever reported;
+- Ctrl-C: "stopped on request" and exit code 130, whether it comes while torchrun is still
+  starting or while the ranks train, and nothing is left running;
+- ``kill -9`` of zeroscope takes torchrun and the ranks with it;
+- a reader that goes away (``| head``) stops the printing, not the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.scripts.failing_train import MESSAGE
+from zeroscope.trace import TraceReader
+
+ROOT = Path(__file__).resolve().parent.parent
+FAILING = ROOT / "tests" / "scripts" / "failing_train.py"
+TRAINING = ROOT / "tests" / "scripts" / "agent_only_train.py"
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+
+def _zeroscope(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zeroscope", *argv],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _start(*argv: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "zeroscope", *argv],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _start_training(cwd: Path) -> subprocess.Popen[str]:
+    """A headless run that trains until stopped."""
+    return _start(
+        "run", "--headless", "--nproc-per-node", "2", str(TRAINING), "--steps", "100000", cwd=cwd
+    )
+
+
+def _wait_for_step_3(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step     3"):
+            return
+    raise AssertionError(f"no step 3; exit code {proc.wait()}")
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _all_gone(procs: list[psutil.Process], timeout: float) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return not alive
+
+
+def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) -> None:
+    run = _zeroscope("run", "--headless", "--nproc-per-node", "2", str(FAILING), cwd=tmp_path)
+    terminal = run.stdout + run.stderr
+    error = f"ConfigError: {MESSAGE}"
+    assert run.returncode == 1, terminal
+    assert terminal.count(error) == 1
+    assert "Traceback" not in terminal and "[rank" not in terminal and "FAILED" not in terminal
+    lines = run.stdout.splitlines()
+    (trace_line,) = [ln for ln in lines if ln.startswith("trace: ")]
+    trace = tmp_path / trace_line.removeprefix("trace: ")
+    job_id = trace.stem
+    assert lines[0] == f"job {job_id}: no rank reported"  # named, though no rank ever reported
+    assert f"rank 0 failed first (exit code 1): {error}" in lines
+    assert "torchrun then stopped rank 1" in lines
+    assert lines[-1] == "job exit code 1"
+    # The job's full output is kept: every rank's traceback and torchrun's own lines.
+    log = trace.with_suffix(".log")
+    assert f"the job's full output: {log.relative_to(tmp_path)}" in lines
+    text = log.read_text()
+    assert f"[rank0]: {error}" in text and "[rank0]: KeyError: 'reduce_bucket_sise'" in text
+    assert "[rank1]: RuntimeError" in text and "Connection closed by peer" in text
+    # The trace knows the job too (summary used to print "job ?" and "job_id": "").
+    summary = _zeroscope("summary", "--json", str(trace), cwd=tmp_path)
+    assert json.loads(summary.stdout)["job_id"] == job_id
+    table = _zeroscope("summary", str(trace), cwd=tmp_path)
+    assert f"job {job_id} " in table.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("when", ["torchrun starting", "ranks training"])
+def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> None:
+    proc = _start_training(tmp_path)
+    try:
+        assert proc.stdout is not None
+        if when == "torchrun starting":
+            # The moment torchrun exists, before it has its own signal handlers or workers.
+            deadline = time.monotonic() + 60
+            while not any("torchrun_main" in " ".join(p.cmdline()) for p in _descendants(proc.pid)):
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+        else:
+            _wait_for_step_3(proc)
+        tree = _descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            for p in _descendants(proc.pid):
+                p.kill()
+            proc.kill()
+    assert proc.returncode == 130, err
+    lines = out.splitlines()
+    assert lines[-2:] == ["job stopped on request (Ctrl-C)", "job exit code 130"]
+    assert err == "zeroscope: stopping the job (Ctrl-C again to kill it)\n"
+    assert not any("exited with code" in ln for ln in lines)  # an interrupt is no error
+    assert _all_gone(tree, 10)
+
+
+def test_kill_9_of_zeroscope_takes_torchrun_and_the_ranks_with_it(tmp_path: Path) -> None:
+    proc = _start_training(tmp_path)
+    tree: list[psutil.Process] = []
+    try:
+        _wait_for_step_3(proc)
+        tree = _descendants(proc.pid)
+        assert len(tree) >= 3  # torchrun and two ranks
+        proc.kill()
+        proc.wait()
+        assert _all_gone(tree, 60)
+    finally:
+        proc.kill()
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_a_reader_that_goes_away_stops_the_printing_not_the_job(tmp_path: Path) -> None:
+    proc = _start(
+        "run", "--headless", "--nproc-per-node", "2", "--record", "t.zstrace", str(TRAINING),
+        "--steps", "20", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # | head -0
+    err = proc.stderr.read()
+    assert proc.wait(timeout=240) == 0, err  # the job's own code: it ran to its end
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    with TraceReader(tmp_path / "t.zstrace") as trace:
+        assert trace.steps() == (1, 20)

@@ -1,0 +1,86 @@
+"""``python -m zeroscope.torchrun_main [torchrun flags] script [args]``: torchrun, supervised.
+
+This is ``torch.distributed.run`` itself (its parser, its ``run()``: rendezvous, restarts and
+signal handling stay torchrun's), with three things around it that ``zeroscope run`` needs:
+
+- it dies with zeroscope: a watchdog thread (:mod:`zeroscope.supervision`) notices zeroscope's
+  end even after ``kill -9``, gives the terminal back, and stops torchrun (SIGTERM, which
+  torchrun turns into stopping its workers);
+- it says how the ranks ended: torchrun's ``ChildFailedError`` knows every failed rank's exit
+  code or signal, and which ones torchrun itself terminated; that goes to the outcome file
+  (:mod:`zeroscope.job_end`) instead of a traceback and a banner on the terminal;
+- a stop on request (SIGINT/SIGTERM) ends quietly with 128 + the signal, as a shell reports it.
+
+Any other torchrun error (a bad flag, a rendezvous timeout) is torchrun's to print, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+from zeroscope.job_end import OUTCOME_ENV, Outcome, RankExit
+from zeroscope.supervision import announce_ready, watch_parent
+
+
+class _StoppedEarly(Exception):
+    """SIGINT/SIGTERM before torchrun installed its own handlers (no worker exists yet)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_early(signum: int, frame: FrameType | None) -> None:
+    raise _StoppedEarly(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Until torchrun registers its handlers (just before it starts the workers), a stop is
+    # ours to handle. Setting a handler also undoes an inherited SIG_IGN (a job started from
+    # a script's background), which the workers would otherwise inherit through exec and
+    # then ignore torchrun's SIGINT.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_early)
+    watch_parent(os.environ)
+    announce_ready(os.environ)
+    outcome_path = os.environ.pop(OUTCOME_ENV, None)
+    try:
+        return _run(argv, outcome_path)
+    except _StoppedEarly as stop:
+        _save(outcome_path, Outcome(signal=stop.signum))
+        return 128 + stop.signum
+
+
+def _run(argv: list[str], outcome_path: str | None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(argv)
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        failed = sorted(exc.failures.items())
+        exits = tuple(
+            RankExit(rank=r, exitcode=f.exitcode, local_rank=f.local_rank) for r, f in failed
+        )
+        _save(outcome_path, Outcome(exits=exits))
+        return 1  # torchrun's own code for a failed worker group
+    except SignalException as exc:
+        _save(outcome_path, Outcome(signal=int(exc.sigval)))
+        return 128 + int(exc.sigval)
+    _save(outcome_path, Outcome())
+    return 0
+
+
+def _save(path: str | None, outcome: Outcome) -> None:
+    if path:
+        outcome.save(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
