@@ -348,7 +348,10 @@ def test_the_header_and_summary_name_the_engine_found() -> None:
     assert "hf-trainer+deepspeed ZeRO-2 bf16 offload none" in [
         t for t, _ in header_segments(attached)
     ]
-    assert summary_lines(attached)[0] == "job j: 1 rank reported, no step completed (hf-trainer+deepspeed)"
+    assert (
+        summary_lines(attached)[0]
+        == "job j: 1 rank reported, no step completed (hf-trainer+deepspeed)"
+    )
     bundled = state_of("zeroscope")  # the bundled engine's header is unchanged
     assert "ZeRO-2 bf16 offload none" in [t for t, _ in header_segments(bundled)]
     assert summary_lines(bundled)[0] == "job j: 1 rank reported, no step completed"
