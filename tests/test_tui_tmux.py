@@ -180,3 +180,28 @@ def test_kill_9_leaves_no_job_running_and_gives_the_terminal_back(tmp_path: Path
             with contextlib.suppress(psutil.Error):
                 p.kill()
         term.kill()
+
+
+def test_a_closed_terminal_stops_the_job_and_zeroscope(tmp_path: Path) -> None:
+    """The terminal goes away (its tmux server is killed: SIGHUP to the pane's processes):
+    zeroscope dies of it and its watchdog takes torchrun and the ranks along. (A SIGHUP handler
+    that stops the job gracefully was tried and left the view, with nobody to answer it,
+    running: this guards against that.)"""
+    term = Tmux("hangup")
+    command = _run_command("tests/scripts/agent_only_train.py --steps 100000")
+    tree: list[psutil.Process] = []
+    try:
+        term.start(command, tmp_path)
+        term.wait_for(lambda s: "r0 " in s and "r1 " in s and "step NA" not in s, 150)
+        shell = psutil.Process(int(term.tmux("display", "-p", "-t", "t", "#{pane_pid}")))
+        (zeroscope,) = [p for p in shell.children() if "zeroscope" in " ".join(p.cmdline())]
+        tree = [zeroscope, *zeroscope.children(recursive=True)]
+        assert len(tree) >= 4  # zeroscope, torchrun and two ranks
+        term.kill()
+        _, alive = psutil.wait_procs(tree, timeout=90)
+        assert not alive, alive
+    finally:
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        term.kill()
