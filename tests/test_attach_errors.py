@@ -7,12 +7,14 @@ test points the remote side at its own discovery folder with ``-o SetEnv=ZEROSCO
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 
 from tests.sshd import Sshd, sshd_available, start_sshd
@@ -177,6 +179,13 @@ def test_server_refusing_port_forwarding_is_named(tmp_path: Path) -> None:
             if "no answer from the collector" in line:
                 break
         assert "does the SSH server on 127.0.0.1 allow TCP forwarding" in lines[-1], lines
+        # A SIGTERM'd attach closes its tunnel on the way out (it used to leave ssh -N running).
+        tunnel = psutil.Process(attach.pid).children(recursive=True)
+        assert any(p.name() == "ssh" for p in tunnel), tunnel
+        attach.terminate()
+        assert attach.wait(timeout=10) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(tunnel, timeout=10)
+        assert not alive, alive
     finally:
         for proc in (attach, serve):
             if proc is not None:

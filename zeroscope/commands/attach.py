@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 from pathlib import PurePosixPath
+from types import FrameType
 
 from zeroscope.cli import CliError
 from zeroscope.discovery import JobRecord
@@ -102,7 +104,22 @@ def _status(line: str) -> None:
     print(f"zeroscope attach: {line}", file=sys.stderr, flush=True)
 
 
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
+    """SIGTERM / SIGHUP end attach as an exit does (128 + signal), so its ssh tunnel is closed
+    on the way out: by default they would kill Python and leave ``ssh -N`` running."""
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _attach(args)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _attach(args: argparse.Namespace) -> int:
     try:
         target = SshTarget.parse(args.target)
     except ValueError as exc:
@@ -118,16 +135,19 @@ def main(args: argparse.Namespace) -> int:
         job = choose_job(jobs, args.job, client)
         ports = [job.viewer_port] + ([job.pub_port] if job.pub_port else [])
         tunnel = client.tunnel(*ports)
-        tunnel.open()
     except SshError as exc:
         raise CliError(str(exc)) from None
-    _status(
-        f"job {job.job_id} on {target.host}: tunnel "
-        f"{tunnel.local_address(job.viewer_port)} (ssh pid {tunnel.pid})"
-    )
-    from zeroscope.ssh_watch import watch_job
-
     try:
+        try:
+            tunnel.open()
+        except SshError as exc:
+            raise CliError(str(exc)) from None
+        _status(
+            f"job {job.job_id} on {target.host}: tunnel "
+            f"{tunnel.local_address(job.viewer_port)} (ssh pid {tunnel.pid})"
+        )
+        from zeroscope.ssh_watch import watch_job
+
         return watch_job(
             client=client,
             job=job,
