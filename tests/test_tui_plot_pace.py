@@ -131,3 +131,22 @@ async def test_live_charts_take_new_data_one_per_frame(monkeypatch: pytest.Monke
         grid.min_interval_s = 0.0
         assert await new_steps(range(42, 44)) == [1] * 5
         assert len(set(built)) == 1, built
+
+
+@sync
+async def test_live_charts_take_turns_when_data_moves_faster_than_they_catch_up() -> None:
+    app = ZeroscopeApp(fixture_state(), live_clock=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        grid = app.screen.query_one(HistoryPlots)
+        grid.min_interval_s = 1e-9
+        shown = [p.id for p in grid.query(HistoryPlot) if p.display]
+        handed = []
+        for i in range(2 * len(shown)):
+            grid._show(("new data", i))  # every frame brings new data (no await: no paint)
+            plot = grid._in_flight
+            assert plot is not None
+            handed.append(plot.id)
+            grid._drawn(plot)  # its paint: the next new data may go to another chart
+        # The chart whose data is oldest goes first: each chart twice, none starved.
+        assert handed == shown + shown

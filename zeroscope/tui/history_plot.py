@@ -244,6 +244,8 @@ class HistoryPlot(Widget):
         """Told, from inside the paint, each time this plot has been drawn."""
         self.data_key: object = None
         """Which data this plot shows (HistoryPlots hands each plot the newest in turn)."""
+        self.handed = 0
+        """When it was handed (HistoryPlots' count): the oldest goes first."""
         self._plot = Plot()
         self._cache: tuple[object, Text] | None = None
         self.builds = 0

@@ -56,6 +56,7 @@ class HistoryPlots(Widget):
         self._in_flight: HistoryPlot | None = None
         """The chart handed new data and not yet painted: the next waits for it."""
         self._in_flight_at = 0.0
+        self._handed = 0
         self.page = 0
         self.shown: list[str] = []
         """Names of the charts on screen now (tests read it)."""
@@ -103,7 +104,7 @@ class HistoryPlots(Widget):
         if self.min_interval_s <= 0:
             for plot in self.query(HistoryPlot):
                 if plot.display and plot.data_key != key:
-                    plot.data_key = key
+                    self._hand(plot)
                     plot.refresh()
         elif self._in_flight is None or self._drawn_at - self._in_flight_at > 1.0:
             self._advance()  # (else the chart in flight hands on; unless it never got painted)
@@ -115,15 +116,20 @@ class HistoryPlots(Widget):
             self.call_after_refresh(self._advance)
 
     def _advance(self) -> None:
-        """Give the newest data to the first chart shown that lacks it."""
+        """Give the newest data to the chart shown whose data is oldest (in ORDER on a tie, so
+        charts never starve when data moves faster than they catch up)."""
         if self._in_flight is not None:
             return
-        for plot in self.query(HistoryPlot):
-            if plot.display and plot.data_key != self._shown_key:
-                plot.data_key = self._shown_key
-                self._in_flight, self._in_flight_at = plot, time.monotonic()
-                plot.refresh()
-                return
+        stale = [p for p in self.query(HistoryPlot) if p.display and p.data_key != self._shown_key]
+        if stale:
+            plot = min(stale, key=lambda p: p.handed)
+            self._hand(plot)
+            self._in_flight, self._in_flight_at = plot, time.monotonic()
+            plot.refresh()
+
+    def _hand(self, plot: HistoryPlot) -> None:
+        self._handed += 1
+        plot.data_key, plot.handed = self._shown_key, self._handed
 
     def next_page(self) -> None:
         self.page += 1
@@ -148,7 +154,7 @@ class HistoryPlots(Widget):
             was = plot.display
             plot.display = plot.id is not None and plot.id.removeprefix("plot-") in shown
             if (plot.display and not was) or plot.data_key is None:
-                plot.data_key = self._shown_key  # newly shown: it is built now anyway
+                self._hand(plot)  # newly shown: it is built now anyway
         used_rows = max(1, -(-len(shown) // cols)) if shown else 1
         self.styles.grid_size_columns = cols
         self.styles.grid_size_rows = used_rows + (1 if self.more else 0)
