@@ -144,6 +144,7 @@ async def test_live_charts_take_turns_when_data_moves_faster_than_they_catch_up(
         handed = []
         for i in range(2 * len(shown)):
             grid._show(("new data", i))  # every frame brings new data (no await: no paint)
+            grid._advance()  # what the frame's paint lets run after it
             plot = grid._in_flight
             assert plot is not None
             handed.append(plot.id)

@@ -5,10 +5,10 @@ left out rather than drawn empty.
 
 Charts are rebuilt only when their data moved (``key``), and while a job is live at most once
 per ``min_interval_s`` (a plot of hundreds of steps gains nothing from 4 redraws a second; the
-rank table keeps its own pace) and one chart per frame: the newest data goes to the first chart
-shown, and to the next only once the paint that draws it is over (``_advance``), so no frame pays
-for five plotext builds (~10-20 ms each) and keys stay answered between them; the charts catch
-up within five screen updates (~0.1 s). In replay (``min_interval_s`` 0) every chart takes the
+rank table keeps its own pace) and one chart per frame: after the frame that shows the step's
+table, the newest data goes to one chart, and to the next only once the paint that draws it is
+over (``_advance``), so no screen update pays for five plotext builds (~10-20 ms each) and keys
+stay answered between them; the charts catch up within five screen updates (~0.1 s). In replay (``min_interval_s`` 0) every chart takes the
 new data at once, so the cursor moves in all of them together. A chart newly shown (first
 frame, ``n``) or resized is drawn at once.
 """
@@ -107,7 +107,10 @@ class HistoryPlots(Widget):
                     self._hand(plot)
                     plot.refresh()
         elif self._in_flight is None or self._drawn_at - self._in_flight_at > 1.0:
-            self._advance()  # (else the chart in flight hands on; unless it never got painted)
+            # After the frame that shows the step (the table first), not in it; a chart in
+            # flight hands on by itself (unless it never got painted).
+            self._in_flight = None
+            self.call_after_refresh(self._advance)
 
     def _drawn(self, plot: HistoryPlot) -> None:
         """A chart is being painted: once the paint is over, the next may take the new data."""
