@@ -136,7 +136,7 @@ def bench_frames(ranks: int, frames: int) -> dict[str, dict[str, float]]:
             print(
                 f"cluster screen {size[0]}x{size[1]}, {ranks} ranks, plots {mode}: frame "
                 f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}; "
-                f"charts built {sum(charts)} in {len(charts)} frames (at most {max(charts)})"
+                f"charts built {sum(charts)} over {len(charts)} steps (at most {max(charts)} a step)"
             )
             key = f"{size[0]}x{size[1]}" + ("" if mode == "live" else f", plots {mode}")
             out[key] = {
