@@ -1,9 +1,12 @@
 """One history plot: a title line with a colour legend, then a plotext chart (textual-plotext's
 ``Plot``: axes, ticks, lines, fills and vertical cursor lines).
 
-The chart is built only when its data or size changed (plotext builds in pure Python, ~10-30 ms a
-chart): the built Text is cached by (data key, width, height), so a frame that moves only the
-rank table costs nothing here. A missing value (None) is a gap in the line, never a zero.
+The chart is built only when its data or size changed (plotext builds in pure Python, ~10 ms a
+chart plus its pixels): the built Text is cached by (data key, width, height), so a frame that
+moves only the rank table costs nothing here. A series with more points than the chart has pixel
+columns is thinned first (``thin``: each column keeps its lowest and highest point), so a long
+series costs what its picture costs, not what its points do. A missing value (None) is a gap in
+the line, never a zero.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from rich.text import Text
 from textual.widget import Widget
@@ -94,6 +98,65 @@ def _runs(xs: Sequence[int], ys: Values) -> list[tuple[list[int], list[float]]]:
     return runs
 
 
+def thin(
+    runs: list[tuple[list[int], list[float]]], x_lo: int, x_hi: int, columns: int
+) -> list[tuple[list[int], list[float]]]:
+    """The runs with at most two points per column of ``columns`` equal slices of [x_lo, x_hi]:
+    the column's lowest and highest, the one nearer the line's last point first. With columns
+    at least the chart's pixel columns, the line through them covers what the line through
+    every point covers: each column's span, joined to the next (plotext rasterises every
+    segment pixel by pixel in Python, so a noisy series of 500 points drawing each swing over
+    and over costs ~5x the same picture from its extremes). Runs of at most 2 x columns
+    points in all are returned unchanged; a gap narrower than a column closes (it would not
+    show)."""
+    if sum(len(xs) for xs, _ in runs) <= 2 * columns:
+        return runs
+    span = x_hi - x_lo + 1
+    out: list[tuple[list[int], list[float]]] = []
+    cur_x: list[int] = []
+    cur_y: list[float] = []
+    last = None
+    points = ((x, y) for xs, ys in runs for x, y in zip(xs, ys))
+    for col, group in groupby(points, key=lambda p: (p[0] - x_lo) * columns // span):
+        g = list(group)
+        low, high = min(g, key=lambda p: p[1]), max(g, key=lambda p: p[1])
+        if last is not None and col > last + 1 and cur_x:
+            out.append((cur_x, cur_y))
+            cur_x, cur_y = [], []
+        if cur_y and abs(cur_y[-1] - high[1]) < abs(cur_y[-1] - low[1]):
+            low, high = high, low  # enter the column from the side the line comes from
+        for x, y in (low, high) if low != high else (low,):
+            cur_x.append(x)
+            cur_y.append(y)
+        last = col
+    if cur_x:
+        out.append((cur_x, cur_y))
+    return out
+
+
+def thin_marks(
+    runs: list[tuple[list[int], list[float]]],
+    x_lo: int,
+    x_hi: int,
+    columns: int,
+    y_lo: float,
+    y_hi: float,
+    rows: int,
+) -> list[tuple[list[int], list[float]]]:
+    """Scattered marks with one kept per cell of a ``columns`` x ``rows`` grid over the axes
+    (marks drawn on the same cell are one mark); at most 4 x columns marks pass unchanged."""
+    if sum(len(xs) for xs, _ in runs) <= 4 * columns:
+        return runs
+    span, height = x_hi - x_lo + 1, (y_hi - y_lo) or 1.0
+    seen: dict[tuple[int, int], tuple[int, float]] = {}
+    for xs, ys in runs:
+        for x, y in zip(xs, ys):
+            cell = ((x - x_lo) * columns // span, int((y - y_lo) * rows / height))
+            seen.setdefault(cell, (x, y))
+    kept = sorted(seen.values())
+    return [([x for x, _ in kept], [y for _, y in kept])]
+
+
 def legend_text(chart: Chart, width: int) -> Text:
     """The title, then each series' glyph in its colour and its name, cut to ``width``."""
     text = Text(chart.title, style="bold", no_wrap=True, overflow="ellipsis")
@@ -110,9 +173,13 @@ def legend_text(chart: Chart, width: int) -> Text:
 
 
 def build(plt: Plot, chart: Chart, width: int, height: int) -> Text:
-    """The chart drawn by plotext into ``width`` x ``height`` cells, as Rich Text."""
+    """The chart drawn by plotext into ``width`` x ``height`` cells, as Rich Text.
+
+    ``plt`` is reused from build to build: only its data is cleared, and every setting used
+    here (theme, size, frame, limits, ticks) is set again below, so the rest of the figure is
+    kept (``clear_figure`` rebuilds it: a terminal-size probe and deep copies, a quarter of a
+    small chart's time)."""
     plt.clear_data()
-    plt.clear_figure()
     plt.theme("clear")
     plt.plotsize(width, height)
     plt.frame(True)
@@ -132,7 +199,14 @@ def build(plt: Plot, chart: Chart, width: int, height: int) -> Text:
     elif chart.y_max is None:
         y_hi += (y_hi - y_lo) * 0.05  # headroom: the top line is not drawn on the frame
     for line in chart.lines:
-        for xs, ys in _runs(line.xs, line.ys):
+        # Braille draws 2 pixel columns a cell, block markers 1: never fewer columns than shown.
+        columns = width * (2 if line.marker == "braille" else 1)
+        runs = _runs(line.xs, line.ys)
+        if line.scatter:
+            runs = thin_marks(runs, x_lo, x_hi, columns, y_lo, y_hi, height * 4)
+        else:
+            runs = thin(runs, x_lo, x_hi, columns)
+        for xs, ys in runs:
             if line.scatter:
                 plt.scatter(xs, ys, marker=line.marker, color=line.color)
             else:
@@ -155,28 +229,39 @@ def build(plt: Plot, chart: Chart, width: int, height: int) -> Text:
 
 
 class HistoryPlot(Widget):
-    """A chart that redraws from ``chart()`` when ``key()`` or its size changed."""
+    """A chart that redraws from ``chart()`` when its ``data_key`` or its size changed."""
 
     DEFAULT_CSS = """
     HistoryPlot { height: 1fr; width: 1fr; min-height: 5; }
     """
 
     def __init__(
-        self, chart: Callable[[], Chart], key: Callable[[], object], *, id: str | None = None
+        self,
+        chart: Callable[[], Chart],
+        *,
+        drawn: Callable[[HistoryPlot], None] | None = None,
+        id: str | None = None,
     ) -> None:
         super().__init__(id=id)
         self._chart = chart
-        self._key = key
+        self._drawn = drawn
+        """Told, from inside the paint, each time this plot has been drawn."""
+        self.data_key: object = None
+        """Which data this plot shows (HistoryPlots hands each plot the newest in turn)."""
+        self.handed = 0
+        """When it was handed (HistoryPlots' count): the oldest goes first."""
         self._plot = Plot()
         self._cache: tuple[object, Text] | None = None
         self.builds = 0
         """Charts built so far (tests and the bench read it: a cached frame builds none)."""
 
     def render(self) -> Text:
+        if self._drawn is not None:
+            self._drawn(self)
         width, height = self.size.width, self.size.height
         if width < 10 or height < 3:
             return Text("")
-        key = (self._key(), width, height)
+        key = (self.data_key, width, height)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         chart = self._chart()

@@ -5,7 +5,12 @@ left out rather than drawn empty.
 
 Charts are rebuilt only when their data moved (``key``), and while a job is live at most once
 per ``min_interval_s`` (a plot of hundreds of steps gains nothing from 4 redraws a second; the
-rank table keeps its own pace).
+rank table keeps its own pace) and one chart per frame: after the frame that shows the step's
+table, the newest data goes to one chart, and to the next only once the paint that draws it is
+over (``_advance``), so no screen update pays for five plotext builds (~10-20 ms each) and keys
+stay answered between them; the charts catch up within five screen updates (~0.1 s). In replay (``min_interval_s`` 0) every chart takes the
+new data at once, so the cursor moves in all of them together. A chart newly shown (first
+frame, ``n``) or resized is drawn at once.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ class HistoryPlots(Widget):
         self._shown_key: object = None
         self._drawn_at = -1e9
         self._pending = False
+        self._in_flight: HistoryPlot | None = None
+        """The chart handed new data and not yet painted: the next waits for it."""
+        self._in_flight_at = 0.0
+        self._handed = 0
         self.page = 0
         self.shown: list[str] = []
         """Names of the charts on screen now (tests read it)."""
@@ -56,11 +65,8 @@ class HistoryPlots(Widget):
 
     def compose(self) -> ComposeResult:
         for name in ORDER:
-            yield HistoryPlot(partial(self.chart, name), self._shown, id=f"plot-{name}")
+            yield HistoryPlot(partial(self.chart, name), drawn=self._drawn, id=f"plot-{name}")
         yield Static(id="plots-more")
-
-    def _shown(self) -> object:
-        return self._shown_key
 
     def chart(self, name: str) -> Chart:
         key = self._shown_key
@@ -95,9 +101,38 @@ class HistoryPlots(Widget):
         self._shown_key = key
         self._drawn_at = time.monotonic()
         self._arrange()
-        for plot in self.query(HistoryPlot):
-            if plot.display:
-                plot.refresh()
+        if self.min_interval_s <= 0:
+            for plot in self.query(HistoryPlot):
+                if plot.display and plot.data_key != key:
+                    self._hand(plot)
+                    plot.refresh()
+        elif self._in_flight is None or self._drawn_at - self._in_flight_at > 1.0:
+            # After the frame that shows the step (the table first), not in it; a chart in
+            # flight hands on by itself (unless it never got painted).
+            self._in_flight = None
+            self.call_after_refresh(self._advance)
+
+    def _drawn(self, plot: HistoryPlot) -> None:
+        """A chart is being painted: once the paint is over, the next may take the new data."""
+        if plot is self._in_flight:
+            self._in_flight = None
+            self.call_after_refresh(self._advance)
+
+    def _advance(self) -> None:
+        """Give the newest data to the chart shown whose data is oldest (in ORDER on a tie, so
+        charts never starve when data moves faster than they catch up)."""
+        if self._in_flight is not None:
+            return
+        stale = [p for p in self.query(HistoryPlot) if p.display and p.data_key != self._shown_key]
+        if stale:
+            plot = min(stale, key=lambda p: p.handed)
+            self._hand(plot)
+            self._in_flight, self._in_flight_at = plot, time.monotonic()
+            plot.refresh()
+
+    def _hand(self, plot: HistoryPlot) -> None:
+        self._handed += 1
+        plot.data_key, plot.handed = self._shown_key, self._handed
 
     def next_page(self) -> None:
         self.page += 1
@@ -119,7 +154,10 @@ class HistoryPlots(Widget):
         self.more = len(names) - len(shown)
         self.shown = shown
         for plot in self.query(HistoryPlot):
+            was = plot.display
             plot.display = plot.id is not None and plot.id.removeprefix("plot-") in shown
+            if (plot.display and not was) or plot.data_key is None:
+                self._hand(plot)  # newly shown: it is built now anyway
         used_rows = max(1, -(-len(shown) // cols)) if shown else 1
         self.styles.grid_size_columns = cols
         self.styles.grid_size_rows = used_rows + (1 if self.more else 0)
