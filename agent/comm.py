@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from .cost import SeamCost, now_ns
 from .schema import Collective, CollectiveOp
 
 
@@ -114,22 +115,24 @@ class CollectiveRecord:
 class TrackedWork:
     """What ``Telemetry.collective`` returns: use its ``wait()`` instead of the Work's."""
 
-    __slots__ = ("record", "work")
+    __slots__ = ("cost", "record", "work")
 
-    def __init__(self, work: Any, record: CollectiveRecord) -> None:
+    def __init__(self, work: Any, record: CollectiveRecord, cost: SeamCost | None = None) -> None:
         self.work = work
         self.record = record
+        self.cost = cost
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        enter = now_ns()
         rec = self.record
         events = rec.cuda_events
         if events is not None:
             events[1] = _cuda_event()
-        t0 = time.perf_counter_ns()
+        t0 = now_ns()
         try:
             return self.work.wait(*args, **kwargs)
         finally:
-            t1 = time.perf_counter_ns()
+            t1 = now_ns()
             if events is not None:
                 events[2] = _cuda_event()
             else:
@@ -137,6 +140,11 @@ class TrackedWork:
                 if rec.end_ns is None or t1 < rec.end_ns:
                     rec.end_ns = t1
             rec.waited = True
+            cost = self.cost
+            if cost is not None:  # the agent's own part of wait(), not the wait itself
+                own = now_ns() - enter - (t1 - t0)
+                cost.ns += own
+                cost.collective_ns += own
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
@@ -164,6 +172,8 @@ class CollectiveTracker:
         self._lock = threading.Lock()
         self._pending: list[CollectiveRecord] = []
         self.errors = 0
+        self.cost: SeamCost | None = None
+        """Where ``wait()``'s own bookkeeping is counted (the live agent's counters)."""
 
     def track(
         self,
@@ -189,7 +199,7 @@ class CollectiveTracker:
                     pass  # no future on this backend: completion = end of wait()
             with self._lock:
                 self._pending.append(rec)
-            return TrackedWork(work, rec)
+            return TrackedWork(work, rec, self.cost)
         except Exception:
             self.errors += 1
             return work

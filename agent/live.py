@@ -30,6 +30,7 @@ import torch
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
+from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks
 from .pending import PendingReport
 from .publish import TOKEN_ENV, Publisher
@@ -126,7 +127,10 @@ class LiveTelemetry(Telemetry):
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._last_blocks: BlockSplit | None = None
+        self.cost = SeamCost()
+        """The agent's own time on the training thread (agent/cost.py)."""
         self._collectives = CollectiveTracker(cuda=False)
+        self._collectives.cost = self.cost
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
         self._layout: ParallelLayout | None = None
@@ -182,17 +186,21 @@ class LiveTelemetry(Telemetry):
 
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_enter(input_bytes)
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def block_exit(self) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_exit()
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
@@ -234,6 +242,7 @@ class LiveTelemetry(Telemetry):
 
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
+        t0 = now_ns()
         hooks = token = None
         try:
             if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
@@ -247,9 +256,11 @@ class LiveTelemetry(Telemetry):
                 self._peaks.sample()
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
         try:
             yield
         finally:
+            t0 = now_ns()
             if hooks is not None:
                 self._counting = False
                 hooks.__exit__(None, None, None)
@@ -260,6 +271,7 @@ class LiveTelemetry(Telemetry):
                     self._peaks.sample()
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def collective(
         self,
@@ -271,15 +283,23 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
+        t0 = now_ns()
         try:
             self._timeline.begin()
         except Exception:
             self.errors += 1
-        return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+        cost = self.cost
+        spent = now_ns() - t0
+        cost.ns += spent
+        cost.collective_ns += spent
+        cost.collectives += 1
+        return tracked
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
+        t0 = now_ns()
         try:
             start = self._timeline.begin(start_ns)
             self._transfers.append(
@@ -293,8 +313,10 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
+        t0 = now_ns()
         try:
             self.publisher.send(
                 Event(
@@ -308,6 +330,7 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def step_end(
         self,
@@ -321,10 +344,14 @@ class LiveTelemetry(Telemetry):
         skipped: bool = False,
         samples: int = 0,
     ) -> None:
+        t0 = now_ns()
         try:
             self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
         except Exception:
             self.errors += 1
+        cost = self.cost
+        cost.ns += now_ns() - t0
+        cost.steps += 1
 
     def _step_end(
         self,
@@ -338,6 +365,7 @@ class LiveTelemetry(Telemetry):
         samples: int,
     ) -> None:
         now = time.perf_counter_ns()
+        spent_ns = self.cost.take_step()  # before this call's own time: see agent_overhead_s
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
         forward_seen = self._timeline.forward_seen
@@ -375,6 +403,7 @@ class LiveTelemetry(Telemetry):
             samples=int(samples),
             host=self._host,
             pipeline=self._pipeline,
+            agent_overhead_s=spent_ns / 1e9,
         )
         self._pipeline = None
         for waiting in self._waiting:
