@@ -422,6 +422,13 @@ class LiveTelemetry(Telemetry):
         self._transfers = []
         self._counted_this_step = False
 
+    def drain(self) -> None:
+        """Send every report that is ready now, in order (never waits)."""
+        try:
+            self._flush_reports(block=False)
+        except Exception:
+            self.errors += 1
+
     def _flush_reports(self, block: bool) -> None:
         """Send, in order, every report whose step has completed (agent/pending.py)."""
         while self._waiting:

@@ -6,6 +6,7 @@ collector is gone. The cost itself is measured by ``bench/agent_overhead.py``.""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +66,90 @@ def test_the_agent_counts_its_own_time_and_not_the_jobs(
     # step_end's own time.
     assert sum(s for s in shares if s is not None) * 1e9 == pytest.approx(cost.reported_ns, abs=10)
     assert cost.reported_ns < cost.ns
+
+
+class CountingFuture:
+    def __init__(self, owner: CountingWork) -> None:
+        self.owner = owner
+
+    def then(self, callback: object) -> CountingFuture:
+        self.owner.callbacks += 1
+        return self
+
+    def done(self) -> bool:
+        return self.owner.done
+
+
+class CountingWork:
+    """A Work that counts the callbacks attached to its future; done when the test says."""
+
+    def __init__(self, done: bool = True) -> None:
+        self.done = done
+        self.callbacks = 0
+
+    def get_future(self) -> CountingFuture:
+        return CountingFuture(self)
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> bool:
+        return True
+
+
+def test_no_callback_per_collective_on_cpu_and_ops_never_waited_end_at_the_boundary(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    tel, sink = agent
+    works = [CountingWork(done=i != 150) for i in range(200)]
+    handles = [
+        tel.collective(w, op="all_gather", nbytes=8, group_size=2, label=str(i))
+        for i, w in enumerate(works)
+    ]
+    for h in handles[:100]:
+        h.wait()
+    t0 = time.perf_counter_ns()
+    tel.step_end(memory=MemoryBytes())  # ops 100-199 never waited; op 150 still in flight
+    in_step_end = (time.perf_counter_ns() - t0) / 1e9
+    assert sum(w.callbacks for w in works) == 0
+    tel.drain()
+    assert sink.reports() == []  # the report waits for op 150
+    time.sleep(0.01)
+    works[150].done = True  # completes between steps, seen by the next look
+    tel.step_end(memory=MemoryBytes())
+    tel.drain()
+    first = sink.reports()[0]
+    assert len(first.collectives) == 200 and first.collectives_unfinished == 0
+    assert sum(w.callbacks for w in works) == 0
+    ends = {c.label: c.start_s + c.duration_s for c in first.collectives}
+    # Complete when the step ended: stamped at that boundary (inside the step_end call).
+    assert all(ends[str(i)] <= first.duration_s + in_step_end for i in range(100, 200) if i != 150)
+    assert ends["150"] >= first.duration_s + 0.01  # not before it was seen complete
+
+
+def test_the_cuda_path_still_stamps_completion_from_the_future(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zeroscope.agent import comm
+
+    monkeypatch.setattr(comm, "_cuda_event", lambda: object())
+    tracker = comm.CollectiveTracker(cuda=True)
+    works = [CountingWork() for _ in range(3)]
+    for w in works:
+        tracker.track(w, "all_reduce", 8, 2)
+    assert [w.callbacks for w in works] == [1, 1, 1]  # one device event per op, as before
+
+
+def test_the_agent_never_keeps_a_work_the_engine_dropped(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    tel, sink = agent
+    work = CountingWork(done=False)  # still running when the engine lets go of it
+    alive = weakref.ref(work)
+    handle = tel.collective(work, op="all_gather", nbytes=8, group_size=2)
+    del work, handle
+    assert alive() is None  # no reference left anywhere in the agent: its tensors are freed
+    tel.step_end(memory=MemoryBytes())
+    tel.drain()
+    (report,) = sink.reports()
+    assert len(report.collectives) == 1 and report.collectives_unfinished == 0

@@ -215,7 +215,8 @@ def test_a_collective_that_never_completes_holds_its_report_a_bounded_time(
     agent: tuple[LiveTelemetry, Sink],
 ) -> None:
     tel, sink = agent
-    tel.collective(_NeverDone(), op="broadcast", nbytes=8, group_size=2)
+    # The engine keeps the handle (a Work it dropped would count as ended: agent/comm.py).
+    handle = tel.collective(_NeverDone(), op="broadcast", nbytes=8, group_size=2)
     tel.step_end(memory=MemoryBytes())
     for _ in range(MAX_DEFER_STEPS):
         tel.step_end(memory=MemoryBytes())
@@ -224,6 +225,7 @@ def test_a_collective_that_never_completes_holds_its_report_a_bounded_time(
     reps = sink.reports()
     assert [r.step for r in reps] == list(range(1, MAX_DEFER_STEPS + 3))
     assert reps[0].collectives == [] and reps[0].collectives_unfinished == 1
+    del handle
 
 
 class FakeCuda:
