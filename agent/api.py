@@ -108,7 +108,8 @@ class Telemetry:
         """One completed offload transfer (``time.perf_counter_ns`` instants)."""
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
-        """Something that happened now (overflow, scale change, checkpoint ...); sent at once."""
+        """Something that happened now (overflow, scale change, checkpoint ...); sent within ``DRAIN_INTERVAL_S`` by the
+        agent's sender thread (agent/outbox.py), never behind a waiting step report."""
 
     def step_end(
         self,

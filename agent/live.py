@@ -4,8 +4,9 @@ Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, 
 overflow/skip), what it measures itself (phase spans and collective timing on the step's one
 time axis — agent/timeline.py —, activation bytes through saved-tensor hooks, allocator figures
 on CUDA without resetting them — agent/device_memory.py) and sends one StepReport per step, once
-what the step issued has completed (agent/pending.py). Events go out at once; the sampler thread
-sends heartbeats with host/GPU figures.
+what the step issued has completed (agent/pending.py). Reports and events are encoded and sent
+by the sampler thread, handed over without blocking (agent/outbox.py), which also sends
+heartbeats with host/GPU figures.
 
 Never block, never synchronize the device to measure, never raise into the training loop:
 every entry point catches its own failures and counts them in ``errors``.
@@ -15,12 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
 import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks
+from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import PendingReport
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
@@ -136,10 +136,14 @@ class LiveTelemetry(Telemetry):
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._waiting: deque[PendingReport] = deque()
+        self._outbox = Outbox(publisher, lambda: self.step, rank)
         self._host: HostSample | None = None
         self.sampler = Sampler(
-            self._on_sample, interval=sample_interval, poll=publisher.poll_connection
+            self._on_sample,
+            interval=sample_interval,
+            poll=publisher.poll_connection,
+            drain=self._outbox.drain,
+            drain_interval=DRAIN_INTERVAL_S,
         ).start()
 
     # -- the seam --------------------------------------------------------------------------
@@ -318,7 +322,7 @@ class LiveTelemetry(Telemetry):
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
         t0 = now_ns()
         try:
-            self.publisher.send(
+            self._outbox.put(
                 Event(
                     rank=self.rank,
                     step=self.step,
@@ -406,48 +410,25 @@ class LiveTelemetry(Telemetry):
             agent_overhead_s=spent_ns / 1e9,
         )
         self._pipeline = None
-        for waiting in self._waiting:
-            waiting.age += 1
-        self._waiting.append(
-            PendingReport(
-                report,
-                DeferredScalar(loss),
-                DeferredScalar(grad_norm),
-                axis,
-                self._collectives.take_all(),
-            )
+        pending = PendingReport(
+            report,
+            DeferredScalar(loss),
+            DeferredScalar(grad_norm),
+            axis,
+            self._collectives.take_all(),
         )
-        self._flush_reports(block=False)
+        self._outbox.put(pending)  # encoded and sent by the sampler thread (agent/outbox.py)
         self.step += 1
         self._transfers = []
         self._counted_this_step = False
 
     def drain(self) -> None:
-        """Send every report that is ready now, in order (never waits)."""
+        """Send now, on this thread, every event and report that is ready (the sampler thread
+        does this every ``DRAIN_INTERVAL_S``; tests call it to read what was sent at once)."""
         try:
-            self._flush_reports(block=False)
+            self._outbox.drain()
         except Exception:
             self.errors += 1
-
-    def _flush_reports(self, block: bool) -> None:
-        """Send, in order, every report whose step has completed (agent/pending.py)."""
-        while self._waiting:
-            pending = self._waiting[0]
-            if not pending.finish(block):
-                return
-            self._waiting.popleft()
-            report = pending.report
-            if report.loss is not None and not math.isfinite(report.loss):
-                self.publisher.send(
-                    Event(
-                        rank=self.rank,
-                        step=report.step,
-                        wall_ns=report.wall_ns,
-                        event="nan_loss",
-                        message=f"loss is {report.loss} at step {report.step}",
-                    )
-                )
-            self.publisher.send(report)
 
     def _on_sample(self, sample: HostSample) -> None:
         self._host = sample
@@ -463,7 +444,7 @@ class LiveTelemetry(Telemetry):
         try:
             self.sampler.stop()
             with contextlib.suppress(Exception):
-                self._flush_reports(block=True)
+                self._outbox.drain(block=True)
             self.publisher.poll_connection()
             self.publisher.send(
                 Bye(

@@ -320,7 +320,7 @@ class StepReport(_Base, tag="step"):
 
 
 class Event(_Base, tag="event"):
-    """Something that happened at an instant; sent at once, not batched."""
+    """Something that happened at an instant; sent on its own (not batched), ahead of step reports still waiting."""
 
     rank: int
     step: int

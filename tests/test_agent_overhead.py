@@ -5,21 +5,25 @@ collector is gone. The cost itself is measured by ``bench/agent_overhead.py``.""
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.test_agent_timeline import Sink
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.schema import MemoryBytes
+from zeroscope.agent.outbox import MAX_QUEUED
+from zeroscope.agent.publish import Publisher
+from zeroscope.agent.schema import Event, MemoryBytes, Message, StepReport
 
 
 @pytest.fixture
 def agent() -> Iterator[tuple[LiveTelemetry, Sink]]:
     sink = Sink()
     tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    sink.drain = tel.drain
     yield tel, sink
     tel.close()
 
@@ -153,3 +157,96 @@ def test_the_agent_never_keeps_a_work_the_engine_dropped(
     tel.drain()
     (report,) = sink.reports()
     assert len(report.collectives) == 1 and report.collectives_unfinished == 0
+
+
+def test_reports_and_events_are_encoded_off_the_training_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zeroscope.agent import publish
+    from zeroscope.collector import Collector, wait_for
+
+    encoded: list[tuple[str, int]] = []
+    real_encode = publish.encode
+
+    def spy(message: Message) -> bytes:
+        encoded.append((type(message).__name__, threading.get_ident()))
+        return real_encode(message)
+
+    monkeypatch.setattr(publish, "encode", spy)
+    got: list[Message] = []
+    with Collector() as col:
+        col.add_listener(got.append)
+        tel = LiveTelemetry(Publisher(col.ingest_address), sample_interval=60.0)
+        try:
+            for _ in range(3):
+                handle = tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2)
+                handle.wait()
+                tel.event("overflow", "grad overflow")
+                tel.step_end(memory=MemoryBytes(), loss=float("nan"))
+            assert wait_for(lambda: sum(isinstance(m, StepReport) for m in got) == 3)
+        finally:
+            tel.close()
+    threads = {kind: {t for k, t in encoded if k == kind} for kind, _ in encoded}
+    main = threading.get_ident()
+    assert threads["StepReport"] and main not in threads["StepReport"]
+    assert threads["Event"] and main not in threads["Event"]  # overflow and nan_loss events
+    assert sum(isinstance(m, Event) for m in got) == 6
+
+
+def test_nothing_blocks_and_nothing_is_lost_silently_when_the_collector_is_gone() -> None:
+    from tests.distributed import free_port
+
+    publisher = Publisher(f"tcp://127.0.0.1:{free_port()}")  # nobody listens there
+    tel = LiveTelemetry(publisher, sample_interval=60.0)
+    for _ in range(20):
+        tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2).wait()
+        tel.step_end(memory=MemoryBytes())
+    tel.drain()
+    assert publisher.sent == 0 and publisher.dropped >= 20  # every report counted as dropped
+    tel.close()
+
+
+class StalledPublisher(Sink):
+    """A publisher whose sends stall until released (a stuck sender thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.dropped = 0
+
+    def send(self, message: Message) -> bool:
+        self.release.wait()
+        return super().send(message)
+
+    def count_dropped(self, n: int) -> None:
+        self.dropped += n
+
+
+def test_a_stalled_sender_never_blocks_the_loop_and_what_it_drops_is_counted() -> None:
+    publisher = StalledPublisher()
+    tel = LiveTelemetry(publisher, sample_interval=60.0)  # type: ignore[arg-type]
+    steps = MAX_QUEUED + 40
+
+    def loop() -> None:
+        for _ in range(steps):
+            tel.step_end(memory=MemoryBytes())
+
+    tel.step_end(memory=MemoryBytes())  # the sender takes it and stalls in send
+    assert wait_for_true(lambda: tel._outbox.queued == 0 or publisher.dropped > 0)
+    training = threading.Thread(target=loop)
+    training.start()
+    training.join(timeout=120)
+    assert not training.is_alive()  # a hang detector: step_end never waits for the sender
+    publisher.release.set()
+    tel.close()
+    received = len(publisher.reports())
+    assert publisher.dropped > 0 and received + publisher.dropped == steps + 1
+
+
+def wait_for_true(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -28,6 +28,9 @@ class Sink:
 
     def __init__(self) -> None:
         self.sent: list[Message] = []
+        self.drain: Any = lambda: None
+        """The agent's ``drain``: reports are sent by its sampler thread, so reading what was
+        sent first sends what is ready, on this thread."""
 
     def send(self, message: Message) -> bool:
         self.sent.append(message)
@@ -41,7 +44,11 @@ class Sink:
     def close(self) -> None:
         pass
 
+    def count_dropped(self, n: int) -> None:
+        pass
+
     def reports(self) -> list[StepReport]:
+        self.drain()
         return [m for m in self.sent if isinstance(m, StepReport)]
 
 
@@ -49,6 +56,7 @@ class Sink:
 def agent() -> Iterator[tuple[LiveTelemetry, Sink]]:
     sink = Sink()
     tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    sink.drain = tel.drain
     yield tel, sink
     tel.close()
 
