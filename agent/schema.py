@@ -320,7 +320,8 @@ class StepReport(_Base, tag="step"):
 
 
 class Event(_Base, tag="event"):
-    """Something that happened at an instant; sent on its own (not batched), ahead of step reports still waiting."""
+    """Something that happened at an instant; sent on its own (not batched), ahead of step
+    reports still waiting."""
 
     rank: int
     step: int
