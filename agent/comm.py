@@ -62,7 +62,6 @@ class CollectiveRecord:
         "op",
         "prefetched",
         "start_ns",
-        "waited",
         "work_ref",
     )
 
@@ -77,7 +76,6 @@ class CollectiveRecord:
         self.start_ns = time.perf_counter_ns()
         self.end_ns: int | None = None
         self.exposed_ns = 0
-        self.waited = False
         self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
         self.comm_end: Any = None
         """On CUDA: an event that completes with the collective itself (see the module doc)."""
@@ -176,7 +174,6 @@ class TrackedWork:
                 rec.exposed_ns += t1 - t0
                 if rec.end_ns is None or t1 < rec.end_ns:
                     rec.end_ns = t1
-            rec.waited = True
             cost = self.cost
             if cost is not None:  # the agent's own part of wait(), not the wait itself
                 own = now_ns() - enter - (t1 - t0)

@@ -20,7 +20,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -30,9 +29,10 @@ from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
-from .device_memory import DevicePeaks
+from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import PendingReport
+from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
@@ -244,38 +244,40 @@ class LiveTelemetry(Telemetry):
     def pipeline(self, step: PipelineStep) -> None:
         self._pipeline = step
 
-    @contextlib.contextmanager
-    def phase(self, name: PhaseName) -> Iterator[None]:
+    def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
+        return PhaseScope(self, name)
+
+    def _phase_enter(self, scope: PhaseScope) -> None:
         t0 = now_ns()
-        hooks = token = None
         try:
+            name = scope.name
             if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
                 self._counted_this_step = True
-                hooks = self._activations.hooks()
+                hooks = scope.hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
                 self._counting = True
-            token = self._timeline.enter(name)
+            scope.token = self._timeline.enter(name)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
             self.errors += 1
         self.cost.ns += now_ns() - t0
+
+    def _phase_exit(self, scope: PhaseScope) -> None:
+        t0 = now_ns()
+        if scope.hooks is not None:
+            self._counting = False
+            with contextlib.suppress(Exception):
+                scope.hooks.__exit__(None, None, None)
         try:
-            yield
-        finally:
-            t0 = now_ns()
-            if hooks is not None:
-                self._counting = False
-                hooks.__exit__(None, None, None)
-            try:
-                if token is not None:
-                    self._timeline.exit(token)
-                if self._peaks is not None:
-                    self._peaks.sample()
-            except Exception:
-                self.errors += 1
-            self.cost.ns += now_ns() - t0
+            if scope.token is not None:
+                self._timeline.exit(scope.token)
+            if self._peaks is not None:
+                self._peaks.sample()
+        except Exception:
+            self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def collective(
         self,
@@ -288,10 +290,11 @@ class LiveTelemetry(Telemetry):
         label: str = "",
     ) -> Waitable:
         t0 = now_ns()
-        try:
-            self._timeline.begin()
-        except Exception:
-            self.errors += 1
+        if self._timeline.start is None:
+            try:
+                self._timeline.begin()
+            except Exception:
+                self.errors += 1
         tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label)
         cost = self.cost
         spent = now_ns() - t0
@@ -479,32 +482,6 @@ class LiveTelemetry(Telemetry):
 
         sys.excepthook = excepthook
         atexit.register(self.close)
-
-
-def device_capacity(device: str, local_world_size: int) -> int:
-    """This rank's share of its device's memory [bytes]: a GPU's total, or the host's RAM over
-    the ranks on the node when the device is the CPU; 0 when unknown."""
-    try:
-        if device.startswith("cuda"):
-            index = torch.device(device).index
-            index = torch.cuda.current_device() if index is None else index
-            return int(torch.cuda.get_device_properties(index).total_memory)
-        import psutil
-
-        return int(psutil.virtual_memory().total) // max(1, local_world_size)
-    except Exception:
-        return 0
-
-
-def rss_peak() -> int:
-    """The process's peak resident set size so far [bytes] (``ru_maxrss``); 0 when unknown."""
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
-    except Exception:
-        return 0
 
 
 def start_agent() -> Telemetry:
