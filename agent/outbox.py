@@ -30,6 +30,9 @@ DRAIN_INTERVAL_S = 0.05
 """How often the sender thread looks for reports to send (a report leaves at most this much
 later than before; a TUI refreshes far less often)."""
 
+CLOSE_WAIT_S = 2.0
+"""At close: how long to wait for a sender thread still sending before giving up."""
+
 MAX_QUEUED = 256
 """Items handed over and not yet taken by the sender before the oldest is dropped (counted)."""
 
@@ -65,32 +68,41 @@ class Outbox:
     def drain(self, block: bool = False) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``
         (at close, the loop is over) sends everything, waiting for the device if needed."""
-        with self._lock:
-            handed, waiting, send = self._handed, self._waiting, self.publisher.send
-            lost = self.lost - self._lost_counted
-            if lost:
-                self._lost_counted += lost
-                self._count_dropped(lost)
-            while handed:
-                item = handed.popleft()
-                if isinstance(item, PendingReport):
-                    waiting.append(item)
-                else:
-                    send(item)  # an event does not wait behind reports
-            step = self._current_step()
-            while waiting:
-                pending = waiting[0]
-                pending.age = step - 1 - pending.report.step  # step ends since its own
-                try:
-                    if not pending.finish(block):
-                        return
-                except Exception:  # an unreadable report is dropped (counted), never raised
-                    self.errors += 1
-                    waiting.popleft()
-                    self._count_dropped(1)
-                    continue
+        # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S if block else -1):
+            self.errors += 1
+            return
+        try:
+            self._drain(block)
+        finally:
+            self._lock.release()
+
+    def _drain(self, block: bool) -> None:
+        handed, waiting, send = self._handed, self._waiting, self.publisher.send
+        lost = self.lost - self._lost_counted
+        if lost:
+            self._lost_counted += lost
+            self._count_dropped(lost)
+        while handed:
+            item = handed.popleft()
+            if isinstance(item, PendingReport):
+                waiting.append(item)
+            else:
+                send(item)  # an event does not wait behind reports
+        step = self._current_step()
+        while waiting:
+            pending = waiting[0]
+            pending.age = step - 1 - pending.report.step  # step ends since its own
+            try:
+                if not pending.finish(block):
+                    return
+            except Exception:  # an unreadable report is dropped (counted), never raised
+                self.errors += 1
                 waiting.popleft()
-                self._send_report(pending)
+                self._count_dropped(1)
+                continue
+            waiting.popleft()
+            self._send_report(pending)
 
     def _count_dropped(self, n: int) -> None:
         try:

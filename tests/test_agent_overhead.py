@@ -16,7 +16,7 @@ from tests.test_agent_timeline import Sink
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.outbox import MAX_QUEUED
 from zeroscope.agent.publish import Publisher
-from zeroscope.agent.schema import Event, MemoryBytes, Message, StepReport
+from zeroscope.agent.schema import Bye, Event, MemoryBytes, Message, StepReport
 
 
 @pytest.fixture
@@ -215,7 +215,8 @@ class StalledPublisher(Sink):
         self.dropped = 0
 
     def send(self, message: Message) -> bool:
-        self.release.wait()
+        if not isinstance(message, Bye):  # close's own Bye: a real send never blocks
+            self.release.wait()
         return super().send(message)
 
     def count_dropped(self, n: int) -> None:
@@ -250,3 +251,19 @@ def wait_for_true(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def test_close_never_hangs_on_a_sender_stuck_in_a_send() -> None:
+    publisher = StalledPublisher()
+    tel = LiveTelemetry(publisher, sample_interval=60.0)  # type: ignore[arg-type]
+    tel.step_end(memory=MemoryBytes())
+    tel.step_end(memory=MemoryBytes())
+    assert wait_for_true(lambda: tel._outbox.queued <= 1)  # the sender took one and is stuck
+    closing = threading.Thread(target=tel.close)
+    closing.start()
+    closing.join(timeout=60)
+    try:
+        assert not closing.is_alive()  # a hang detector: the exit goes on without the sender
+        assert tel._outbox.errors >= 1  # and says it could not send what was left
+    finally:
+        publisher.release.set()  # let the stuck thread end
