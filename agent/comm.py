@@ -39,7 +39,6 @@ group size is the op's own group, not the world.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from typing import Any
@@ -216,7 +215,6 @@ class CollectiveTracker:
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self._lock = threading.Lock()
         self._pending: list[CollectiveRecord] = []
         self.errors = 0
         self.cost: SeamCost | None = None
@@ -247,8 +245,7 @@ class CollectiveTracker:
                         work.get_future().then(rec._on_complete)
                     except Exception:
                         pass  # no future on this backend: completion = end of wait()
-            with self._lock:
-                self._pending.append(rec)
+            self._pending.append(rec)  # atomic under the GIL; take_all swaps the list
             return TrackedWork(work, rec, self.cost)
         except Exception:
             self.errors += 1
@@ -258,8 +255,9 @@ class CollectiveTracker:
         """Every record issued since the last call (the step that just ended), complete or
         not: the step's report resolves them, waiting for those still in flight. On CPU, ops
         nobody waited on that are complete now (or dropped) are stamped with this boundary."""
-        with self._lock:
-            taken, self._pending = self._pending, []
+        # No lock (issue 18: ~0.3 us per collective): a record appended by another thread while
+        # the list is swapped lands in ``taken``, the very list the step's report reads.
+        taken, self._pending = self._pending, []
         for rec in taken:
             if rec.end_ns is None and rec.work_ref is not None:
                 try:
