@@ -3,12 +3,15 @@
 Issue 18's budget is stated per step and per collective: ~30 us per step plus ~2 us per
 collective on the training thread. To hold it, the agent times its own seam calls (phase entry
 and exit, ``collective()``, the bookkeeping around ``wait()``, ``step_end``, transfers, block
-marks) with two ``perf_counter_ns`` reads each (~0.1 us) and adds them up here. The sum rides on
+marks, and the saved-tensor hooks of the steps whose activations are counted) with two
+``perf_counter_ns`` reads each (~0.1 us) and adds them up here. The sum rides on
 each StepReport (``agent_overhead_s``) and ``bench/agent_overhead.py`` divides it by the steps
 and collectives it ran.
 
-Only the training thread writes these counters (plain int additions, no lock): the sender
-thread's work is deliberately not counted, it is the point of moving it there.
+Only the training thread writes these counters (plain int additions, no lock; on CUDA the
+saved tensors freed during backward are released on autograd's device thread, which adds
+there too: a rare lost addition is accepted). The sender thread's work is deliberately not
+counted: moving it off the training thread is the point.
 """
 
 from __future__ import annotations

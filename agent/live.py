@@ -120,15 +120,16 @@ class LiveTelemetry(Telemetry):
         self._hello_sent = False
         self._timeline = StepTimeline()
         self._peaks: DevicePeaks | None = None
+        self.cost = SeamCost()
+        """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
+        self._activations.cost = self.cost
         self._activations_every = activations_every()
         self._counted_this_step = False
         self._counting = False
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._last_blocks: BlockSplit | None = None
-        self.cost = SeamCost()
-        """The agent's own time on the training thread (agent/cost.py)."""
         self._collectives = CollectiveTracker(cuda=False)
         self._collectives.cost = self.cost
         self._bound_device: str | None = None

@@ -10,12 +10,13 @@ phases with saved-tensor hooks in forward, every all-reduce through ``tel.collec
 StepReport per step published to a real collector, the sampler thread with heartbeats.
 
 ``--model mlp`` (the default) is a 3-layer MLP whose 6 gradients are all-reduced by hand;
-``--model zero3`` is the bundled engine at ZeRO stage 3 on a deep MLP with nothing persistent
-(a gather per layer in forward and in backward, a reduce-scatter per layer: hundreds of
-collectives per step), its telemetry switched between the live agent and the no-op
-(bench/agent_zero3.py).
+``--model demo`` is the bundled engine at ZeRO stage 2 on the demo model (small steps);
+``--model zero3`` is the engine at stage 3 on a deep MLP with nothing persistent (a gather per
+layer in forward and in backward, a reduce-scatter per layer: hundreds of collectives per
+step). One engine serves both modes, its telemetry switched between the live agent and the
+no-op (bench/agent_engine.py).
 
-Usage: ``python bench/agent_overhead.py [--model mlp|zero3] [--blocks 10] [--steps 10]``
+Usage: ``python bench/agent_overhead.py [--model mlp|demo|zero3] [--blocks 10] [--steps 2]``
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         params=ParamCounts(total=numel, trainable=numel),
     )
     off = NullTelemetry()
-    if args.model == "zero3":
-        from bench.agent_zero3 import zero3_step
+    if args.model != "mlp":
+        from bench.agent_engine import engine_step
 
-        step = zero3_step(args, live, world)
+        step = engine_step(args, live, world)
         model = None
     _ablate(live, args.ablate)
     x, y = torch.randn(args.batch, w), torch.randn(args.batch, 1)
@@ -265,7 +266,7 @@ def spawn_ranks(target: Any, args: Any, timeout: float) -> tuple[list[Any], dict
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("mlp", "zero3"), default="mlp")
+    parser.add_argument("--model", choices=("mlp", "demo", "zero3"), default="mlp")
     parser.add_argument("--layers", type=int, default=64, help="zero3: MLP depth")
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=2)

@@ -61,6 +61,7 @@ def agent(quick: bool) -> list[Table]:
     accepted = rejected = 0
     for model, argv in (
         ("MLP 3 x 512", ["--width", "512"]),
+        ("demo model, ZeRO-2", ["--model", "demo"]),
         ("ZeRO-3 MLP 64 x 128", ["--model", "zero3", "--width", "128", "--layers", "64"]),
     ):
         args = agent_overhead.parser().parse_args([*argv, "--blocks", blocks, "--steps", "2"])
@@ -91,8 +92,8 @@ def agent(quick: bool) -> list[Table]:
         "(A/A) is the noise floor. Agent us: the agent's own counters (agent/cost.py) over the "
         "'on' steps: training-thread time per step outside collectives (budget ~30 us) and per "
         "collective (collective() and wait()'s bookkeeping, budget ~2 us). MLP: batch 64, its 6 "
-        "gradients all-reduced by hand; ZeRO-3: the bundled engine, nothing persistent, one layer "
-        "per bucket, batch 64. Wire bytes: token + payload frames handed to ZeroMQ per measured "
+        "gradients all-reduced by hand; demo: the bundled engine at stage 2 on the engine table's demo "
+        "model; ZeRO-3: the bundled engine, nothing persistent, one layer per bucket, batch 64. Wire bytes: token + payload frames handed to ZeroMQ per measured "
         f"step (StepReport + heartbeats), ZMTP framing excluded. Collector accepted {accepted}, "
         f"rejected {rejected}."
     )

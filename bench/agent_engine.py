@@ -1,8 +1,11 @@
-"""The many-collective case of bench/agent_overhead.py: the bundled engine at ZeRO stage 3.
+"""The engine cases of bench/agent_overhead.py: the bundled engine reporting to the agent.
 
-A deep MLP (``--layers`` x ``--width``) with no persistent parameter and one layer per bucket:
-every step gathers each layer in forward and again in backward and reduce-scatters each
-layer's gradients, a few hundred collectives per step through ``Telemetry.collective``.
+- ``--model demo``: the demo model (examples/train_gpt.py's TinyGPT at the bench's demo shape,
+  bench/sections.py ``DEMO``) at ZeRO stage 2: a small step, where a fixed cost per step
+  weighs most.
+- ``--model zero3``: a deep MLP (``--layers`` x ``--width``) at stage 3 with no persistent
+  parameter and one layer per bucket: every step gathers each layer in forward and again in
+  backward and reduce-scatters each layer's gradients, a few hundred collectives per step.
 
 One engine serves both modes. It is built with a :class:`Switch` as its telemetry, and each
 block of steps points the switch at the live agent or at the no-op. The switch copies the
@@ -55,14 +58,21 @@ def _agent_hooks(model: Any) -> list[tuple[dict, Any, Any]]:
     return found
 
 
-def zero3_step(args: Any, live: Any, world: int) -> Any:
-    """Build the engine; return ``step(tel)`` that runs one training step with ``tel`` (the
-    live agent or a NullTelemetry) as the engine's telemetry."""
+def _demo(args: Any, world: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    import torch
+
+    from bench.contenders import build_model
+    from bench.sections import DEMO
+
+    model = build_model(DEMO)
+    gen = torch.Generator().manual_seed(world)
+    idx = torch.randint(0, DEMO["vocab"], (DEMO["batch"], DEMO["block"]), generator=gen)
+    return model, (idx, idx), {"stage": 2, "overlap_comm": True}
+
+
+def _deep_mlp(args: Any, world: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     import torch
     from torch import nn
-
-    from zeroscope.agent import api
-    from zeroscope.engine.api import initialize
 
     class Layer(nn.Module):
         def __init__(self, width: int) -> None:
@@ -84,8 +94,6 @@ def zero3_step(args: Any, live: Any, world: int) -> Any:
     torch.manual_seed(0)
     model = Deep()
     layer = args.width * args.width + args.width
-    switch = Switch(live)
-    api.set_telemetry(switch)  # type: ignore[arg-type]
     zero = {
         "stage": 3,
         "reduce_bucket_size": layer,
@@ -93,15 +101,27 @@ def zero3_step(args: Any, live: Any, world: int) -> Any:
         "stage3_prefetch_bucket_size": layer,
         "stage3_max_reuse_distance": 0,
     }
+    gen = torch.Generator().manual_seed(world)
+    x, y = torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, 1)
+    return model, (x, y), zero
+
+
+def engine_step(args: Any, live: Any, world: int) -> Any:
+    """Build the engine for ``args.model``; return ``step(tel)`` that runs one training step
+    with ``tel`` (the live agent or a NullTelemetry) as the engine's telemetry."""
+    from zeroscope.agent import api
+    from zeroscope.engine.api import initialize
+
+    model, inputs, zero = (_demo if args.model == "demo" else _deep_mlp)(args, world)
+    switch = Switch(live)
+    api.set_telemetry(switch)  # type: ignore[arg-type]
     config = {
-        "train_micro_batch_size_per_gpu": args.batch,
+        "train_micro_batch_size_per_gpu": inputs[0].shape[0],
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
         "zero_optimization": zero,
     }
     engine, *_ = initialize(model=model, config=config)
     hooks = _agent_hooks(model)
-    gen = torch.Generator().manual_seed(world)
-    x, y = torch.randn(args.batch, args.width, generator=gen), torch.randn(args.batch, 1)
     off = api.NullTelemetry()
 
     def step(tel: Any) -> None:
@@ -113,7 +133,7 @@ def zero3_step(args: Any, live: Any, world: int) -> Any:
                     table[key] = fn
                 else:
                     table.pop(key, None)
-        loss = engine(x, y)
+        loss = engine(*inputs)
         engine.backward(loss)
         engine.step()
 
