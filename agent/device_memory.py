@@ -9,17 +9,11 @@ peak is read, never reset:
 - if the process's peak rose during this step, the step reached it: the step's peak is exact;
 - otherwise the step's peak is the highest sample (a lower bound: a transient between two
   marks can be missed).
-
-Also the Hello's capacity figures: this rank's share of its device's memory, and the process's
-peak resident set at start-up.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
-
-import torch
 
 
 class DevicePeaks:
@@ -49,29 +43,3 @@ class DevicePeaks:
             self._run_peak = run_peak
         self._step_max = allocated
         return allocated, reserved, peak
-
-
-def device_capacity(device: str, local_world_size: int) -> int:
-    """This rank's share of its device's memory [bytes]: a GPU's total, or the host's RAM over
-    the ranks on the node when the device is the CPU; 0 when unknown."""
-    try:
-        if device.startswith("cuda"):
-            index = torch.device(device).index
-            index = torch.cuda.current_device() if index is None else index
-            return int(torch.cuda.get_device_properties(index).total_memory)
-        import psutil
-
-        return int(psutil.virtual_memory().total) // max(1, local_world_size)
-    except Exception:
-        return 0
-
-
-def rss_peak() -> int:
-    """The process's peak resident set size so far [bytes] (``ru_maxrss``); 0 when unknown."""
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
-    except Exception:
-        return 0

@@ -4,9 +4,8 @@ Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, 
 overflow/skip), what it measures itself (phase spans and collective timing on the step's one
 time axis — agent/timeline.py —, activation bytes through saved-tensor hooks, allocator figures
 on CUDA without resetting them — agent/device_memory.py) and sends one StepReport per step, once
-what the step issued has completed (agent/pending.py). Reports and events are encoded and sent
-by the sampler thread, handed over without blocking (agent/outbox.py), which also sends
-heartbeats with host/GPU figures.
+what the step issued has completed (agent/pending.py). Events go out at once; the sampler thread
+sends heartbeats with host/GPU figures.
 
 Never block, never synchronize the device to measure, never raise into the training loop:
 every entry point catches its own failures and counts them in ``errors``.
@@ -16,10 +15,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import socket
 import sys
 import time
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -28,11 +30,8 @@ import torch
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
-from .cost import SeamCost, now_ns
-from .device_memory import DevicePeaks, device_capacity, rss_peak
-from .outbox import DRAIN_INTERVAL_S, Outbox
+from .device_memory import DevicePeaks
 from .pending import PendingReport
-from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
@@ -120,10 +119,7 @@ class LiveTelemetry(Telemetry):
         self._hello_sent = False
         self._timeline = StepTimeline()
         self._peaks: DevicePeaks | None = None
-        self.cost = SeamCost()
-        """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
-        self._activations.cost = self.cost
         self._activations_every = activations_every()
         self._counted_this_step = False
         self._counting = False
@@ -131,20 +127,15 @@ class LiveTelemetry(Telemetry):
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._last_blocks: BlockSplit | None = None
         self._collectives = CollectiveTracker(cuda=False)
-        self._collectives.cost = self.cost
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._outbox = Outbox(publisher, lambda: self.step, rank)
+        self._waiting: deque[PendingReport] = deque()
         self._host: HostSample | None = None
         self.sampler = Sampler(
-            self._on_sample,
-            interval=sample_interval,
-            poll=publisher.poll_connection,
-            drain=self._outbox.drain,
-            drain_interval=DRAIN_INTERVAL_S,
+            self._on_sample, interval=sample_interval, poll=publisher.poll_connection
         ).start()
 
     # -- the seam --------------------------------------------------------------------------
@@ -191,21 +182,17 @@ class LiveTelemetry(Telemetry):
 
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
-            t0 = now_ns()
             try:
                 self._activations.block_enter(input_bytes)
             except Exception:
                 self.errors += 1
-            self.cost.ns += now_ns() - t0
 
     def block_exit(self) -> None:
         if self._counting:
-            t0 = now_ns()
             try:
                 self._activations.block_exit()
             except Exception:
                 self.errors += 1
-            self.cost.ns += now_ns() - t0
 
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
@@ -245,40 +232,34 @@ class LiveTelemetry(Telemetry):
     def pipeline(self, step: PipelineStep) -> None:
         self._pipeline = step
 
-    def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
-        return PhaseScope(self, name)
-
-    def _phase_enter(self, scope: PhaseScope) -> None:
-        t0 = now_ns()
+    @contextlib.contextmanager
+    def phase(self, name: PhaseName) -> Iterator[None]:
+        hooks = token = None
         try:
-            name = scope.name
             if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
                 self._counted_this_step = True
-                hooks = scope.hooks = self._activations.hooks()
+                hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
                 self._counting = True
-            scope.token = self._timeline.enter(name)
+            token = self._timeline.enter(name)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
             self.errors += 1
-        self.cost.ns += now_ns() - t0
-
-    def _phase_exit(self, scope: PhaseScope) -> None:
-        t0 = now_ns()
-        if scope.hooks is not None:
-            self._counting = False
-            with contextlib.suppress(Exception):
-                scope.hooks.__exit__(None, None, None)
         try:
-            if scope.token is not None:
-                self._timeline.exit(scope.token)
-            if self._peaks is not None:
-                self._peaks.sample()
-        except Exception:
-            self.errors += 1
-        self.cost.ns += now_ns() - t0
+            yield
+        finally:
+            if hooks is not None:
+                self._counting = False
+                hooks.__exit__(None, None, None)
+            try:
+                if token is not None:
+                    self._timeline.exit(token)
+                if self._peaks is not None:
+                    self._peaks.sample()
+            except Exception:
+                self.errors += 1
 
     def collective(
         self,
@@ -290,24 +271,15 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
-        t0 = now_ns()
-        if self._timeline.start is None:
-            try:
-                self._timeline.begin()
-            except Exception:
-                self.errors += 1
-        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label)
-        cost = self.cost
-        spent = now_ns() - t0
-        cost.ns += spent
-        cost.collective_ns += spent
-        cost.collectives += 1
-        return tracked
+        try:
+            self._timeline.begin()
+        except Exception:
+            self.errors += 1
+        return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
-        t0 = now_ns()
         try:
             start = self._timeline.begin(start_ns)
             self._transfers.append(
@@ -321,12 +293,10 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
-        self.cost.ns += now_ns() - t0
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
-        t0 = now_ns()
         try:
-            self._outbox.put(
+            self.publisher.send(
                 Event(
                     rank=self.rank,
                     step=self.step,
@@ -338,7 +308,6 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
-        self.cost.ns += now_ns() - t0
 
     def step_end(
         self,
@@ -352,14 +321,10 @@ class LiveTelemetry(Telemetry):
         skipped: bool = False,
         samples: int = 0,
     ) -> None:
-        t0 = now_ns()
         try:
             self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
         except Exception:
             self.errors += 1
-        cost = self.cost
-        cost.ns += now_ns() - t0
-        cost.steps += 1
 
     def _step_end(
         self,
@@ -373,7 +338,6 @@ class LiveTelemetry(Telemetry):
         samples: int,
     ) -> None:
         now = time.perf_counter_ns()
-        spent_ns = self.cost.take_step()  # before this call's own time: see agent_overhead_s
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
         forward_seen = self._timeline.forward_seen
@@ -411,28 +375,43 @@ class LiveTelemetry(Telemetry):
             samples=int(samples),
             host=self._host,
             pipeline=self._pipeline,
-            agent_overhead_s=spent_ns / 1e9,
         )
         self._pipeline = None
-        pending = PendingReport(
-            report,
-            DeferredScalar(loss),
-            DeferredScalar(grad_norm),
-            axis,
-            self._collectives.take_all(),
+        for waiting in self._waiting:
+            waiting.age += 1
+        self._waiting.append(
+            PendingReport(
+                report,
+                DeferredScalar(loss),
+                DeferredScalar(grad_norm),
+                axis,
+                self._collectives.take_all(),
+            )
         )
-        self._outbox.put(pending)  # encoded and sent by the sampler thread (agent/outbox.py)
+        self._flush_reports(block=False)
         self.step += 1
         self._transfers = []
         self._counted_this_step = False
 
-    def drain(self) -> None:
-        """Send now, on this thread, every event and report that is ready (the sampler thread
-        does this every ``DRAIN_INTERVAL_S``; tests call it to read what was sent at once)."""
-        try:
-            self._outbox.drain()
-        except Exception:
-            self.errors += 1
+    def _flush_reports(self, block: bool) -> None:
+        """Send, in order, every report whose step has completed (agent/pending.py)."""
+        while self._waiting:
+            pending = self._waiting[0]
+            if not pending.finish(block):
+                return
+            self._waiting.popleft()
+            report = pending.report
+            if report.loss is not None and not math.isfinite(report.loss):
+                self.publisher.send(
+                    Event(
+                        rank=self.rank,
+                        step=report.step,
+                        wall_ns=report.wall_ns,
+                        event="nan_loss",
+                        message=f"loss is {report.loss} at step {report.step}",
+                    )
+                )
+            self.publisher.send(report)
 
     def _on_sample(self, sample: HostSample) -> None:
         self._host = sample
@@ -448,7 +427,7 @@ class LiveTelemetry(Telemetry):
         try:
             self.sampler.stop()
             with contextlib.suppress(Exception):
-                self._outbox.drain(block=True)
+                self._flush_reports(block=True)
             self.publisher.poll_connection()
             self.publisher.send(
                 Bye(
@@ -483,6 +462,32 @@ class LiveTelemetry(Telemetry):
 
         sys.excepthook = excepthook
         atexit.register(self.close)
+
+
+def device_capacity(device: str, local_world_size: int) -> int:
+    """This rank's share of its device's memory [bytes]: a GPU's total, or the host's RAM over
+    the ranks on the node when the device is the CPU; 0 when unknown."""
+    try:
+        if device.startswith("cuda"):
+            index = torch.device(device).index
+            index = torch.cuda.current_device() if index is None else index
+            return int(torch.cuda.get_device_properties(index).total_memory)
+        import psutil
+
+        return int(psutil.virtual_memory().total) // max(1, local_world_size)
+    except Exception:
+        return 0
+
+
+def rss_peak() -> int:
+    """The process's peak resident set size so far [bytes] (``ru_maxrss``); 0 when unknown."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
+    except Exception:
+        return 0
 
 
 def start_agent() -> Telemetry:
