@@ -13,7 +13,10 @@ peak is read, never reset:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+import torch
 
 
 class DevicePeaks:
@@ -43,3 +46,29 @@ class DevicePeaks:
             self._run_peak = run_peak
         self._step_max = allocated
         return allocated, reserved, peak
+
+
+def device_capacity(device: str, local_world_size: int) -> int:
+    """This rank's share of its device's memory [bytes]: a GPU's total, or the host's RAM over
+    the ranks on the node when the device is the CPU; 0 when unknown."""
+    try:
+        if device.startswith("cuda"):
+            index = torch.device(device).index
+            index = torch.cuda.current_device() if index is None else index
+            return int(torch.cuda.get_device_properties(index).total_memory)
+        import psutil
+
+        return int(psutil.virtual_memory().total) // max(1, local_world_size)
+    except Exception:
+        return 0
+
+
+def rss_peak() -> int:
+    """The process's peak resident set size so far [bytes] (``ru_maxrss``); 0 when unknown."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
+    except Exception:
+        return 0
