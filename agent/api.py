@@ -108,7 +108,9 @@ class Telemetry:
         """One completed offload transfer (``time.perf_counter_ns`` instants)."""
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
-        """Something that happened now (overflow, scale change, checkpoint ...); sent at once."""
+        """Something that happened now (overflow, scale change, checkpoint ...); the live agent
+        sends it from its sender thread within ~50 ms (agent/outbox.py), never behind a step
+        report still waiting for its collectives."""
 
     def step_end(
         self,

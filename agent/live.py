@@ -4,8 +4,9 @@ Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, 
 overflow/skip), what it measures itself (phase spans and collective timing on the step's one
 time axis — agent/timeline.py —, activation bytes through saved-tensor hooks, allocator figures
 on CUDA without resetting them — agent/device_memory.py) and sends one StepReport per step, once
-what the step issued has completed (agent/pending.py). Events go out at once; the sampler thread
-sends heartbeats with host/GPU figures.
+what the step issued has completed (agent/pending.py). Reports and events are encoded and sent
+by the sampler thread, handed over without blocking (agent/outbox.py), which also sends
+heartbeats with host/GPU figures.
 
 Never block, never synchronize the device to measure, never raise into the training loop:
 every entry point catches its own failures and counts them in ``errors``.
@@ -15,13 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -30,8 +28,11 @@ import torch
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .comm import CollectiveTracker, _cuda_event
+from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
+from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import PendingReport
+from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
@@ -119,7 +120,10 @@ class LiveTelemetry(Telemetry):
         self._hello_sent = False
         self._timeline = StepTimeline()
         self._peaks: DevicePeaks | None = None
+        self.cost = SeamCost()
+        """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
+        self._activations.cost = self.cost
         self._activations_every = activations_every()
         self._counted_this_step = False
         self._counting = False
@@ -127,15 +131,20 @@ class LiveTelemetry(Telemetry):
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._last_blocks: BlockSplit | None = None
         self._collectives = CollectiveTracker(cuda=False)
+        self._collectives.cost = self.cost
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._waiting: deque[PendingReport] = deque()
+        self._outbox = Outbox(publisher, lambda: self.step, rank)
         self._host: HostSample | None = None
         self.sampler = Sampler(
-            self._on_sample, interval=sample_interval, poll=publisher.poll_connection
+            self._on_sample,
+            interval=sample_interval,
+            poll=publisher.poll_connection,
+            drain=self._outbox.drain,
+            drain_interval=DRAIN_INTERVAL_S,
         ).start()
 
     # -- the seam --------------------------------------------------------------------------
@@ -182,17 +191,21 @@ class LiveTelemetry(Telemetry):
 
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_enter(input_bytes)
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def block_exit(self) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_exit()
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
@@ -232,34 +245,40 @@ class LiveTelemetry(Telemetry):
     def pipeline(self, step: PipelineStep) -> None:
         self._pipeline = step
 
-    @contextlib.contextmanager
-    def phase(self, name: PhaseName) -> Iterator[None]:
-        hooks = token = None
+    def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
+        return PhaseScope(self, name)
+
+    def _phase_enter(self, scope: PhaseScope) -> None:
+        t0 = now_ns()
         try:
+            name = scope.name
             if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
                 self._counted_this_step = True
-                hooks = self._activations.hooks()
+                hooks = scope.hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
                 self._counting = True
-            token = self._timeline.enter(name)
+            scope.token = self._timeline.enter(name)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
+
+    def _phase_exit(self, scope: PhaseScope) -> None:
+        t0 = now_ns()
+        if scope.hooks is not None:
+            self._counting = False
+            with contextlib.suppress(Exception):
+                scope.hooks.__exit__(None, None, None)
         try:
-            yield
-        finally:
-            if hooks is not None:
-                self._counting = False
-                hooks.__exit__(None, None, None)
-            try:
-                if token is not None:
-                    self._timeline.exit(token)
-                if self._peaks is not None:
-                    self._peaks.sample()
-            except Exception:
-                self.errors += 1
+            if scope.token is not None:
+                self._timeline.exit(scope.token)
+            if self._peaks is not None:
+                self._peaks.sample()
+        except Exception:
+            self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def collective(
         self,
@@ -271,15 +290,24 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
-        try:
-            self._timeline.begin()
-        except Exception:
-            self.errors += 1
-        return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+        t0 = now_ns()
+        if self._timeline.start is None:
+            try:
+                self._timeline.begin()
+            except Exception:
+                self.errors += 1
+        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+        cost = self.cost
+        spent = now_ns() - t0
+        cost.ns += spent
+        cost.collective_ns += spent
+        cost.collectives += 1
+        return tracked
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
+        t0 = now_ns()
         try:
             start = self._timeline.begin(start_ns)
             self._transfers.append(
@@ -293,10 +321,12 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
+        t0 = now_ns()
         try:
-            self.publisher.send(
+            self._outbox.put(
                 Event(
                     rank=self.rank,
                     step=self.step,
@@ -308,6 +338,7 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def step_end(
         self,
@@ -321,10 +352,14 @@ class LiveTelemetry(Telemetry):
         skipped: bool = False,
         samples: int = 0,
     ) -> None:
+        t0 = now_ns()
         try:
             self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
         except Exception:
             self.errors += 1
+        cost = self.cost
+        cost.ns += now_ns() - t0
+        cost.steps += 1
 
     def _step_end(
         self,
@@ -338,6 +373,7 @@ class LiveTelemetry(Telemetry):
         samples: int,
     ) -> None:
         now = time.perf_counter_ns()
+        spent_ns = self.cost.take_step()  # before this call's own time: see agent_overhead_s
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
         forward_seen = self._timeline.forward_seen
@@ -375,43 +411,28 @@ class LiveTelemetry(Telemetry):
             samples=int(samples),
             host=self._host,
             pipeline=self._pipeline,
+            agent_overhead_s=spent_ns / 1e9,
         )
         self._pipeline = None
-        for waiting in self._waiting:
-            waiting.age += 1
-        self._waiting.append(
-            PendingReport(
-                report,
-                DeferredScalar(loss),
-                DeferredScalar(grad_norm),
-                axis,
-                self._collectives.take_all(),
-            )
+        pending = PendingReport(
+            report,
+            DeferredScalar(loss),
+            DeferredScalar(grad_norm),
+            axis,
+            self._collectives.take_all(),
         )
-        self._flush_reports(block=False)
+        self._outbox.put(pending)  # encoded and sent by the sampler thread (agent/outbox.py)
         self.step += 1
         self._transfers = []
         self._counted_this_step = False
 
-    def _flush_reports(self, block: bool) -> None:
-        """Send, in order, every report whose step has completed (agent/pending.py)."""
-        while self._waiting:
-            pending = self._waiting[0]
-            if not pending.finish(block):
-                return
-            self._waiting.popleft()
-            report = pending.report
-            if report.loss is not None and not math.isfinite(report.loss):
-                self.publisher.send(
-                    Event(
-                        rank=self.rank,
-                        step=report.step,
-                        wall_ns=report.wall_ns,
-                        event="nan_loss",
-                        message=f"loss is {report.loss} at step {report.step}",
-                    )
-                )
-            self.publisher.send(report)
+    def drain(self) -> None:
+        """Send now, on this thread, every event and report that is ready (the sampler thread
+        does this every ``DRAIN_INTERVAL_S``; tests call it to read what was sent at once)."""
+        try:
+            self._outbox.drain()
+        except Exception:
+            self.errors += 1
 
     def _on_sample(self, sample: HostSample) -> None:
         self._host = sample
@@ -427,7 +448,7 @@ class LiveTelemetry(Telemetry):
         try:
             self.sampler.stop()
             with contextlib.suppress(Exception):
-                self._flush_reports(block=True)
+                self._outbox.drain(block=True)
             self.publisher.poll_connection()
             self.publisher.send(
                 Bye(

@@ -81,7 +81,8 @@ class _Nvml:
 
 class Sampler:
     """Background sampler thread: ``tick(sample)`` is called with each fresh HostSample every
-    ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s."""
+    ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s;
+    ``drain()`` (the agent's outbox: reports and events to send) every ``drain_interval`` s."""
 
     def __init__(
         self,
@@ -92,10 +93,15 @@ class Sampler:
         device_uuid: str | None = None,
         poll: Callable[[], None] | None = None,
         poll_interval: float = 0.25,
+        drain: Callable[[], None] | None = None,
+        drain_interval: float = 0.05,
     ) -> None:
         self.interval = interval
         self.poll_interval = poll_interval
         self._poll = poll
+        self._drain = drain
+        self._wake = min(poll_interval, interval, drain_interval if drain else interval)
+        self._next_poll = 0.0
         self.latest: HostSample | None = None
         self._tick = tick
         self._stop = threading.Event()
@@ -130,8 +136,14 @@ class Sampler:
             psutil, proc = None, None
         nvml = _Nvml(self._device_index, self._device_uuid)
         next_sample = time.monotonic() + self.interval
-        while not self._stop.wait(min(self.poll_interval, self.interval)):
-            if self._poll is not None:
+        while not self._stop.wait(self._wake):
+            if self._drain is not None:
+                try:
+                    self._drain()
+                except Exception:
+                    self.errors += 1
+            if self._poll is not None and time.monotonic() >= self._next_poll:
+                self._next_poll = time.monotonic() + self.poll_interval
                 try:
                     self._poll()
                 except Exception:
