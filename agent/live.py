@@ -145,6 +145,7 @@ class LiveTelemetry(Telemetry):
             poll=publisher.poll_connection,
             drain=self._outbox.drain,
             drain_interval=DRAIN_INTERVAL_S,
+            wake=self._outbox.wake,
         ).start()
 
     # -- the seam --------------------------------------------------------------------------

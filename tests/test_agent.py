@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.distributed import connected_publisher
 from zeroscope.agent import api
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Bye, Event, Hello, MemoryBytes, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 
@@ -29,7 +29,9 @@ def rig() -> Iterator[tuple[LiveTelemetry, list[Message]]]:
     col = Collector()
     col.add_listener(got.append)
     with col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="t", sample_interval=0.2)
+        tel = LiveTelemetry(
+            connected_publisher(col.ingest_address), job_id="t", sample_interval=0.2
+        )
         from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
         tel.hello(

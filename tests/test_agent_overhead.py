@@ -176,7 +176,9 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
     got: list[Message] = []
     with Collector() as col:
         col.add_listener(got.append)
-        tel = LiveTelemetry(Publisher(col.ingest_address), sample_interval=60.0)
+        publisher = Publisher(col.ingest_address)
+        assert publisher.wait_connected(10.0)  # as start_agent does: reports leave at once
+        tel = LiveTelemetry(publisher, sample_interval=60.0)
         try:
             for _ in range(3):
                 handle = tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2)
@@ -191,6 +193,30 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
     assert threads["StepReport"] and main not in threads["StepReport"]
     assert threads["Event"] and main not in threads["Event"]  # overflow and nan_loss events
     assert sum(isinstance(m, Event) for m in got) == 6
+
+
+def test_a_step_end_wakes_the_sender_its_report_does_not_wait_for_a_timer() -> None:
+    """A rank killed by SIGKILL loses only what was not sent yet: reports must leave as their
+    step ends, not at the sender's next tick (here pushed to a minute away)."""
+    sink = Sink()  # no drain on this thread: only the sender thread sends
+    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    try:
+        tel.sampler._wake = 60.0  # the timer ticks once a minute from its next sleep on
+        time.sleep(0.4)  # longer than the sleep it is in (0.25 s at most)
+        for step in (1, 2, 3):
+            handle = tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2)
+            handle.wait()
+            tel.step_end(memory=MemoryBytes())
+            deadline = time.monotonic() + 10.0  # far less than the minute of the timer
+            while time.monotonic() < deadline:
+                if [m.step for m in sink.sent if isinstance(m, StepReport)][-1:] == [step]:
+                    break
+                time.sleep(0.005)
+            assert [m.step for m in sink.sent if isinstance(m, StepReport)] == list(
+                range(1, step + 1)
+            )
+    finally:
+        tel.close()
 
 
 def test_nothing_blocks_and_nothing_is_lost_silently_when_the_collector_is_gone() -> None:
