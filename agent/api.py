@@ -87,6 +87,13 @@ class Telemetry:
     def block_exit(self) -> None:
         """The block whose forward :meth:`block_enter` announced has returned."""
 
+    def blocks_wanted(self) -> bool:
+        """Inside a forward phase: whether this forward wants :meth:`block_enter` /
+        :meth:`block_exit` marks (the agent counts this step's activations: the first steps,
+        then every Nth). An engine hooks its blocks only for such forwards, so a step that is
+        not counted pays nothing for the marks (a module hook costs every call of its module)."""
+        return False
+
     def collective(
         self,
         work: Waitable,

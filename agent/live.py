@@ -208,6 +208,9 @@ class LiveTelemetry(Telemetry):
                 self.errors += 1
             self.cost.ns += now_ns() - t0
 
+    def blocks_wanted(self) -> bool:
+        return self._counting
+
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
     ) -> None:

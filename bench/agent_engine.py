@@ -11,8 +11,8 @@ One engine serves both modes. It is built with a :class:`Switch` as its telemetr
 block of steps points the switch at the live agent or at the no-op. The switch copies the
 target's bound methods onto itself, so a call through it is the target's call with no extra
 frame: "off" costs what a job without the agent costs. The block hooks the engine installs for
-the agent (activation split per block) exist only in "on" blocks, as in a job without the
-agent.
+the agent (activation split per block) exist only during the forwards the live agent counts,
+as in a real run.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ SEAM = (
     "phase",
     "block_enter",
     "block_exit",
+    "blocks_wanted",
     "collective",
     "transfer",
     "event",
@@ -45,17 +46,6 @@ class Switch:
         self.enabled = target.enabled
         for name in SEAM:
             setattr(self, name, getattr(target, name))
-
-
-def _agent_hooks(model: Any) -> list[tuple[dict, Any, Any]]:
-    """The forward hooks the engine's reporter installed for the agent (``watch_blocks``)."""
-    found = []
-    for module in model.modules():
-        for hooks in (module._forward_pre_hooks, module._forward_hooks):
-            for key, fn in hooks.items():
-                if "watch_blocks" in getattr(fn, "__qualname__", ""):
-                    found.append((hooks, key, fn))
-    return found
 
 
 def _demo(args: Any, world: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -121,18 +111,12 @@ def engine_step(args: Any, live: Any, world: int) -> Any:
         "zero_optimization": zero,
     }
     engine, *_ = initialize(model=model, config=config)
-    hooks = _agent_hooks(model)
     off = api.NullTelemetry()
 
     def step(tel: Any) -> None:
         on = tel is live
         if switch.enabled != on:
             switch.use(live if on else off)
-            for table, key, fn in hooks:
-                if on:
-                    table[key] = fn
-                else:
-                    table.pop(key, None)
         loss = engine(*inputs)
         engine.backward(loss)
         engine.step()

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 from tests.test_agent_timeline import Sink
 from zeroscope.agent.live import LiveTelemetry
@@ -293,3 +294,65 @@ def test_close_never_hangs_on_a_sender_stuck_in_a_send() -> None:
         assert tel._outbox.errors >= 1  # and says it could not send what was left
     finally:
         publisher.release.set()  # let the stuck thread end
+
+
+def test_block_marks_are_hooked_only_for_the_forwards_the_agent_counts() -> None:
+    """The engine hooks its repeated blocks only when the agent counts a step's activations
+    (steps 1-3, then every 10th): a module hook costs every call of its module. The split it
+    measures has a known answer: a block of Linear(w, w) + GELU saves its input (for the
+    matmul) and the Linear's output (for GELU), 2 * batch * w fp32 values, and takes a
+    batch x w input."""
+    from zeroscope.agent import api
+    from zeroscope.engine.api import initialize
+
+    batch, width, depth = 4, 8, 3
+    hooked: list[int] = []  # per block call: the hooks on it then
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hooked.append(len(self._forward_pre_hooks) + len(self._forward_hooks))
+            return torch.nn.functional.gelu(self.fc(x))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(depth))
+            self.head = torch.nn.Linear(width, 1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return torch.nn.functional.mse_loss(self.head(x), y)
+
+    sink = Sink()
+    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    api.set_telemetry(tel)
+    try:
+        torch.manual_seed(0)
+        config = {"train_micro_batch_size_per_gpu": batch, "optimizer": {"type": "AdamW"}}
+        eng, _, _, _ = initialize(model=Model(), config=config)
+        x, y = torch.randn(batch, width), torch.randn(batch, 1)
+        steps = 11
+        for _ in range(steps):
+            eng.backward(eng(x, y))
+            eng.step()
+        tel.close()
+    finally:
+        api.set_telemetry(None)
+    counted = {1, 2, 3, 10}
+    per_step = [hooked[i * depth : (i + 1) * depth] for i in range(steps)]
+    assert per_step == [[2] * depth if s in counted else [0] * depth for s in range(1, 12)]
+    reports = sink.reports()
+    assert [r.step for r in reports] == list(range(1, steps + 1))
+    value = 4  # fp32
+    for r in reports:
+        m = r.memory
+        assert m.activations_layers == depth
+        assert m.activations_layer_inputs == depth * batch * width * value
+        assert m.activations_in_layers == depth * 2 * batch * width * value
+        assert m.activations_layer_max == 2 * batch * width * value
+        assert m.activations_step == max(s for s in counted if s <= r.step)
