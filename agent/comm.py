@@ -65,14 +65,20 @@ class CollectiveRecord:
     )
 
     def __init__(
-        self, op: CollectiveOp, nbytes: int, group_size: int, prefetched: bool, label: str
+        self,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool,
+        label: str,
+        start_ns: int | None = None,
     ) -> None:
         self.op = op
         self.nbytes = nbytes
         self.group_size = group_size
         self.prefetched = prefetched
         self.label = label
-        self.start_ns = time.perf_counter_ns()
+        self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.end_ns: int | None = None
         self.exposed_ns = 0
         self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
@@ -132,17 +138,20 @@ class CollectiveRecord:
                 return None
             duration = (self.end_ns - self.start_ns) / 1e9
             exposed = self.exposed_ns / 1e9
+        # Positional: the sender builds one per collective (issue 18), keywords cost more.
+        # Inside wait() the op finished; a few us of wait() overhead after completion are not
+        # comm time, so exposed is capped at the op's duration.
+        duration = duration if duration > 0.0 else 0.0
+        exposed = exposed if exposed > 0.0 else 0.0
         return Collective(
-            op=self.op,
-            nbytes=self.nbytes,
-            group_size=self.group_size,
-            start_s=start_s,
-            duration_s=max(duration, 0.0),
-            # Inside wait() the op finished; a few µs of wait() overhead after completion are
-            # not comm time, so exposed is capped at the op's duration.
-            exposed_s=min(max(exposed, 0.0), max(duration, 0.0)),
-            prefetched=self.prefetched,
-            label=self.label,
+            self.op,
+            self.nbytes,
+            self.group_size,
+            start_s,
+            duration,
+            exposed if exposed < duration else duration,
+            self.prefetched,
+            self.label,
         )
 
 
@@ -157,27 +166,36 @@ class TrackedWork:
         self.cost = cost
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        enter = now_ns()
         rec = self.record
         events = rec.cuda_events
         if events is not None:
-            events[1] = _cuda_event()
+            return self._wait_device(events, args, kwargs)
         t0 = now_ns()
         try:
             return self.work.wait(*args, **kwargs)
         finally:
             t1 = now_ns()
-            if events is not None:
-                events[2] = _cuda_event()
-            else:
-                rec.exposed_ns += t1 - t0
-                if rec.end_ns is None or t1 < rec.end_ns:
-                    rec.end_ns = t1
+            rec.exposed_ns += t1 - t0
+            end = rec.end_ns
+            if end is None or t1 < end:
+                rec.end_ns = t1
             cost = self.cost
             if cost is not None:  # the agent's own part of wait(), not the wait itself
-                own = now_ns() - enter - (t1 - t0)
-                cost.ns += own
-                cost.collective_ns += own
+                cost.collective_ns += now_ns() - t1
+
+    def _wait_device(self, events: list[Any], args: Any, kwargs: Any) -> Any:
+        """CUDA: events around ``wait()``, which only makes the current stream wait."""
+        enter = now_ns()
+        events[1] = _cuda_event()
+        t0 = now_ns()
+        try:
+            return self.work.wait(*args, **kwargs)
+        finally:
+            t1 = now_ns()
+            events[2] = _cuda_event()
+            cost = self.cost
+            if cost is not None:
+                cost.collective_ns += now_ns() - t1 + t0 - enter
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
@@ -228,9 +246,10 @@ class CollectiveTracker:
         group_size: int,
         prefetched: bool = False,
         label: str = "",
+        start_ns: int | None = None,
     ) -> Any:
         try:
-            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label)
+            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start_ns)
             if self.cuda:
                 rec.cuda_events = [_cuda_event(), None, None]
                 try:
@@ -258,6 +277,8 @@ class CollectiveTracker:
         # No lock (issue 18: ~0.3 us per collective): a record appended by another thread while
         # the list is swapped lands in ``taken``, the very list the step's report reads.
         taken, self._pending = self._pending, []
+        if self.cost is not None:
+            self.cost.collectives += len(taken)
         for rec in taken:
             if rec.end_ns is None and rec.work_ref is not None:
                 try:

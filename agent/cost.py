@@ -28,24 +28,32 @@ class SeamCost:
 
     def __init__(self) -> None:
         self.ns = 0
-        """Nanoseconds spent inside the agent's seam calls, in total."""
+        """Nanoseconds spent inside the agent's seam calls other than per collective."""
         self.collective_ns = 0
-        """The part of ``ns`` spent per collective: ``collective()`` and ``wait()``'s own
-        bookkeeping (not the wait itself)."""
+        """Nanoseconds spent per collective: ``collective()`` and ``wait()``'s own
+        bookkeeping (not the wait itself). Kept apart from ``ns`` so the per-collective path
+        adds to one counter only."""
         self.collectives = 0
+        """Collectives issued in the steps ended so far (counted at each step end)."""
         self.steps = 0
         self.reported_ns = 0
-        """``ns`` when the last step's share was taken (see ``take_step``)."""
+        """``total_ns`` when the last step's share was taken (see ``take_step``)."""
+
+    @property
+    def total_ns(self) -> int:
+        """All the agent's time on the training thread."""
+        return self.ns + self.collective_ns
 
     def take_step(self) -> int:
         """Nanoseconds spent since the previous call (one step's share)."""
-        share = self.ns - self.reported_ns
-        self.reported_ns = self.ns
+        total = self.ns + self.collective_ns
+        share = total - self.reported_ns
+        self.reported_ns = total
         return share
 
     def per_step_us(self) -> float | None:
         """Microseconds per step outside the per-collective part (phases, step_end, ...)."""
-        return (self.ns - self.collective_ns) / self.steps / 1e3 if self.steps else None
+        return self.ns / self.steps / 1e3 if self.steps else None
 
     def per_collective_us(self) -> float | None:
         return self.collective_ns / self.collectives / 1e3 if self.collectives else None

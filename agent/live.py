@@ -297,15 +297,11 @@ class LiveTelemetry(Telemetry):
         t0 = now_ns()
         if self._timeline.start is None:
             try:
-                self._timeline.begin()
+                self._timeline.begin(t0)
             except Exception:
                 self.errors += 1
-        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label)
-        cost = self.cost
-        spent = now_ns() - t0
-        cost.ns += spent
-        cost.collective_ns += spent
-        cost.collectives += 1
+        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+        self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at the step end
         return tracked
 
     def transfer(

@@ -148,7 +148,8 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
 
 
 def _counters(cost: Any) -> tuple[int, int, int, int]:
-    """(ns, per-collective ns, collectives, steps) of the agent's own counters."""
+    """(ns outside collectives, per-collective ns, collectives, steps) of the agent's own
+    counters."""
     return cost.ns, cost.collective_ns, cost.collectives, cost.steps
 
 
@@ -156,7 +157,7 @@ def per_step_and_collective_us(own: list[int]) -> tuple[float | None, float | No
     """Training-thread us per step (outside the per-collective part) and per collective."""
     ns, collective_ns, collectives, steps = own
     return (
-        (ns - collective_ns) / steps / 1e3 if steps else None,
+        ns / steps / 1e3 if steps else None,
         collective_ns / collectives / 1e3 if collectives else None,
     )
 
