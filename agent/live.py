@@ -27,11 +27,12 @@ import torch
 
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
+from .cadence import ActivationCadence
 from .comm import CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
-from .pending import PendingReport
+from .pending import PendingReport, StepFacts
 from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
@@ -51,7 +52,6 @@ from .schema import (
     ParamCounts,
     PipelineStep,
     SenderClaim,
-    StepReport,
     Transfer,
     TransferDirection,
 )
@@ -59,25 +59,6 @@ from .timeline import StepTimeline
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
-
-ACTIVATIONS_EVERY_ENV = "ZEROSCOPE_ACTIVATIONS_EVERY"
-ACTIVATIONS_EVERY_DEFAULT = 10
-"""Activation bytes are counted (saved-tensor hooks) on steps 1-3 and then every N-th step.
-The hooks cost a Python call per saved tensor (~10 us; 5-6% of a 10 ms CPU step of the demo
-GPT), and activation footprints repeat step to step for fixed shapes, so sampling keeps the
-agent's cost near 1% while the figure stays exact for the steps it is taken on. Steps in
-between carry the latest measurement, with ``activations_step`` saying which step it is from.
-Set the variable to 1 to count every step."""
-
-
-def activations_every() -> int:
-    """The sampling period from the environment (invalid or < 1 values mean the default)."""
-    try:
-        value = int(os.environ.get(ACTIVATIONS_EVERY_ENV, ACTIVATIONS_EVERY_DEFAULT))
-    except ValueError:
-        return ACTIVATIONS_EVERY_DEFAULT
-    return value if value >= 1 else ACTIVATIONS_EVERY_DEFAULT
-
 
 CONNECT_TIMEOUT_S = 5.0
 """At start-up only: how long a rank waits for its collector connection before going on (the
@@ -124,7 +105,7 @@ class LiveTelemetry(Telemetry):
         """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
         self._activations.cost = self.cost
-        self._activations_every = activations_every()
+        self._cadence = ActivationCadence.from_env()
         self._counted_this_step = False
         self._counting = False
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
@@ -256,8 +237,10 @@ class LiveTelemetry(Telemetry):
         t0 = now_ns()
         try:
             name = scope.name
-            if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
-                self._counted_this_step = True
+            if name == "forward" and self._cadence.due(self.step, self._counted_this_step):
+                if not self._counted_this_step:  # the step's window starts at its first forward
+                    self._counted_this_step = True
+                    self._activations.take_peak()
                 hooks = scope.hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
@@ -372,63 +355,43 @@ class LiveTelemetry(Telemetry):
         skipped: bool,
         samples: int,
     ) -> None:
+        # Only what must be taken now is taken here: the step's marks, collectives, counted
+        # activations, device peaks and loss tensors. The StepReport itself is built by the
+        # sender thread (StepFacts.report): each line run here runs cold between the
+        # engine's kernels, ~1 us apiece on a CPU step (issue 18).
         now = time.perf_counter_ns()
-        spent_ns = self.cost.take_step()  # before this call's own time: see agent_overhead_s
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
-        forward_seen = self._timeline.forward_seen
-        axis = self._timeline.cut(now)
-        peak = self._activations.take_peak()
+        # A copy: the caller may reuse its MemoryBytes for the next step; the sender fills it.
+        facts = StepFacts(self.rank, self.step, time.time_ns(), msgspec.structs.replace(memory))
+        facts.forward_seen = self._timeline.forward_seen
         if self._counted_this_step:
-            self._last_activations = (peak, self.step)
+            self._counted_this_step = False
+            self._last_activations = (self._activations.take_peak(), self.step)
             self._last_blocks = self._activations.take_blocks()
-        if forward_seen and self._last_activations is not None:
-            activations, measured_at = self._last_activations
-            mem = msgspec.structs.replace(
-                memory, activations=activations, activations_step=measured_at
-            )
-            blocks = self._last_blocks
-            if blocks is not None and blocks.count:
-                mem.activations_layers = blocks.count
-                mem.activations_in_layers = blocks.inside
-                mem.activations_layer_max = blocks.largest
-                mem.activations_layer_inputs = blocks.inputs
-        else:
-            mem = msgspec.structs.replace(memory)
+        facts.activations, facts.blocks = self._last_activations, self._last_blocks
         if self._peaks is not None:
-            mem.device_allocated, mem.device_reserved, mem.device_peak = self._peaks.take()
-        report = StepReport(
-            rank=self.rank,
-            step=self.step,
-            wall_ns=time.time_ns(),
-            duration_s=(now - axis.start.host_ns) / 1e9,
-            memory=mem,
-            transfers=self._transfers,
-            lr=None if lr is None else float(lr),
-            loss_scale=None if loss_scale is None else float(loss_scale),
-            overflow=bool(overflow),
-            skipped=bool(skipped),
-            samples=int(samples),
-            host=self._host,
-            pipeline=self._pipeline,
-            agent_overhead_s=spent_ns / 1e9,
-        )
-        self._pipeline = None
+            facts.device = self._peaks.take()
+        if self._transfers:
+            facts.transfers, self._transfers = self._transfers, []
+        if self._pipeline is not None:
+            facts.pipeline, self._pipeline = self._pipeline, None
+        facts.figures = (lr, loss_scale, overflow, skipped, samples, self._host)
+        facts.overhead_ns = self.cost.take_step()  # before this call's own time
         pending = PendingReport(
-            report,
+            facts,
             DeferredScalar(loss),
             DeferredScalar(grad_norm),
-            axis,
+            self._timeline.cut(now),
             self._collectives.take_all(),
         )
-        self._outbox.put(pending)  # encoded and sent by the sampler thread (agent/outbox.py)
+        self._outbox.put(pending, now)  # finished and sent by the sampler thread (outbox.py)
         self.step += 1
-        self._transfers = []
-        self._counted_this_step = False
 
     def drain(self) -> None:
         """Send now, on this thread, every event and report that is ready (the sampler thread
-        does this every ``DRAIN_INTERVAL_S``; tests call it to read what was sent at once)."""
+        does this when woken or every ``DRAIN_INTERVAL_S``; tests call it to read what was sent
+        at once)."""
         try:
             self._outbox.drain()
         except Exception:

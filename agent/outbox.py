@@ -4,14 +4,19 @@ Encoding a StepReport and handing it to ZeroMQ costs the training thread tens of
 per step, more when the send wakes ZeroMQ's I/O thread on a loaded machine (issue 18). So the
 training thread only appends a plain struct (a :class:`~.pending.PendingReport` or an
 :class:`~.schema.Event`) to a ``collections.deque`` (an append is atomic under the GIL: no lock,
-nothing to wait for), raises the ``wake`` flag (one attribute read when the sender is already
-awake, a ``threading.Event.set`` otherwise: a few microseconds per step) and goes on. The
-sender thread (the agent's sampler thread) wakes on that flag, or every ``DRAIN_INTERVAL_S``
-for reports still waiting, takes them in order, finishes each report once what it waits for
-has completed (agent/pending.py), encodes it and sends it without blocking. Waking on each
-step end, not on a timer only, keeps a report's way out short: a rank killed by SIGKILL (the
-OOM killer) loses at most the report being encoded, not the last 50 ms of steps, which are the
-ones a user needs to see why it died.
+nothing to wait for) and goes on. The sender thread (the agent's sampler thread) takes them in
+order, finishes each report once what it waits for has completed (agent/pending.py), encodes
+it and sends it without blocking.
+
+When the sender runs is a trade between the run's CPU and a report's way out. Waking a thread
+is not free: on this project's 2-vCPU test VM each wake-up (the futex, the other vCPU's
+interrupt, the GIL changing hands) costs ~50-250 us of CPU, more than all the agent's Python
+work of a small step. So the training thread wakes the sender at most every
+``WAKE_INTERVAL_S``: a step of at least that length has its report sent as it ends (a rank
+killed by SIGKILL, the OOM killer's way, loses at most the report in hand), and shorter steps
+leave in batches, at most ``WAKE_INTERVAL_S`` plus one step after they end (a killed rank
+then loses at most that much: the reports of its last ~0.1 s). Reports left when the loop
+stops (an evaluation, a hang) go at the sender's next tick, ``DRAIN_INTERVAL_S``.
 
 Nothing handed over is lost silently: the queue holds at most ``MAX_QUEUED`` items; when the
 sender falls that far behind (a stalled thread), the oldest item is dropped and counted, and the
@@ -26,14 +31,19 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from .pending import PendingReport
 from .schema import Event
 
-DRAIN_INTERVAL_S = 0.05
-"""How often the sender thread looks again at reports still waiting for their collectives or
-device events (a new report or event wakes it at once)."""
+DRAIN_INTERVAL_S = 0.25
+"""How often the sender thread looks for reports on its own (those the training thread did not
+wake it for, and those still waiting for their collectives or device events)."""
+
+WAKE_INTERVAL_S = 0.1
+"""The training thread wakes the sender at most this often (see the module docstring)."""
+_WAKE_INTERVAL_NS = int(WAKE_INTERVAL_S * 1e9)
 
 CLOSE_WAIT_S = 2.0
 """At close: how long to wait for a sender thread still sending before giving up."""
@@ -59,10 +69,13 @@ class Outbox:
         self._lost_counted = 0
         self.errors = 0
         self.wake = threading.Event()
-        """Raised by ``put``; the sender waits on it (agent/sampler.py)."""
+        """Raised by ``put`` (at most every ``WAKE_INTERVAL_S``); the sender waits on it
+        (agent/sampler.py)."""
+        self._woken_ns = -_WAKE_INTERVAL_NS  # the first put wakes the sender
 
-    def put(self, item: PendingReport | Event) -> None:
-        """Hand ``item`` over (training thread): never blocks, never raises."""
+    def put(self, item: PendingReport | Event, now_ns: int | None = None) -> None:
+        """Hand ``item`` over (training thread): never blocks, never raises. ``now_ns``
+        (``time.perf_counter_ns``) when the caller has read the clock already."""
         handed = self._handed
         if len(handed) >= MAX_QUEUED:
             try:
@@ -71,9 +84,10 @@ class Outbox:
             except IndexError:
                 pass  # the sender emptied it meanwhile
         handed.append(item)
-        wake = self.wake
-        if not wake.is_set():  # set() takes a lock and may wake a thread: only when needed
-            wake.set()
+        now = perf_counter_ns() if now_ns is None else now_ns
+        if now - self._woken_ns >= _WAKE_INTERVAL_NS:
+            self._woken_ns = now
+            self.wake.set()
 
     def drain(self, block: bool = False) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``
@@ -102,7 +116,7 @@ class Outbox:
         step = self._current_step()
         while waiting:
             pending = waiting[0]
-            pending.age = step - 1 - pending.report.step  # step ends since its own
+            pending.age = step - 1 - pending.facts.step  # step ends since its own
             try:
                 if not pending.finish(block):
                     return
@@ -122,6 +136,8 @@ class Outbox:
 
     def _send_report(self, pending: PendingReport) -> None:
         report = pending.report
+        if report is None:
+            return
         if report.loss is not None and not math.isfinite(report.loss):
             self.publisher.send(
                 Event(

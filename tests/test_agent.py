@@ -16,6 +16,7 @@ from torch import nn
 
 from tests.distributed import connected_publisher
 from zeroscope.agent import api
+from zeroscope.agent.cadence import ActivationCadence
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.schema import Bye, Event, Hello, MemoryBytes, Message, StepReport
 from zeroscope.collector import Collector, wait_for
@@ -97,7 +98,7 @@ def test_activations_are_counted_on_sampled_steps_and_carried_between(
     """Counted on steps 1-3 and every N-th (N = 4 here); other steps carry the latest count and
     say which step it is from, so the hooks' per-tensor cost is paid on 1 step in N."""
     tel, got = rig
-    tel._activations_every = 4
+    tel._cadence = ActivationCadence(every=4)  # as ZEROSCOPE_ACTIVATIONS_EVERY=4 sets it
     w = nn.Parameter(torch.randn(4, 6))
     sizes = {}
     for step in range(1, 10):

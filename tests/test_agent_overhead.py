@@ -15,7 +15,7 @@ import torch
 
 from tests.test_agent_timeline import Sink
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.outbox import MAX_QUEUED
+from zeroscope.agent.outbox import MAX_QUEUED, WAKE_INTERVAL_S
 from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Bye, Event, MemoryBytes, Message, StepReport
 
@@ -197,26 +197,38 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
     assert sum(isinstance(m, Event) for m in got) == 6
 
 
-def test_a_step_end_wakes_the_sender_its_report_does_not_wait_for_a_timer() -> None:
-    """A rank killed by SIGKILL loses only what was not sent yet: reports must leave as their
-    step ends, not at the sender's next tick (here pushed to a minute away)."""
+def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
+    """A report leaves as its step ends when the previous wake-up was WAKE_INTERVAL_S ago or
+    more (a rank killed by SIGKILL loses at most its last step, or its last ~0.1 s of short
+    steps); shorter steps ride along with the next wake-up, and never wait for the sender's
+    own timer (pushed here to a minute away)."""
     sink = Sink()  # no drain on this thread: only the sender thread sends
     tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+
+    def sent() -> list[int]:
+        return [m.step for m in sink.sent if isinstance(m, StepReport)]
+
+    def step() -> None:
+        tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2).wait()
+        tel.step_end(memory=MemoryBytes())
+
+    def wait_sent(expected: list[int]) -> None:
+        deadline = time.monotonic() + 10.0  # far less than the timer's minute
+        while sent() != expected and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sent() == expected
+
     try:
         tel.sampler._wake = 60.0  # the timer ticks once a minute from its next sleep on
         time.sleep(0.4)  # longer than the sleep it is in (0.25 s at most)
-        for step in (1, 2, 3):
-            handle = tel.collective(SleepyWork(), op="all_reduce", nbytes=8, group_size=2)
-            handle.wait()
-            tel.step_end(memory=MemoryBytes())
-            deadline = time.monotonic() + 10.0  # far less than the minute of the timer
-            while time.monotonic() < deadline:
-                if [m.step for m in sink.sent if isinstance(m, StepReport)][-1:] == [step]:
-                    break
-                time.sleep(0.005)
-            assert [m.step for m in sink.sent if isinstance(m, StepReport)] == list(
-                range(1, step + 1)
-            )
+        step()  # the first step end wakes the sender
+        wait_sent([1])
+        step()  # within WAKE_INTERVAL_S of that wake-up: handed over, nobody woken
+        time.sleep(0.05)
+        assert sent() == [1]
+        time.sleep(WAKE_INTERVAL_S)
+        step()  # due: wakes the sender, which sends both
+        wait_sent([1, 2, 3])
     finally:
         tel.close()
 
@@ -357,3 +369,31 @@ def test_block_marks_are_hooked_only_for_the_forwards_the_agent_counts() -> None
         assert m.activations_in_layers == depth * 2 * batch * width * value
         assert m.activations_layer_max == 2 * batch * width * value
         assert m.activations_step == max(s for s in counted if s <= r.step)
+
+
+def test_activations_are_counted_every_nth_step_and_by_default_at_most_once_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counting costs a call per saved tensor: by default steps 1-3, then every 10th step at
+    least a second after the last count (27 ms steps: 1, 2, 3, 10, 50, 90); a period set in
+    the environment is taken exactly, with no time floor."""
+    from zeroscope.agent import cadence
+
+    clock = [0.0]
+    monkeypatch.setattr(cadence.time, "monotonic", lambda: clock[0])
+
+    def counted(c: cadence.ActivationCadence) -> list[int]:
+        out = []
+        for step in range(1, 101):
+            clock[0] += 0.027
+            if c.due(step, counting=False):
+                out.append(step)
+                assert c.due(step, counting=True)  # the step's next micro-batch too
+        return out
+
+    monkeypatch.delenv(cadence.ACTIVATIONS_EVERY_ENV, raising=False)
+    assert counted(cadence.ActivationCadence.from_env()) == [1, 2, 3, 10, 50, 90]
+    monkeypatch.setenv(cadence.ACTIVATIONS_EVERY_ENV, "4")
+    assert counted(cadence.ActivationCadence.from_env()) == [1, 2, 3, *range(4, 101, 4)]
+    monkeypatch.setenv(cadence.ACTIVATIONS_EVERY_ENV, "zero")  # unreadable: the default
+    assert counted(cadence.ActivationCadence.from_env())[:4] == [1, 2, 3, 10]
