@@ -57,14 +57,16 @@ def agent(quick: bool) -> list[Table]:
             "goal <= 1.01 (CPU)",
         ],
     )
-    blocks = "8" if quick else "40"
     accepted = rejected = 0
-    for model, argv in (
-        ("MLP 3 x 512", ["--width", "512"]),
-        ("demo model, ZeRO-2", ["--model", "demo"]),
-        ("ZeRO-3 MLP 64 x 128", ["--model", "zero3", "--width", "128", "--layers", "64"]),
+    # Rounds of one step per mode: this VM's step-to-step CPU noise is ~10 %, and drifts over
+    # seconds; adjacent single steps cancel the drift, many rounds the noise (a few minutes).
+    for model, argv, rounds in (
+        ("MLP 3 x 512", ["--width", "512"], 600),
+        ("demo model, ZeRO-2", ["--model", "demo"], 1500),
+        ("ZeRO-3 MLP 64 x 128", ["--model", "zero3", "--width", "128", "--layers", "64"], 300),
     ):
-        args = agent_overhead.parser().parse_args([*argv, "--blocks", blocks, "--steps", "2"])
+        blocks = str(30 if quick else rounds)
+        args = agent_overhead.parser().parse_args([*argv, "--blocks", blocks, "--steps", "1"])
         result = agent_overhead.run(args)
         for r in result["ranks"]:
             ratio = r["cpu_on_off"]
@@ -86,7 +88,9 @@ def agent(quick: bool) -> list[Table]:
         accepted += result["collector"]["accepted"]
         rejected += result["collector"]["rejected"] or 0
     t.note = (
-        "Blocks of 2 steps alternate on, off, off-again in the same processes; ratios are medians "
+        "Rounds of 1 step per mode (on, off, off-again, in an order rotated every round) in the "
+        "same processes; ratios are medians of per-round pairs; an 'on' step's reports are sent "
+        "before its CPU time is read. "
         "of per-block pairs. CPU = process CPU time (all threads: sampler and sender, ZeroMQ I/O, "
         "gloo), far less sensitive to a shared machine than wall time; the off-again/off ratio "
         "(A/A) is the noise floor. Agent us: the agent's own counters (agent/cost.py) over the "
