@@ -91,7 +91,7 @@ def agent(quick: bool) -> list[Table]:
         "Rounds of 1 step per mode (on, off, off-again, in an order rotated every round) in the "
         "same processes; ratios are medians of per-round pairs; an 'on' step's reports are sent "
         "before its CPU time is read. "
-        "of per-block pairs. CPU = process CPU time (all threads: sampler and sender, ZeroMQ I/O, "
+        "CPU = process CPU time (all threads: sampler and sender, ZeroMQ I/O, "
         "gloo), far less sensitive to a shared machine than wall time; the off-again/off ratio "
         "(A/A) is the noise floor. Agent us: the agent's own counters (agent/cost.py) over the "
         "'on' steps: training-thread time per step outside collectives (budget ~30 us) and per "
