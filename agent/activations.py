@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .cost import now_ns
+
 
 class BlockSplit:
     """What the marked blocks saved during one counted window."""
@@ -71,6 +73,9 @@ class ActivationCounter:
         self._depth = 0
         self._block_start = 0
         self._blocks = BlockSplit()
+        self.cost: Any = None
+        """The agent's SeamCost: the hooks' own time is the agent's time on the training
+        thread too (agent/cost.py)."""
 
     def hooks(self) -> _DelegatingHooks:
         """A fresh context manager that counts what is saved while it is entered, passing each
@@ -80,8 +85,16 @@ class ActivationCounter:
     def _pack(self, tensor: torch.Tensor, outer: Any = None) -> Any:
         kept: Any = tensor
         unpack = None
-        if outer is not None:
+        if outer is not None:  # the enclosing hooks' work is theirs, not counted as ours
             kept, unpack = outer[0](tensor), outer[1]
+        t0 = now_ns()
+        saved = self._saved(tensor, kept, unpack)
+        cost = self.cost
+        if cost is not None:
+            cost.ns += now_ns() - t0
+        return saved
+
+    def _saved(self, tensor: torch.Tensor, kept: Any, unpack: Any) -> _Saved:
         try:
             if _is_parameter(tensor):
                 return _Saved(self, kept, None, unpack)
@@ -106,14 +119,17 @@ class ActivationCounter:
         return saved.tensor if saved.unpack is None else saved.unpack(saved.tensor)
 
     def _release(self, key: Any) -> None:
+        t0 = now_ns()
         with self._lock:
             entry = self._refs.get(key)
-            if entry is None:
-                return
-            entry[0] -= 1
-            if entry[0] == 0:
-                del self._refs[key]
-                self.live -= entry[1]
+            if entry is not None:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del self._refs[key]
+                    self.live -= entry[1]
+        cost = self.cost
+        if cost is not None:
+            cost.ns += now_ns() - t0
 
     def block_enter(self, input_bytes: int) -> None:
         """A repeated block's forward starts (nested blocks count as part of the outer one)."""

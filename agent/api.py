@@ -87,6 +87,13 @@ class Telemetry:
     def block_exit(self) -> None:
         """The block whose forward :meth:`block_enter` announced has returned."""
 
+    def blocks_wanted(self) -> bool:
+        """Inside a forward phase: whether this forward wants :meth:`block_enter` /
+        :meth:`block_exit` marks (the agent counts this step's activations: the first steps,
+        then every Nth). An engine hooks its blocks only for such forwards, so a step that is
+        not counted pays nothing for the marks (a module hook costs every call of its module)."""
+        return False
+
     def collective(
         self,
         work: Waitable,
@@ -108,7 +115,9 @@ class Telemetry:
         """One completed offload transfer (``time.perf_counter_ns`` instants)."""
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
-        """Something that happened now (overflow, scale change, checkpoint ...); sent at once."""
+        """Something that happened now (overflow, scale change, checkpoint ...); the live agent
+        sends it from its sender thread within ~50 ms (agent/outbox.py), never behind a step
+        report still waiting for its collectives."""
 
     def step_end(
         self,

@@ -2,8 +2,23 @@
 
 Each collective is tracked from issue (when the engine hands us its async Work) to completion:
 
-- gloo / CPU: ``work.get_future().then(cb)``; the callback runs on the backend's thread when the
-  op completes and stamps ``perf_counter_ns`` (or the end of ``wait()`` if that comes first).
+- gloo / CPU: no callback per op (issue 18: a Python future callback runs on the backend's
+  thread and costs a GIL hand-off per collective). Completion is the end of ``wait()`` (which
+  is also where the *exposed* time is measured), or, for an op nobody waited on, the step
+  boundary that finds it complete: ``take_all`` asks ``work.is_completed()`` of every such op in
+  bulk when the step ends, and the step's pending report (agent/pending.py) asks again, from
+  the sender thread, for those still in flight. The end is thus an upper bound: an op that
+  finished before its ``wait()`` ends at that ``wait()`` (its duration includes the compute
+  between; the exposed time is exact).
+
+  The Work is held only through a weak reference: the engine decides how long a Work lives, and
+  a Work keeps its tensors alive (holding it would raise the memory the user sees, e.g. a
+  ZeRO-3 gather's output kept past its free). A Work the engine dropped without waiting ended
+  by the boundary that finds it gone (dropping it means the engine no longer cares; gloo still
+  finishes it). The only strong reference the agent makes is the instant of an
+  ``is_completed()`` call. A work object that cannot be weakly referenced falls back to the
+  future callback (the old path); one that has no ``is_completed`` is asked its future's
+  ``done()``.
 - NCCL / CUDA: CUDA events recorded on the current stream at issue, at the start of ``wait()``
   and after it; ``elapsed_time`` is read lazily once ``event.query()`` says they completed, so
   the host never waits for the device. On CUDA, ``wait()`` only makes the compute stream wait,
@@ -24,10 +39,11 @@ group size is the op's own group, not the world.
 
 from __future__ import annotations
 
-import threading
 import time
+import weakref
 from typing import Any
 
+from .cost import SeamCost, now_ns
 from .schema import Collective, CollectiveOp
 
 
@@ -45,29 +61,54 @@ class CollectiveRecord:
         "op",
         "prefetched",
         "start_ns",
-        "waited",
+        "work_ref",
     )
 
     def __init__(
-        self, op: CollectiveOp, nbytes: int, group_size: int, prefetched: bool, label: str
+        self,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool,
+        label: str,
+        start_ns: int | None = None,
     ) -> None:
         self.op = op
         self.nbytes = nbytes
         self.group_size = group_size
         self.prefetched = prefetched
         self.label = label
-        self.start_ns = time.perf_counter_ns()
+        self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.end_ns: int | None = None
         self.exposed_ns = 0
-        self.waited = False
         self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
         self.comm_end: Any = None
         """On CUDA: an event that completes with the collective itself (see the module doc)."""
+        self.work_ref: Any = None
+        """On CPU: a weak reference to the Work, to ask it whether it completed (module doc)."""
 
     def _on_complete(self, _fut: Any) -> None:
         now = time.perf_counter_ns()
         if self.end_ns is None or now < self.end_ns:
             self.end_ns = now
+
+    def completed(self) -> bool:
+        """CPU: whether the op has completed, stamping its end now if it just turned out so
+        (never waits). Complete once ``wait()`` returned, or the Work says so, or the engine
+        dropped the Work (see the module doc)."""
+        if self.end_ns is not None:
+            return True
+        ref = self.work_ref
+        if ref is None:
+            return False  # a future callback or wait() will stamp it
+        work = ref()
+        if work is not None and not _is_completed(work):
+            return False
+        del work
+        now = time.perf_counter_ns()
+        if self.end_ns is None:
+            self.end_ns = now
+        return True
 
     def _on_device_complete(self, _fut: Any) -> None:
         try:
@@ -93,50 +134,68 @@ class CollectiveRecord:
             if step_start_event is not None:
                 start_s = step_start_event.elapsed_time(issue) / 1e3
         else:
-            if self.end_ns is None:
+            if not self.completed() or self.end_ns is None:
                 return None
             duration = (self.end_ns - self.start_ns) / 1e9
             exposed = self.exposed_ns / 1e9
+        # Positional: the sender builds one per collective (issue 18), keywords cost more.
+        # Inside wait() the op finished; a few us of wait() overhead after completion are not
+        # comm time, so exposed is capped at the op's duration.
+        duration = duration if duration > 0.0 else 0.0
+        exposed = exposed if exposed > 0.0 else 0.0
         return Collective(
-            op=self.op,
-            nbytes=self.nbytes,
-            group_size=self.group_size,
-            start_s=start_s,
-            duration_s=max(duration, 0.0),
-            # Inside wait() the op finished; a few µs of wait() overhead after completion are
-            # not comm time, so exposed is capped at the op's duration.
-            exposed_s=min(max(exposed, 0.0), max(duration, 0.0)),
-            prefetched=self.prefetched,
-            label=self.label,
+            self.op,
+            self.nbytes,
+            self.group_size,
+            start_s,
+            duration,
+            exposed if exposed < duration else duration,
+            self.prefetched,
+            self.label,
         )
 
 
 class TrackedWork:
     """What ``Telemetry.collective`` returns: use its ``wait()`` instead of the Work's."""
 
-    __slots__ = ("record", "work")
+    __slots__ = ("cost", "record", "work")
 
-    def __init__(self, work: Any, record: CollectiveRecord) -> None:
+    def __init__(self, work: Any, record: CollectiveRecord, cost: SeamCost | None = None) -> None:
         self.work = work
         self.record = record
+        self.cost = cost
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         rec = self.record
         events = rec.cuda_events
         if events is not None:
-            events[1] = _cuda_event()
-        t0 = time.perf_counter_ns()
+            return self._wait_device(events, args, kwargs)
+        t0 = now_ns()
         try:
             return self.work.wait(*args, **kwargs)
         finally:
-            t1 = time.perf_counter_ns()
-            if events is not None:
-                events[2] = _cuda_event()
-            else:
-                rec.exposed_ns += t1 - t0
-                if rec.end_ns is None or t1 < rec.end_ns:
-                    rec.end_ns = t1
-            rec.waited = True
+            t1 = now_ns()
+            rec.exposed_ns += t1 - t0
+            end = rec.end_ns
+            if end is None or t1 < end:
+                rec.end_ns = t1
+            cost = self.cost
+            if cost is not None:  # the agent's own part of wait(), not the wait itself
+                cost.collective_ns += now_ns() - t1
+
+    def _wait_device(self, events: list[Any], args: Any, kwargs: Any) -> Any:
+        """CUDA: events around ``wait()``, which only makes the current stream wait."""
+        enter = now_ns()
+        events[1] = _cuda_event()
+        t0 = now_ns()
+        try:
+            return self.work.wait(*args, **kwargs)
+        finally:
+            t1 = now_ns()
+            events[2] = _cuda_event()
+            cost = self.cost
+            if cost is not None:
+                cost.collective_ns += now_ns() - t1 + t0 - enter
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
@@ -146,6 +205,19 @@ class TrackedWork:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.work, name)
+
+
+def _is_completed(work: Any) -> bool:
+    """``work.is_completed()``, or its future's ``done()`` for a work object without it; a work
+    that can say neither is complete only through ``wait()``."""
+    try:
+        return bool(work.is_completed())
+    except AttributeError:
+        pass
+    try:
+        return bool(work.get_future().done())
+    except Exception:
+        return False
 
 
 def _cuda_event() -> Any:
@@ -161,9 +233,10 @@ class CollectiveTracker:
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self._lock = threading.Lock()
         self._pending: list[CollectiveRecord] = []
         self.errors = 0
+        self.cost: SeamCost | None = None
+        """Where ``wait()``'s own bookkeeping is counted (the live agent's counters)."""
 
     def track(
         self,
@@ -173,9 +246,10 @@ class CollectiveTracker:
         group_size: int,
         prefetched: bool = False,
         label: str = "",
+        start_ns: int | None = None,
     ) -> Any:
         try:
-            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label)
+            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start_ns)
             if self.cuda:
                 rec.cuda_events = [_cuda_event(), None, None]
                 try:
@@ -184,19 +258,31 @@ class CollectiveTracker:
                     pass  # no future: the duration ends with wait()
             else:
                 try:
-                    work.get_future().then(rec._on_complete)
-                except Exception:
-                    pass  # no future on this backend: completion = end of wait()
-            with self._lock:
-                self._pending.append(rec)
-            return TrackedWork(work, rec)
+                    rec.work_ref = weakref.ref(work)  # never the Work itself (module doc)
+                except TypeError:
+                    try:
+                        work.get_future().then(rec._on_complete)
+                    except Exception:
+                        pass  # no future on this backend: completion = end of wait()
+            self._pending.append(rec)  # atomic under the GIL; take_all swaps the list
+            return TrackedWork(work, rec, self.cost)
         except Exception:
             self.errors += 1
             return work
 
     def take_all(self) -> list[CollectiveRecord]:
         """Every record issued since the last call (the step that just ended), complete or
-        not: the step's report resolves them, waiting for those still in flight."""
-        with self._lock:
-            taken, self._pending = self._pending, []
+        not: the step's report resolves them, waiting for those still in flight. On CPU, ops
+        nobody waited on that are complete now (or dropped) are stamped with this boundary."""
+        # No lock (issue 18: ~0.3 us per collective): a record appended by another thread while
+        # the list is swapped lands in ``taken``, the very list the step's report reads.
+        taken, self._pending = self._pending, []
+        if self.cost is not None:
+            self.cost.collectives += len(taken)
+        for rec in taken:
+            if rec.end_ns is None and rec.work_ref is not None:
+                try:
+                    rec.completed()
+                except Exception:
+                    self.errors += 1
         return taken

@@ -9,6 +9,9 @@ peak is read, never reset:
 - if the process's peak rose during this step, the step reached it: the step's peak is exact;
 - otherwise the step's peak is the highest sample (a lower bound: a transient between two
   marks can be missed).
+
+Also the Hello's capacity figures: this rank's share of its device's memory, and the process's
+peak resident set at start-up.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Per step it gathers what the engine tells it (P/G/O bytes, loss, lr, grad norm, 
 overflow/skip), what it measures itself (phase spans and collective timing on the step's one
 time axis — agent/timeline.py —, activation bytes through saved-tensor hooks, allocator figures
 on CUDA without resetting them — agent/device_memory.py) and sends one StepReport per step, once
-what the step issued has completed (agent/pending.py). Events go out at once; the sampler thread
-sends heartbeats with host/GPU figures.
+what the step issued has completed (agent/pending.py). Reports and events are encoded and sent
+by the sampler thread, handed over without blocking (agent/outbox.py), which also sends
+heartbeats with host/GPU figures.
 
 Never block, never synchronize the device to measure, never raise into the training loop:
 every entry point catches its own failures and counts them in ``errors``.
@@ -15,13 +16,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -29,9 +27,13 @@ import torch
 
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
+from .cadence import ActivationCadence
 from .comm import CollectiveTracker, _cuda_event
+from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
-from .pending import PendingReport
+from .outbox import DRAIN_INTERVAL_S, Outbox
+from .pending import PendingReport, StepFacts
+from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
 from .scalars import DeferredScalar
@@ -50,7 +52,6 @@ from .schema import (
     ParamCounts,
     PipelineStep,
     SenderClaim,
-    StepReport,
     Transfer,
     TransferDirection,
 )
@@ -58,25 +59,6 @@ from .timeline import StepTimeline
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
-
-ACTIVATIONS_EVERY_ENV = "ZEROSCOPE_ACTIVATIONS_EVERY"
-ACTIVATIONS_EVERY_DEFAULT = 10
-"""Activation bytes are counted (saved-tensor hooks) on steps 1-3 and then every N-th step.
-The hooks cost a Python call per saved tensor (~10 us; 5-6% of a 10 ms CPU step of the demo
-GPT), and activation footprints repeat step to step for fixed shapes, so sampling keeps the
-agent's cost near 1% while the figure stays exact for the steps it is taken on. Steps in
-between carry the latest measurement, with ``activations_step`` saying which step it is from.
-Set the variable to 1 to count every step."""
-
-
-def activations_every() -> int:
-    """The sampling period from the environment (invalid or < 1 values mean the default)."""
-    try:
-        value = int(os.environ.get(ACTIVATIONS_EVERY_ENV, ACTIVATIONS_EVERY_DEFAULT))
-    except ValueError:
-        return ACTIVATIONS_EVERY_DEFAULT
-    return value if value >= 1 else ACTIVATIONS_EVERY_DEFAULT
-
 
 CONNECT_TIMEOUT_S = 5.0
 """At start-up only: how long a rank waits for its collector connection before going on (the
@@ -119,23 +101,32 @@ class LiveTelemetry(Telemetry):
         self._hello_sent = False
         self._timeline = StepTimeline()
         self._peaks: DevicePeaks | None = None
+        self.cost = SeamCost()
+        """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
-        self._activations_every = activations_every()
+        self._activations.cost = self.cost
+        self._cadence = ActivationCadence.from_env()
         self._counted_this_step = False
         self._counting = False
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
         self._last_blocks: BlockSplit | None = None
         self._collectives = CollectiveTracker(cuda=False)
+        self._collectives.cost = self.cost
         self._bound_device: str | None = None
         self._transfers: list[Transfer] = []
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._waiting: deque[PendingReport] = deque()
+        self._outbox = Outbox(publisher, lambda: self.step, rank)
         self._host: HostSample | None = None
         self.sampler = Sampler(
-            self._on_sample, interval=sample_interval, poll=publisher.poll_connection
+            self._on_sample,
+            interval=sample_interval,
+            poll=publisher.poll_connection,
+            drain=self._outbox.drain,
+            drain_interval=DRAIN_INTERVAL_S,
+            wake=self._outbox.wake,
         ).start()
 
     # -- the seam --------------------------------------------------------------------------
@@ -182,17 +173,24 @@ class LiveTelemetry(Telemetry):
 
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_enter(input_bytes)
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
 
     def block_exit(self) -> None:
         if self._counting:
+            t0 = now_ns()
             try:
                 self._activations.block_exit()
             except Exception:
                 self.errors += 1
+            self.cost.ns += now_ns() - t0
+
+    def blocks_wanted(self) -> bool:
+        return self._counting
 
     def _send_hello(
         self, config: ConfigSummary | None, params: ParamCounts | None, device: str
@@ -232,34 +230,42 @@ class LiveTelemetry(Telemetry):
     def pipeline(self, step: PipelineStep) -> None:
         self._pipeline = step
 
-    @contextlib.contextmanager
-    def phase(self, name: PhaseName) -> Iterator[None]:
-        hooks = token = None
+    def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
+        return PhaseScope(self, name)
+
+    def _phase_enter(self, scope: PhaseScope) -> None:
+        t0 = now_ns()
         try:
-            if name == "forward" and (self.step <= 3 or self.step % self._activations_every == 0):
-                self._counted_this_step = True
-                hooks = self._activations.hooks()
+            name = scope.name
+            if name == "forward" and self._cadence.due(self.step, self._counted_this_step):
+                if not self._counted_this_step:  # the step's window starts at its first forward
+                    self._counted_this_step = True
+                    self._activations.take_peak()
+                hooks = scope.hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
                 self._counting = True
-            token = self._timeline.enter(name)
+            scope.token = self._timeline.enter(name)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
+
+    def _phase_exit(self, scope: PhaseScope) -> None:
+        t0 = now_ns()
+        if scope.hooks is not None:
+            self._counting = False
+            with contextlib.suppress(Exception):
+                scope.hooks.__exit__(None, None, None)
         try:
-            yield
-        finally:
-            if hooks is not None:
-                self._counting = False
-                hooks.__exit__(None, None, None)
-            try:
-                if token is not None:
-                    self._timeline.exit(token)
-                if self._peaks is not None:
-                    self._peaks.sample()
-            except Exception:
-                self.errors += 1
+            if scope.token is not None:
+                self._timeline.exit(scope.token)
+            if self._peaks is not None:
+                self._peaks.sample()
+        except Exception:
+            self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def collective(
         self,
@@ -271,15 +277,20 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
-        try:
-            self._timeline.begin()
-        except Exception:
-            self.errors += 1
-        return self._collectives.track(work, op, nbytes, group_size, prefetched, label)
+        t0 = now_ns()
+        if self._timeline.start is None:
+            try:
+                self._timeline.begin(t0)
+            except Exception:
+                self.errors += 1
+        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+        self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at the step end
+        return tracked
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
+        t0 = now_ns()
         try:
             start = self._timeline.begin(start_ns)
             self._transfers.append(
@@ -293,10 +304,12 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
+        t0 = now_ns()
         try:
-            self.publisher.send(
+            self._outbox.put(
                 Event(
                     rank=self.rank,
                     step=self.step,
@@ -308,6 +321,7 @@ class LiveTelemetry(Telemetry):
             )
         except Exception:
             self.errors += 1
+        self.cost.ns += now_ns() - t0
 
     def step_end(
         self,
@@ -321,10 +335,14 @@ class LiveTelemetry(Telemetry):
         skipped: bool = False,
         samples: int = 0,
     ) -> None:
+        t0 = now_ns()
         try:
             self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
         except Exception:
             self.errors += 1
+        cost = self.cost
+        cost.ns += now_ns() - t0
+        cost.steps += 1
 
     def _step_end(
         self,
@@ -337,81 +355,47 @@ class LiveTelemetry(Telemetry):
         skipped: bool,
         samples: int,
     ) -> None:
+        # Only what must be taken now is taken here: the step's marks, collectives, counted
+        # activations, device peaks and loss tensors. The StepReport itself is built by the
+        # sender thread (StepFacts.report): each line run here runs cold between the
+        # engine's kernels, ~1 us apiece on a CPU step (issue 18).
         now = time.perf_counter_ns()
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
-        forward_seen = self._timeline.forward_seen
-        axis = self._timeline.cut(now)
-        peak = self._activations.take_peak()
+        # A copy: the caller may reuse its MemoryBytes for the next step; the sender fills it.
+        facts = StepFacts(self.rank, self.step, time.time_ns(), msgspec.structs.replace(memory))
+        facts.forward_seen = self._timeline.forward_seen
         if self._counted_this_step:
-            self._last_activations = (peak, self.step)
+            self._counted_this_step = False
+            self._last_activations = (self._activations.take_peak(), self.step)
             self._last_blocks = self._activations.take_blocks()
-        if forward_seen and self._last_activations is not None:
-            activations, measured_at = self._last_activations
-            mem = msgspec.structs.replace(
-                memory, activations=activations, activations_step=measured_at
-            )
-            blocks = self._last_blocks
-            if blocks is not None and blocks.count:
-                mem.activations_layers = blocks.count
-                mem.activations_in_layers = blocks.inside
-                mem.activations_layer_max = blocks.largest
-                mem.activations_layer_inputs = blocks.inputs
-        else:
-            mem = msgspec.structs.replace(memory)
+        facts.activations, facts.blocks = self._last_activations, self._last_blocks
         if self._peaks is not None:
-            mem.device_allocated, mem.device_reserved, mem.device_peak = self._peaks.take()
-        report = StepReport(
-            rank=self.rank,
-            step=self.step,
-            wall_ns=time.time_ns(),
-            duration_s=(now - axis.start.host_ns) / 1e9,
-            memory=mem,
-            transfers=self._transfers,
-            lr=None if lr is None else float(lr),
-            loss_scale=None if loss_scale is None else float(loss_scale),
-            overflow=bool(overflow),
-            skipped=bool(skipped),
-            samples=int(samples),
-            host=self._host,
-            pipeline=self._pipeline,
+            facts.device = self._peaks.take()
+        if self._transfers:
+            facts.transfers, self._transfers = self._transfers, []
+        if self._pipeline is not None:
+            facts.pipeline, self._pipeline = self._pipeline, None
+        facts.figures = (lr, loss_scale, overflow, skipped, samples, self._host)
+        facts.overhead_ns = self.cost.take_step()  # before this call's own time
+        pending = PendingReport(
+            facts,
+            DeferredScalar(loss),
+            DeferredScalar(grad_norm),
+            self._timeline.cut(now),
+            self._collectives.take_all(),
         )
-        self._pipeline = None
-        for waiting in self._waiting:
-            waiting.age += 1
-        self._waiting.append(
-            PendingReport(
-                report,
-                DeferredScalar(loss),
-                DeferredScalar(grad_norm),
-                axis,
-                self._collectives.take_all(),
-            )
-        )
-        self._flush_reports(block=False)
+        self._outbox.put(pending, now)  # finished and sent by the sampler thread (outbox.py)
         self.step += 1
-        self._transfers = []
-        self._counted_this_step = False
 
-    def _flush_reports(self, block: bool) -> None:
-        """Send, in order, every report whose step has completed (agent/pending.py)."""
-        while self._waiting:
-            pending = self._waiting[0]
-            if not pending.finish(block):
-                return
-            self._waiting.popleft()
-            report = pending.report
-            if report.loss is not None and not math.isfinite(report.loss):
-                self.publisher.send(
-                    Event(
-                        rank=self.rank,
-                        step=report.step,
-                        wall_ns=report.wall_ns,
-                        event="nan_loss",
-                        message=f"loss is {report.loss} at step {report.step}",
-                    )
-                )
-            self.publisher.send(report)
+    def drain(self) -> None:
+        """Send now, on this thread, every event and report that is ready (the sampler thread
+        does this when woken or every ``DRAIN_INTERVAL_S``; tests call it to read what was sent
+        at once)."""
+        try:
+            self._outbox.drain()
+        except Exception:
+            self.errors += 1
 
     def _on_sample(self, sample: HostSample) -> None:
         self._host = sample
@@ -427,7 +411,7 @@ class LiveTelemetry(Telemetry):
         try:
             self.sampler.stop()
             with contextlib.suppress(Exception):
-                self._flush_reports(block=True)
+                self._outbox.drain(block=True)
             self.publisher.poll_connection()
             self.publisher.send(
                 Bye(

@@ -12,31 +12,120 @@ collective whose ``wait()`` is never called never completes as far as the agent 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from .activations import BlockSplit
 from .comm import CollectiveRecord
 from .scalars import DeferredScalar
-from .schema import Collective, StepReport
+from .schema import Collective, MemoryBytes, PipelineStep, StepReport, Transfer
 from .timeline import StepAxis
 
 MAX_DEFER_STEPS = 4
 """Later step ends a report may wait through for its collectives and device events."""
 
 
-@dataclass(slots=True)
+class StepFacts:
+    """What ``step_end`` took on the training thread, raw: the sender thread turns it into the
+    StepReport (``report``), so that building and converting run there, not between the
+    engine's kernels (issue 18)."""
+
+    __slots__ = (
+        "activations",
+        "blocks",
+        "device",
+        "figures",
+        "forward_seen",
+        "memory",
+        "overhead_ns",
+        "pipeline",
+        "rank",
+        "step",
+        "transfers",
+        "wall_ns",
+    )
+
+    def __init__(self, rank: int, step: int, wall_ns: int, memory: MemoryBytes) -> None:
+        """``memory``: the step's figures, a copy this report may fill in."""
+        self.rank, self.step, self.wall_ns, self.memory = rank, step, wall_ns, memory
+        self.forward_seen = False
+        self.activations: tuple[int, int] | None = None
+        """(bytes, step counted on) of the latest count; carried by steps with a forward."""
+        self.blocks: BlockSplit | None = None
+        self.device: tuple[int, int, int] | None = None
+        """(allocated, reserved, peak) device bytes on CUDA."""
+        self.transfers: list[Transfer] = []
+        self.pipeline: PipelineStep | None = None
+        self.figures: tuple[Any, ...] = (None, None, False, False, 0, None)
+        """(lr, loss_scale, overflow, skipped, samples, host sample) as the caller gave them."""
+        self.overhead_ns = 0
+
+    def report(self) -> StepReport:
+        """The StepReport, timing, collectives, loss and grad norm still to be filled."""
+        mem = self.memory  # step_end's own copy
+        if self.forward_seen and self.activations is not None:
+            mem.activations, mem.activations_step = self.activations
+            blocks = self.blocks
+            if blocks is not None and blocks.count:
+                mem.activations_layers = blocks.count
+                mem.activations_in_layers = blocks.inside
+                mem.activations_layer_max = blocks.largest
+                mem.activations_layer_inputs = blocks.inputs
+        if self.device is not None:
+            mem.device_allocated, mem.device_reserved, mem.device_peak = self.device
+        lr, loss_scale, overflow, skipped, samples, host = self.figures
+        return StepReport(
+            rank=self.rank,
+            step=self.step,
+            wall_ns=self.wall_ns,
+            duration_s=0.0,
+            memory=mem,
+            transfers=self.transfers,
+            lr=None if lr is None else float(lr),
+            loss_scale=None if loss_scale is None else float(loss_scale),
+            overflow=bool(overflow),
+            skipped=bool(skipped),
+            samples=int(samples),
+            host=host,
+            pipeline=self.pipeline,
+            agent_overhead_s=self.overhead_ns / 1e9,
+        )
+
+
 class PendingReport:
-    report: StepReport
-    """Everything known at step_end; timing, collectives, loss and grad norm filled at send."""
-    loss: DeferredScalar
-    grad_norm: DeferredScalar
-    axis: StepAxis
-    records: list[CollectiveRecord]
-    age: int = 0
-    """Step ends since this one."""
-    _resolved: list[Collective | None] = field(default_factory=list)
-    _failed: set[int] = field(default_factory=set)
-    _device: bool = False
+    """A step between its end and its sending (see the module docstring)."""
+
+    __slots__ = (
+        "_device",
+        "_failed",
+        "_resolved",
+        "age",
+        "axis",
+        "facts",
+        "grad_norm",
+        "loss",
+        "records",
+        "report",
+    )
+
+    def __init__(
+        self,
+        facts: StepFacts,
+        loss: DeferredScalar,
+        grad_norm: DeferredScalar,
+        axis: StepAxis,
+        records: list[CollectiveRecord],
+    ) -> None:
+        self.facts = facts
+        self.loss, self.grad_norm = loss, grad_norm
+        self.axis = axis
+        self.records = records
+        self.age = 0
+        """Step ends since this one."""
+        self.report: StepReport | None = None
+        """Built by ``finish`` (sender thread) once the step can be reported."""
+        self._resolved: list[Collective | None] = []
+        self._failed: set[int] = set()
+        self._device = False
 
     def finish(self, block: bool = False) -> bool:
         """Fill the report if everything it waits for has completed (or it may wait no longer:
@@ -51,7 +140,7 @@ class PendingReport:
         collectives = self._collectives(device, block)
         if not force and (not scalars or None in collectives):
             return False
-        r = self.report
+        r = self.report = self.facts.report()
         duration, phases, spans = self.axis.resolve(device)
         r.duration_s, r.phases, r.phase_spans = duration, phases, spans
         r.collectives = [c for c in collectives if c is not None]

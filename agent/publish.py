@@ -146,6 +146,13 @@ class Publisher:
             self._pending_drops += 1
             return False
 
+    def count_dropped(self, n: int) -> None:
+        """``n`` messages were lost before reaching this publisher (the agent's hand-off queue
+        was full, agent/outbox.py): counted like its own drops, so the next report says so."""
+        with self._lock:
+            self.dropped += n
+            self._pending_drops += n
+
     def poll_connection(self, timeout: float = 0.0) -> None:
         """Called from the sampler thread: notice disconnections (so the Hello is re-sent on
         reconnection) and retry a pending Hello. Never raises."""

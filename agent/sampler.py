@@ -81,7 +81,9 @@ class _Nvml:
 
 class Sampler:
     """Background sampler thread: ``tick(sample)`` is called with each fresh HostSample every
-    ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s."""
+    ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s;
+    ``drain()`` (the agent's outbox: reports and events to send) every ``drain_interval`` s and
+    whenever ``wake`` is raised (a step ended: its report leaves now, not at the next tick)."""
 
     def __init__(
         self,
@@ -92,13 +94,21 @@ class Sampler:
         device_uuid: str | None = None,
         poll: Callable[[], None] | None = None,
         poll_interval: float = 0.25,
+        drain: Callable[[], None] | None = None,
+        drain_interval: float = 0.05,
+        wake: threading.Event | None = None,
     ) -> None:
         self.interval = interval
         self.poll_interval = poll_interval
         self._poll = poll
+        self._drain = drain
+        self._wake = min(poll_interval, interval, drain_interval if drain else interval)
+        self._next_poll = 0.0
         self.latest: HostSample | None = None
         self._tick = tick
         self._stop = threading.Event()
+        self._wake_flag = wake if wake is not None else self._stop
+        """What the thread sleeps on: the outbox's flag (a report to send) when given."""
         self._device_index = device_index
         self._device_uuid = device_uuid
         self._device_pci: str | None = None
@@ -117,6 +127,7 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake_flag.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
 
@@ -130,8 +141,20 @@ class Sampler:
             psutil, proc = None, None
         nvml = _Nvml(self._device_index, self._device_uuid)
         next_sample = time.monotonic() + self.interval
-        while not self._stop.wait(min(self.poll_interval, self.interval)):
-            if self._poll is not None:
+        flag, stop = self._wake_flag, self._stop
+        while True:
+            flag.wait(self._wake)
+            if stop.is_set():
+                break
+            if flag is not stop:
+                flag.clear()  # before draining: a put() from here on raises it again
+            if self._drain is not None:
+                try:
+                    self._drain()
+                except Exception:
+                    self.errors += 1
+            if self._poll is not None and time.monotonic() >= self._next_poll:
+                self._next_poll = time.monotonic() + self.poll_interval
                 try:
                     self._poll()
                 except Exception:

@@ -26,6 +26,9 @@ class DeferredScalar:
         if value is None:
             return
         if isinstance(value, torch.Tensor):
+            if not value.is_cuda:  # the common CPU case in one call (.item() never syncs here)
+                self.value = float(value.item() if value.numel() == 1 else value.reshape(-1)[0])
+                return
             t = value.detach().reshape(-1)[0]
             if t.device.type == "cuda":
                 self.host = torch.empty((), dtype=t.dtype, device="cpu", pin_memory=True)

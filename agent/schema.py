@@ -313,10 +313,15 @@ class StepReport(_Base, tag="step"):
     collectives_unfinished: int = 0
     """Collectives issued in this step still incomplete when the report had to leave (they
     are not in ``collectives``)."""
+    agent_overhead_s: float | None = None
+    """Time the agent's own calls took on the training thread since the previous report
+    (phases, collective wrapping, wait bookkeeping, step_end: agent/cost.py; the previous
+    step_end's own time included). None from reporters that do not measure it."""
 
 
 class Event(_Base, tag="event"):
-    """Something that happened at an instant; sent at once, not batched."""
+    """Something that happened at an instant; sent on its own (not batched), ahead of step
+    reports still waiting."""
 
     rank: int
     step: int

@@ -98,6 +98,7 @@ class Reporter:
 
     def __init__(self, tel: Telemetry) -> None:
         self.tel = tel
+        self._blocks: list[torch.nn.Module] = []
 
     def hello(
         self,
@@ -130,12 +131,28 @@ class Reporter:
         )
 
     def watch_blocks(self, module: torch.nn.Module) -> int:
-        """Mark the forward of each repeated block for the agent (it splits activation bytes by
-        block: what activation checkpointing would keep and drop); returns the block count.
-        Nothing is hooked when no agent listens."""
-        blocks = repeated_blocks(module)
-        if not self.tel.enabled:
-            return len(blocks)
+        """Remember each repeated block of ``module`` for the agent (it splits activation bytes
+        by block: what activation checkpointing would keep and drop); returns the block count.
+        Their marks are hooked only for the forwards the agent counts (``phase``): a module
+        hook costs every call of its module, and most steps are not counted."""
+        self._blocks = repeated_blocks(module)
+        return len(self._blocks)
+
+    @contextlib.contextmanager
+    def phase(self, name: PhaseName) -> Iterator[None]:
+        with self.tel.phase(name):
+            if name != "forward" or not self._blocks or not self.tel.blocks_wanted():
+                yield
+                return
+            handles = self._mark_blocks()
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    def _mark_blocks(self) -> list[Any]:
+        """Hook each block's forward to announce it to the agent (for one forward)."""
         tel = self.tel
 
         def enter(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -145,15 +162,11 @@ class Reporter:
         def leave(_: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
             tel.block_exit()
 
-        for block in blocks:
-            block.register_forward_pre_hook(enter)
-            block.register_forward_hook(leave)
-        return len(blocks)
-
-    @contextlib.contextmanager
-    def phase(self, name: PhaseName) -> Iterator[None]:
-        with self.tel.phase(name):
-            yield
+        handles = []
+        for block in self._blocks:
+            handles.append(block.register_forward_pre_hook(enter))
+            handles.append(block.register_forward_hook(leave))
+        return handles
 
     def overflow(self, scale: float) -> None:
         self.tel.event(

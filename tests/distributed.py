@@ -33,6 +33,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def connected_publisher(address: str) -> Any:
+    """A Publisher to ``address`` that finished its TCP handshake, as ``start_agent`` makes
+    one: the agent sends a report as its step ends, and a socket still connecting drops it."""
+    from zeroscope.agent.publish import Publisher
+
+    publisher = Publisher(address)
+    if not publisher.wait_connected(10.0):
+        raise AssertionError(f"no connection to the collector at {address} in 10 s")
+    return publisher
+
+
 def _entry(
     fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, results: Any
 ) -> None:

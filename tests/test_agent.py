@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch import nn
 
+from tests.distributed import connected_publisher
 from zeroscope.agent import api
+from zeroscope.agent.cadence import ActivationCadence
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Bye, Event, Hello, MemoryBytes, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 
@@ -29,7 +30,9 @@ def rig() -> Iterator[tuple[LiveTelemetry, list[Message]]]:
     col = Collector()
     col.add_listener(got.append)
     with col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="t", sample_interval=0.2)
+        tel = LiveTelemetry(
+            connected_publisher(col.ingest_address), job_id="t", sample_interval=0.2
+        )
         from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
         tel.hello(
@@ -95,7 +98,7 @@ def test_activations_are_counted_on_sampled_steps_and_carried_between(
     """Counted on steps 1-3 and every N-th (N = 4 here); other steps carry the latest count and
     say which step it is from, so the hooks' per-tensor cost is paid on 1 step in N."""
     tel, got = rig
-    tel._activations_every = 4
+    tel._cadence = ActivationCadence(every=4)  # as ZEROSCOPE_ACTIVATIONS_EVERY=4 sets it
     w = nn.Parameter(torch.randn(4, 6))
     sizes = {}
     for step in range(1, 10):

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.distributed import connected_publisher
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.publish import Publisher
 from zeroscope.agent.sampler import pci_bus_id
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, Message, ParamCounts, StepReport
 from zeroscope.collector import Collector, wait_for
@@ -48,7 +48,7 @@ def test_allocator_and_nvml_readings_follow_the_hello_device(
     col = Collector()
     col.add_listener(got.append)
     with col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="dev")
+        tel = LiveTelemetry(connected_publisher(col.ingest_address), job_id="dev")
         assert tel.publisher.wait_connected(30)  # a report sent before the handshake is dropped
         devices: list[tuple[Any, ...]] = []
         monkeypatch.setattr(tel.sampler, "set_device", lambda *a: devices.append(a))

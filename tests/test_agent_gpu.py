@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.distributed import connected_publisher
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import (
     ConfigSummary,
     MemoryBytes,
@@ -29,7 +29,7 @@ def cuda_rig() -> Iterator[tuple[LiveTelemetry, list[Message]]]:
     col = Collector()
     col.add_listener(got.append)
     with col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="gpu")
+        tel = LiveTelemetry(connected_publisher(col.ingest_address), job_id="gpu")
         tel.hello(
             config=ConfigSummary(stage=0, precision="fp32", dp_world_size=1),
             params=ParamCounts(total=1, trainable=1),

@@ -451,6 +451,9 @@ def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    from zeroscope.agent import api
+
+    api.telemetry().drain()  # type: ignore[attr-defined]  # reports leave from the sampler thread
     return {
         "losses": losses,
         "reported": [r.loss for r in sent],

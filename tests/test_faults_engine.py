@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed import connected_publisher
 from tests.models import TinyGPT, batches
 from zeroscope.agent.api import set_telemetry
 from zeroscope.agent.live import LiveTelemetry
-from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Bye, Event, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.engine.api import initialize
@@ -97,7 +97,7 @@ def test_a_nan_loss_is_an_event_with_its_step_and_rank(precision: str, tmp_path:
     trace = tmp_path / "nan.zstrace"
     rank = 0
     with Collector(record=trace) as col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="nan", rank=rank)
+        tel = LiveTelemetry(connected_publisher(col.ingest_address), job_id="nan", rank=rank)
         set_telemetry(tel)
         cfg: dict[str, object] = {
             "train_micro_batch_size_per_gpu": 2,

@@ -82,14 +82,15 @@ def test_a_full_disk_stops_recording_with_an_alert_and_training_goes_on(tmp_path
     kept = int(alert.removeprefix("alert: recording stopped after step ").split(":")[0])
     assert 0 <= kept < steps  # 0: only the ranks' start-up heartbeats were committed
     assert "ranks exited cleanly" in run.stdout
-    # What was committed replays: the trace reaches the step the alert names, every step
-    # before it complete on both ranks.
+    # What was committed replays: the trace reaches the step the alert names, each rank's
+    # steps from 1 without a hole (how far each got depends on when its last batch of reports
+    # arrived: steps this short leave every 0.1 s, agent/outbox.py).
     with TraceReader(tmp_path / "t.zstrace") as trace:
         assert [h.rank for h in trace.hellos()] == [0, 1]
         assert (trace.steps() or (0, 0))[1] == kept
         for rank in (0, 1):
             got = [m.step for m in trace.messages(ranks=[rank], kinds=["step"])]
-            assert got == list(range(1, len(got) + 1)) and len(got) >= kept - 1
+            assert got == list(range(1, len(got) + 1))
     replay = zeroscope("replay", "--headless", "t.zstrace", cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr
     assert step_numbers(replay.stdout)[: kept - 1] == list(range(1, kept))
@@ -111,6 +112,11 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
         "7",  # 0-based loop index: rank 1 completes steps 1..7 and dies in step 8
         "--kill-rank",
         "1",
+        # Steps of real length: a report leaves as its step ends once the previous one left
+        # 0.1 s before or more (agent/outbox.py); shorter steps leave in batches, so a killed
+        # rank would lose its last ~0.1 s of steps, not just its last one.
+        "--step-s",
+        "0.12",
         cwd=tmp_path,
     )
     # The first failure decides: rank 1's death by SIGKILL (128 + 9), not torchrun's own 1.

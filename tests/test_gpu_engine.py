@@ -229,15 +229,15 @@ def _count_syncs(engine: Any, steps: int) -> list[int]:
 
 
 def test_the_live_agent_adds_no_device_synchronization(nccl_world1: None) -> None:
+    from tests.distributed import connected_publisher
     from zeroscope.agent.live import LiveTelemetry
-    from zeroscope.agent.publish import Publisher
     from zeroscope.collector import Collector
 
     cfg = ds_config(2, "bf16")
     torch.manual_seed(0)
     plain = _initialize(TinyGPT().cuda(), cfg)
     with Collector() as col:
-        agent = LiveTelemetry(Publisher(col.ingest_address), job_id="sync")
+        agent = LiveTelemetry(connected_publisher(col.ingest_address), job_id="sync")
         torch.manual_seed(0)
         watched = _initialize(TinyGPT().cuda(), cfg, tel=agent)
         torch.cuda.set_sync_debug_mode("warn")

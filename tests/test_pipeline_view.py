@@ -196,8 +196,8 @@ def test_pipeline_screen_and_mesh_grouped_cluster_view() -> None:
 
 
 def test_live_agent_carries_the_layout_in_hello_and_the_pipeline_in_its_step() -> None:
+    from tests.distributed import connected_publisher
     from zeroscope.agent.live import LiveTelemetry
-    from zeroscope.agent.publish import Publisher
     from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
     from zeroscope.collector import Collector, wait_for
 
@@ -207,7 +207,9 @@ def test_live_agent_carries_the_layout_in_hello_and_the_pipeline_in_its_step() -
     layout = ParallelLayout(pp=1, pp_size=2, schedule="Schedule1F1B", microbatches=4)
     step = PipelineStep(step_s=0.5, actions=[StageAction("F", 1, 0, 0.1, 0.2)], p2p_wait_s=0.1)
     with col:
-        tel = LiveTelemetry(Publisher(col.ingest_address), job_id="t", sample_interval=0.2)
+        tel = LiveTelemetry(
+            connected_publisher(col.ingest_address), job_id="t", sample_interval=0.2
+        )
         tel.layout(layout)  # before hello: the one Hello carries it
         tel.hello(
             config=ConfigSummary(stage=1, precision="fp32", dp_world_size=1),

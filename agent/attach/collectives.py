@@ -173,8 +173,9 @@ class LoggedOp:
             if work is not None and not work.is_completed():
                 return None  # still in flight: the report waits (agent/pending.py)
             rec[END] = _now()
+            # From the agent's sender thread: the training thread's wait() may pop it meanwhile.
             if self._waiting.get(rec[KEY]) is rec:
-                del self._waiting[rec[KEY]]
+                self._waiting.pop(rec[KEY], None)
         duration = max(rec[END] - rec[ISSUE], 0)
         return Collective(
             op=rec[OP],

@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=-1, help="exit 3 at this step")
     parser.add_argument("--kill-at", type=int, default=-1, help="SIGKILL --kill-rank here")
     parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument(
+        "--step-s", type=float, default=0.0, help="compute time per step of --kill-rank"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -46,6 +50,8 @@ def main() -> None:
         if step == args.kill_at and rank == args.kill_rank:  # a crash no handler sees
             os.kill(os.getpid(), signal.SIGKILL)
         with tel.phase("forward"):
+            if rank == args.kill_rank:  # the others wait for it in the all-reduce
+                time.sleep(args.step_s)
             x = torch.randn(16, 64, generator=data)
             loss = (model(x) - x).pow(2).mean()
         with tel.phase("backward"):

@@ -1,0 +1,156 @@
+"""Step reports and events on their way from the training thread to the collector.
+
+Encoding a StepReport and handing it to ZeroMQ costs the training thread tens of microseconds
+per step, more when the send wakes ZeroMQ's I/O thread on a loaded machine (issue 18). So the
+training thread only appends a plain struct (a :class:`~.pending.PendingReport` or an
+:class:`~.schema.Event`) to a ``collections.deque`` (an append is atomic under the GIL: no lock,
+nothing to wait for) and goes on. The sender thread (the agent's sampler thread) takes them in
+order, finishes each report once what it waits for has completed (agent/pending.py), encodes
+it and sends it without blocking.
+
+When the sender runs is a trade between the run's CPU and a report's way out. Waking a thread
+is not free: on this project's 2-vCPU test VM each wake-up (the futex, the other vCPU's
+interrupt, the GIL changing hands) costs ~50-250 us of CPU, more than all the agent's Python
+work of a small step. So the training thread wakes the sender at most every
+``WAKE_INTERVAL_S``: a step of at least that length has its report sent as it ends (a rank
+killed by SIGKILL, the OOM killer's way, loses at most the report in hand), and shorter steps
+leave in batches, at most ``WAKE_INTERVAL_S`` plus one step after they end (a killed rank
+then loses at most that much: the reports of its last ~0.1 s). Reports left when the loop
+stops (an evaluation, a hang) go at the sender's next tick, ``DRAIN_INTERVAL_S``.
+
+Nothing handed over is lost silently: the queue holds at most ``MAX_QUEUED`` items; when the
+sender falls that far behind (a stalled thread), the oldest item is dropped and counted, and the
+count joins the publisher's drops, which ride on the next StepReport or Heartbeat that gets
+through (``dropped``). With the collector gone the publisher drops and counts as before; nothing
+here waits for it. ``drain(block=True)`` at close sends everything left.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any
+
+from .pending import PendingReport
+from .schema import Event
+
+DRAIN_INTERVAL_S = 0.25
+"""How often the sender thread looks for reports on its own (those the training thread did not
+wake it for, and those still waiting for their collectives or device events)."""
+
+WAKE_INTERVAL_S = 0.1
+"""The training thread wakes the sender at most this often (see the module docstring)."""
+_WAKE_INTERVAL_NS = int(WAKE_INTERVAL_S * 1e9)
+
+CLOSE_WAIT_S = 2.0
+"""At close: how long to wait for a sender thread still sending before giving up."""
+
+MAX_QUEUED = 256
+"""Items handed over and not yet taken by the sender before the oldest is dropped (counted)."""
+
+
+class Outbox:
+    """The hand-off queue (training thread: ``put``) and its sender side (``drain``)."""
+
+    def __init__(self, publisher: Any, current_step: Callable[[], int], rank: int = 0) -> None:
+        self.publisher = publisher
+        self._current_step = current_step
+        self._rank = rank
+        self._handed: deque[PendingReport | Event] = deque()
+        self._waiting: deque[PendingReport] = deque()
+        """Reports taken by the sender, waiting (in order) for what they need to complete."""
+        self._lock = threading.Lock()
+        """Serializes senders (the sampler thread, a test, close); never taken by ``put``."""
+        self.lost = 0
+        """Items dropped because the queue was full (written by the training thread only)."""
+        self._lost_counted = 0
+        self.errors = 0
+        self.wake = threading.Event()
+        """Raised by ``put`` (at most every ``WAKE_INTERVAL_S``); the sender waits on it
+        (agent/sampler.py)."""
+        self._woken_ns = -_WAKE_INTERVAL_NS  # the first put wakes the sender
+
+    def put(self, item: PendingReport | Event, now_ns: int | None = None) -> None:
+        """Hand ``item`` over (training thread): never blocks, never raises. ``now_ns``
+        (``time.perf_counter_ns``) when the caller has read the clock already."""
+        handed = self._handed
+        if len(handed) >= MAX_QUEUED:
+            try:
+                handed.popleft()
+                self.lost += 1
+            except IndexError:
+                pass  # the sender emptied it meanwhile
+        handed.append(item)
+        now = perf_counter_ns() if now_ns is None else now_ns
+        if now - self._woken_ns >= _WAKE_INTERVAL_NS:
+            self._woken_ns = now
+            self.wake.set()
+
+    def drain(self, block: bool = False) -> None:
+        """Send, in order, every event and every report whose step has completed; ``block``
+        (at close, the loop is over) sends everything, waiting for the device if needed."""
+        # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S if block else -1):
+            self.errors += 1
+            return
+        try:
+            self._drain(block)
+        finally:
+            self._lock.release()
+
+    def _drain(self, block: bool) -> None:
+        handed, waiting, send = self._handed, self._waiting, self.publisher.send
+        lost = self.lost - self._lost_counted
+        if lost:
+            self._lost_counted += lost
+            self._count_dropped(lost)
+        while handed:
+            item = handed.popleft()
+            if isinstance(item, PendingReport):
+                waiting.append(item)
+            else:
+                send(item)  # an event does not wait behind reports
+        step = self._current_step()
+        while waiting:
+            pending = waiting[0]
+            pending.age = step - 1 - pending.facts.step  # step ends since its own
+            try:
+                if not pending.finish(block):
+                    return
+            except Exception:  # an unreadable report is dropped (counted), never raised
+                self.errors += 1
+                waiting.popleft()
+                self._count_dropped(1)
+                continue
+            waiting.popleft()
+            self._send_report(pending)
+
+    def _count_dropped(self, n: int) -> None:
+        try:
+            self.publisher.count_dropped(n)
+        except Exception:
+            self.errors += 1
+
+    def _send_report(self, pending: PendingReport) -> None:
+        report = pending.report
+        if report is None:
+            return
+        if report.loss is not None and not math.isfinite(report.loss):
+            self.publisher.send(
+                Event(
+                    rank=self._rank,
+                    step=report.step,
+                    wall_ns=report.wall_ns,
+                    event="nan_loss",
+                    message=f"loss is {report.loss} at step {report.step}",
+                )
+            )
+        self.publisher.send(report)
+
+    @property
+    def queued(self) -> int:
+        """Items handed over or waiting, not sent yet."""
+        return len(self._handed) + len(self._waiting)
