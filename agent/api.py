@@ -116,8 +116,8 @@ class Telemetry:
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
         """Something that happened now (overflow, scale change, checkpoint ...); the live agent
-        sends it from its sender thread within ~50 ms (agent/outbox.py), never behind a step
-        report still waiting for its collectives."""
+        sends it from its sender thread with the step reports (at most ~0.1 s later,
+        agent/outbox.py), never behind a step report still waiting for its collectives."""
 
     def step_end(
         self,

@@ -362,22 +362,27 @@ class LiveTelemetry(Telemetry):
         now = time.perf_counter_ns()
         if not self._hello_sent:
             self._send_hello(None, None, "cpu")
-        # A copy: the caller may reuse its MemoryBytes for the next step; the sender fills it.
-        facts = StepFacts(self.rank, self.step, time.time_ns(), msgspec.structs.replace(memory))
-        facts.forward_seen = self._timeline.forward_seen
         if self._counted_this_step:
             self._counted_this_step = False
             self._last_activations = (self._activations.take_peak(), self.step)
             self._last_blocks = self._activations.take_blocks()
-        facts.activations, facts.blocks = self._last_activations, self._last_blocks
-        if self._peaks is not None:
-            facts.device = self._peaks.take()
-        if self._transfers:
-            facts.transfers, self._transfers = self._transfers, []
-        if self._pipeline is not None:
-            facts.pipeline, self._pipeline = self._pipeline, None
-        facts.figures = (lr, loss_scale, overflow, skipped, samples, self._host)
-        facts.overhead_ns = self.cost.take_step()  # before this call's own time
+        transfers, self._transfers = self._transfers, []
+        pipeline, self._pipeline = self._pipeline, None
+        facts = StepFacts(
+            self.rank,
+            self.step,
+            time.time_ns(),
+            # A copy: the caller may reuse its MemoryBytes for the next step; the sender fills it.
+            msgspec.structs.replace(memory),
+            self._timeline.forward_seen,
+            self._last_activations,
+            self._last_blocks,
+            None if self._peaks is None else self._peaks.take(),
+            transfers,
+            pipeline,
+            (lr, loss_scale, overflow, skipped, samples, self._host),
+            self.cost.take_step(),  # before this call's own time
+        )
         pending = PendingReport(
             facts,
             DeferredScalar(loss),

@@ -4,8 +4,8 @@ A StepReport covers its own step: the phases and every collective issued in it, 
 step's axis (agent/timeline.py). Some of that is not known at ``step_end``: a collective still
 in flight (issued near the end, or never waited for), CUDA events the device has not reached,
 a loss tensor still being copied to the host. So the report waits in a queue and is sent, in
-order, once everything it needs has completed — checked without blocking at every later step
-end. A report waits at most ``MAX_DEFER_STEPS`` later steps; then it leaves with what has
+order, once everything it needs has completed — checked without blocking by the agent's sender
+thread (agent/outbox.py) each time it runs. A report waits at most ``MAX_DEFER_STEPS`` later steps; then it leaves with what has
 completed, the collectives still in flight counted in ``collectives_unfinished`` (a CUDA
 collective whose ``wait()`` is never called never completes as far as the agent can tell).
 """
@@ -44,20 +44,35 @@ class StepFacts:
         "wall_ns",
     )
 
-    def __init__(self, rank: int, step: int, wall_ns: int, memory: MemoryBytes) -> None:
-        """``memory``: the step's figures, a copy this report may fill in."""
-        self.rank, self.step, self.wall_ns, self.memory = rank, step, wall_ns, memory
-        self.forward_seen = False
-        self.activations: tuple[int, int] | None = None
+    def __init__(
+        self,
+        rank: int,
+        step: int,
+        wall_ns: int,
+        memory: MemoryBytes,
+        forward_seen: bool,
+        activations: tuple[int, int] | None,
+        blocks: BlockSplit | None,
+        device: tuple[int, int, int] | None,
+        transfers: list[Transfer],
+        pipeline: PipelineStep | None,
+        figures: tuple[Any, ...],
+        overhead_ns: int,
+    ) -> None:
+        self.rank, self.step, self.wall_ns = rank, step, wall_ns
+        self.memory = memory
+        """The step's figures, a copy this report may fill in."""
+        self.forward_seen = forward_seen
+        self.activations = activations
         """(bytes, step counted on) of the latest count; carried by steps with a forward."""
-        self.blocks: BlockSplit | None = None
-        self.device: tuple[int, int, int] | None = None
+        self.blocks = blocks
+        self.device = device
         """(allocated, reserved, peak) device bytes on CUDA."""
-        self.transfers: list[Transfer] = []
-        self.pipeline: PipelineStep | None = None
-        self.figures: tuple[Any, ...] = (None, None, False, False, 0, None)
+        self.transfers = transfers
+        self.pipeline = pipeline
+        self.figures = figures
         """(lr, loss_scale, overflow, skipped, samples, host sample) as the caller gave them."""
-        self.overhead_ns = 0
+        self.overhead_ns = overhead_ns
 
     def report(self) -> StepReport:
         """The StepReport, timing, collectives, loss and grad norm still to be filled."""

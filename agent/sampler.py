@@ -83,7 +83,7 @@ class Sampler:
     """Background sampler thread: ``tick(sample)`` is called with each fresh HostSample every
     ``interval`` s; ``poll()`` (the publisher's reconnection check) every ``poll_interval`` s;
     ``drain()`` (the agent's outbox: reports and events to send) every ``drain_interval`` s and
-    whenever ``wake`` is raised (a step ended: its report leaves now, not at the next tick)."""
+    whenever ``wake`` is raised (a step ended, at most every ``outbox.WAKE_INTERVAL_S``)."""
 
     def __init__(
         self,

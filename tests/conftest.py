@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,3 +39,17 @@ def _private_zeroscope_home(
     """Discovery records (zeroscope run/serve) go to a temporary folder, never the user's own
     ~/.cache or $XDG_RUNTIME_DIR; subprocesses inherit it. Tests may set their own."""
     monkeypatch.setenv("ZEROSCOPE_HOME", str(tmp_path_factory.getbasetemp() / "zeroscope-home"))
+
+
+@pytest.fixture
+def agent() -> Iterator[Any]:
+    """A live agent whose messages go to a ``Sink`` (tests/test_agent_timeline.py), its sampler
+    asleep: (agent, sink); reading ``sink.reports()`` first sends what is ready."""
+    from tests.test_agent_timeline import Sink
+    from zeroscope.agent.live import LiveTelemetry
+
+    sink = Sink()
+    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    sink.drain = tel.drain
+    yield tel, sink
+    tel.close()

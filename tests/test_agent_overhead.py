@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,15 +18,6 @@ from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.outbox import MAX_QUEUED, WAKE_INTERVAL_S
 from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Bye, Event, MemoryBytes, Message, StepReport
-
-
-@pytest.fixture
-def agent() -> Iterator[tuple[LiveTelemetry, Sink]]:
-    sink = Sink()
-    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
-    sink.drain = tel.drain
-    yield tel, sink
-    tel.close()
 
 
 class SleepyWork:

@@ -9,7 +9,6 @@ CUDA path, on CPU)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,15 +49,6 @@ class Sink:
     def reports(self) -> list[StepReport]:
         self.drain()
         return [m for m in self.sent if isinstance(m, StepReport)]
-
-
-@pytest.fixture
-def agent() -> Iterator[tuple[LiveTelemetry, Sink]]:
-    sink = Sink()
-    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
-    sink.drain = tel.drain
-    yield tel, sink
-    tel.close()
 
 
 def test_step_end_inside_a_phase_closes_it_in_that_step(
