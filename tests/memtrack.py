@@ -17,6 +17,7 @@ collective backend's own threads are the backend's, not the engine's.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -67,6 +68,18 @@ class LiveBytes(TorchDispatchMode):
         for t in tensors:
             self._track(t.untyped_storage(), set())
         self.peak = max(self.peak, self.live)
+
+    def settled(self, quiet_s: float = 0.1, timeout_s: float = 2.0) -> int:
+        """``live`` once no storage was freed for ``quiet_s`` (at most ``timeout_s``): a
+        backend thread (gloo's worker) may drop its reference to a finished collective's
+        tensors a moment after ``wait()`` returned, on a loaded machine."""
+        deadline = time.monotonic() + timeout_s
+        last, since = self.live, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < quiet_s:
+            time.sleep(0.01)
+            if self.live != last:
+                last, since = self.live, time.monotonic()
+        return self.live
 
     def reset_peak(self) -> int:
         """Start a new high-water mark from what is live now; returns that."""

@@ -158,7 +158,7 @@ def _partition_case() -> dict[str, Any]:
             persistence_threshold=0,
             comm=Comm.data_parallel(RecordingTelemetry()),
         )
-        out = {"model": start, "peak": mem.peak, "live": mem.live}
+        out = {"model": start, "peak": mem.peak, "live": mem.settled()}
         del part
         return out
 
