@@ -11,6 +11,12 @@ Each collective is tracked from issue (when the engine hands us its async Work) 
   finished before its ``wait()`` ends at that ``wait()`` (its duration includes the compute
   between; the exposed time is exact).
 
+  A host record is a plain list (fields ``OP`` ... ``REF`` below), made by one list display
+  on the training thread, and ``collective()`` returns a :class:`HostWork`, a tuple: neither
+  runs a Python ``__init__`` (issue 18: each frame there runs cold between the engine's
+  kernels, ~10x its hot-loop cost). The sender thread turns the lists into wire records
+  (:func:`resolve_host`).
+
   The Work is held only through a weak reference: the engine decides how long a Work lives, and
   a Work keeps its tensors alive (holding it would raise the memory the user sees, e.g. a
   ZeRO-3 gather's output kept past its free). A Work the engine dropped without waiting ended
@@ -46,9 +52,107 @@ from typing import Any
 from .cost import SeamCost, now_ns
 from .schema import Collective, CollectiveOp
 
+OP, NBYTES, GROUP, PREFETCHED, LABEL, START, END, EXPOSED, REF = range(9)
+"""The fields of a host record: ``[op, nbytes, group_size, prefetched, label, start_ns,
+end_ns or None, exposed_ns, weakref to the Work]``."""
+
+weak = weakref.ref
+
+
+def host_record(
+    work: Any,
+    op: CollectiveOp,
+    nbytes: int,
+    group_size: int,
+    prefetched: bool,
+    label: str,
+    start_ns: int,
+) -> list[Any]:
+    """A host record (raises TypeError for a Work that cannot be weakly referenced). The live
+    agent builds the same list inline (agent/live.py ``collective``)."""
+    return [op, nbytes, group_size, prefetched, label, start_ns, None, 0, weak(work)]
+
+
+class HostWork(tuple):
+    """What ``collective()`` returns on CPU: ``(work, record, cost)``, a tuple so that making
+    one runs no Python code. Use its ``wait()`` instead of the Work's: the end of ``wait()`` is
+    the op's completion, the time inside it the exposed time."""
+
+    __slots__ = ()
+
+    @property
+    def work(self) -> Any:
+        return self[0]
+
+    @property
+    def record(self) -> list[Any]:
+        return self[1]
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        work, rec, cost = self
+        t0 = now_ns()
+        try:
+            return work.wait(*args, **kwargs)
+        finally:
+            t1 = now_ns()
+            rec[EXPOSED] += t1 - t0
+            end = rec[END]
+            if end is None or t1 < end:
+                rec[END] = t1
+            if cost is not None:  # the agent's own part of wait(), not the wait itself
+                cost.collective_ns += now_ns() - t1
+
+    def is_completed(self) -> bool:
+        return bool(self[0].is_completed())
+
+    def get_future(self) -> Any:
+        return self[0].get_future()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self[0], name)
+
+
+def stamp_host(rec: list[Any]) -> bool:
+    """Whether a host record's op has completed, stamping its end now if it just turned out so
+    (never waits). Complete once ``wait()`` returned, or the Work says so, or the engine
+    dropped the Work (see the module doc)."""
+    if rec[END] is not None:
+        return True
+    work = rec[REF]()
+    if work is not None and not _is_completed(work):
+        return False
+    del work
+    now = time.perf_counter_ns()
+    if rec[END] is None:
+        rec[END] = now
+    return True
+
+
+def resolve_host(rec: list[Any], step_start_ns: int) -> Collective | None:
+    """A host record as the wire's Collective once complete, else None (in flight); ``start_s``
+    on the host axis of the step it was issued in."""
+    if rec[END] is None and not stamp_host(rec):
+        return None
+    duration = (rec[END] - rec[START]) / 1e9
+    exposed = rec[EXPOSED] / 1e9
+    duration = duration if duration > 0.0 else 0.0
+    # Inside wait() the op finished; a few us of wait() overhead after completion are not
+    # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
+    return Collective(
+        rec[OP],
+        rec[NBYTES],
+        rec[GROUP],
+        (rec[START] - step_start_ns) / 1e9,
+        duration,
+        exposed if exposed < duration else duration,
+        rec[PREFETCHED],
+        rec[LABEL],
+    )
+
 
 class CollectiveRecord:
-    """One collective in flight or done; turned into a schema.Collective once complete."""
+    """One CUDA collective (or a host one whose Work cannot be weakly referenced: timed by its
+    future's callback) in flight or done; turned into a schema.Collective once complete."""
 
     __slots__ = (
         "comm_end",
@@ -61,7 +165,6 @@ class CollectiveRecord:
         "op",
         "prefetched",
         "start_ns",
-        "work_ref",
     )
 
     def __init__(
@@ -84,31 +187,11 @@ class CollectiveRecord:
         self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
         self.comm_end: Any = None
         """On CUDA: an event that completes with the collective itself (see the module doc)."""
-        self.work_ref: Any = None
-        """On CPU: a weak reference to the Work, to ask it whether it completed (module doc)."""
 
     def _on_complete(self, _fut: Any) -> None:
         now = time.perf_counter_ns()
         if self.end_ns is None or now < self.end_ns:
             self.end_ns = now
-
-    def completed(self) -> bool:
-        """CPU: whether the op has completed, stamping its end now if it just turned out so
-        (never waits). Complete once ``wait()`` returned, or the Work says so, or the engine
-        dropped the Work (see the module doc)."""
-        if self.end_ns is not None:
-            return True
-        ref = self.work_ref
-        if ref is None:
-            return False  # a future callback or wait() will stamp it
-        work = ref()
-        if work is not None and not _is_completed(work):
-            return False
-        del work
-        now = time.perf_counter_ns()
-        if self.end_ns is None:
-            self.end_ns = now
-        return True
 
     def _on_device_complete(self, _fut: Any) -> None:
         try:
@@ -134,7 +217,7 @@ class CollectiveRecord:
             if step_start_event is not None:
                 start_s = step_start_event.elapsed_time(issue) / 1e3
         else:
-            if not self.completed() or self.end_ns is None:
+            if self.end_ns is None:  # stamped by wait() or the future's callback
                 return None
             duration = (self.end_ns - self.start_ns) / 1e9
             exposed = self.exposed_ns / 1e9
@@ -233,7 +316,8 @@ class CollectiveTracker:
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self._pending: list[CollectiveRecord] = []
+        self._pending: list[Any] = []
+        """Host records (lists) and CollectiveRecords issued since the last step end."""
         self.errors = 0
         self.cost: SeamCost | None = None
         """Where ``wait()``'s own bookkeeping is counted (the live agent's counters)."""
@@ -249,7 +333,16 @@ class CollectiveTracker:
         start_ns: int | None = None,
     ) -> Any:
         try:
-            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start_ns)
+            start = time.perf_counter_ns() if start_ns is None else start_ns
+            if not self.cuda:
+                try:  # never the Work itself (module doc)
+                    host = host_record(work, op, nbytes, group_size, prefetched, label, start)
+                except TypeError:
+                    pass
+                else:
+                    self._pending.append(host)  # atomic under the GIL; take_all swaps the list
+                    return HostWork((work, host, self.cost))
+            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
             if self.cuda:
                 rec.cuda_events = [_cuda_event(), None, None]
                 try:
@@ -258,19 +351,16 @@ class CollectiveTracker:
                     pass  # no future: the duration ends with wait()
             else:
                 try:
-                    rec.work_ref = weakref.ref(work)  # never the Work itself (module doc)
-                except TypeError:
-                    try:
-                        work.get_future().then(rec._on_complete)
-                    except Exception:
-                        pass  # no future on this backend: completion = end of wait()
-            self._pending.append(rec)  # atomic under the GIL; take_all swaps the list
+                    work.get_future().then(rec._on_complete)
+                except Exception:
+                    pass  # no future on this backend: completion = end of wait()
+            self._pending.append(rec)
             return TrackedWork(work, rec, self.cost)
         except Exception:
             self.errors += 1
             return work
 
-    def take_all(self) -> list[CollectiveRecord]:
+    def take_all(self) -> list[Any]:
         """Every record issued since the last call (the step that just ended), complete or
         not: the step's report resolves them, waiting for those still in flight. On CPU, ops
         nobody waited on that are complete now (or dropped) are stamped with this boundary."""
@@ -280,9 +370,9 @@ class CollectiveTracker:
         if self.cost is not None:
             self.cost.collectives += len(taken)
         for rec in taken:
-            if rec.end_ns is None and rec.work_ref is not None:
+            if type(rec) is list and rec[END] is None:
                 try:
-                    rec.completed()
+                    stamp_host(rec)
                 except Exception:
                     self.errors += 1
         return taken

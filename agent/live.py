@@ -28,15 +28,15 @@ import torch
 from .activations import ActivationCounter, BlockSplit
 from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import CollectiveTracker, _cuda_event
+from .comm import CollectiveTracker, HostWork, _cuda_event, weak
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
-from .pending import PendingReport, StepFacts
+from .pending import RawTransfer, StepFacts
 from .phase_scope import PhaseScope
 from .publish import TOKEN_ENV, Publisher
 from .sampler import Sampler, pci_bus_id
-from .scalars import DeferredScalar
+from .scalars import NO_SCALAR, DeferredScalar
 from .schema import (
     SCHEMA_VERSION,
     Bye,
@@ -52,10 +52,9 @@ from .schema import (
     ParamCounts,
     PipelineStep,
     SenderClaim,
-    Transfer,
     TransferDirection,
 )
-from .timeline import StepTimeline
+from .timeline import RawMark
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
@@ -99,13 +98,21 @@ class LiveTelemetry(Telemetry):
         (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
         self._hello_sent = False
-        self._timeline = StepTimeline()
+        self._marks: list[RawMark] = []
+        """The step's raw phase marks (agent/timeline.py: the sender makes the axis)."""
+        self._device_event: Any = None
+        """On CUDA: makes a timing event recorded now (each mark gets one); None on CPU."""
+        self._started = False
+        """Whether step 1 has begun (its first mark is the axis's origin)."""
         self._peaks: DevicePeaks | None = None
         self.cost = SeamCost()
         """The agent's own time on the training thread (agent/cost.py)."""
         self._activations = ActivationCounter()
         self._activations.cost = self.cost
         self._cadence = ActivationCadence.from_env()
+        self._plain = False
+        """Whether this step's phases take the lean path (agent/phase_scope.py): on CPU, in a
+        step whose activations cannot be counted."""
         self._counted_this_step = False
         self._counting = False
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
@@ -114,7 +121,7 @@ class LiveTelemetry(Telemetry):
         self._collectives = CollectiveTracker(cuda=False)
         self._collectives.cost = self.cost
         self._bound_device: str | None = None
-        self._transfers: list[Transfer] = []
+        self._transfers: list[RawTransfer] = []
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
@@ -166,7 +173,7 @@ class LiveTelemetry(Telemetry):
             # a step report without device times beats no step report.
             try:
                 _cuda_event()
-                self._timeline.cuda_event = _cuda_event
+                self._use_device_events(_cuda_event)
             except Exception:
                 self._collectives.cuda = False
             self._peaks = DevicePeaks(torch.cuda, index)
@@ -233,11 +240,28 @@ class LiveTelemetry(Telemetry):
     def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
         return PhaseScope(self, name)
 
+    def _use_device_events(self, make: Any) -> None:
+        """Mark each phase and step end with an event from ``make`` (CUDA), or not (None)."""
+        self._device_event = make
+        self._collectives.cuda = make is not None
+        self._plain = self._plain_step(self.step)
+
+    def _plain_step(self, step: int) -> bool:
+        """Whether ``step``'s phases take the lean path: on the host, and no forward of it can
+        be counted (the cadence's step rule; its time floor is checked at the forward)."""
+        return self._device_event is None and not self._cadence.may_count(step)
+
+    def _mark(self, scope: PhaseScope | None, host_ns: int | None = None) -> None:
+        make = self._device_event
+        self._marks.append(
+            (scope, now_ns() if host_ns is None else host_ns, None if make is None else make())
+        )
+
     def _phase_enter(self, scope: PhaseScope) -> None:
+        """The full path of a phase's entry (a counted forward, a CUDA step)."""
         t0 = now_ns()
         try:
-            name = scope.name
-            if name == "forward" and self._cadence.due(self.step, self._counted_this_step):
+            if scope.name == "forward" and self._cadence.due(self.step, self._counted_this_step):
                 if not self._counted_this_step:  # the step's window starts at its first forward
                     self._counted_this_step = True
                     self._activations.take_peak()
@@ -245,7 +269,7 @@ class LiveTelemetry(Telemetry):
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
                 self._counting = True
-            scope.token = self._timeline.enter(name)
+            self._mark(scope)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
@@ -254,13 +278,13 @@ class LiveTelemetry(Telemetry):
 
     def _phase_exit(self, scope: PhaseScope) -> None:
         t0 = now_ns()
-        if scope.hooks is not None:
+        hooks, scope.hooks = scope.hooks, None
+        if hooks is not None:
             self._counting = False
             with contextlib.suppress(Exception):
-                scope.hooks.__exit__(None, None, None)
+                hooks.__exit__(None, None, None)
         try:
-            if scope.token is not None:
-                self._timeline.exit(scope.token)
+            self._mark(scope)
             if self._peaks is not None:
                 self._peaks.sample()
         except Exception:
@@ -278,32 +302,39 @@ class LiveTelemetry(Telemetry):
         label: str = "",
     ) -> Waitable:
         t0 = now_ns()
-        if self._timeline.start is None:
+        if self._device_event is None:
+            # Inline (agent/comm.py ``host_record``): no Python __init__ on this path.
             try:
-                self._timeline.begin(t0)
-            except Exception:
-                self.errors += 1
-        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+                rec = [op, nbytes, group_size, prefetched, label, t0, None, 0, weak(work)]
+            except TypeError:  # a Work that cannot be weakly referenced: its future times it
+                tracked = self._collectives.track(
+                    work, op, nbytes, group_size, prefetched, label, t0
+                )
+            else:
+                self._collectives._pending.append(rec)  # atomic under the GIL
+                tracked = HostWork((work, rec, self.cost))
+        else:
+            tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+        if not self._started:
+            self._begin(t0)
         self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at the step end
         return tracked
+
+    def _begin(self, host_ns: int) -> None:
+        """Step 1 has begun at ``host_ns`` with something other than a phase."""
+        self._started = True
+        try:
+            self._mark(None, host_ns)
+        except Exception:
+            self.errors += 1
 
     def transfer(
         self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
     ) -> None:
         t0 = now_ns()
-        try:
-            start = self._timeline.begin(start_ns)
-            self._transfers.append(
-                Transfer(
-                    direction=direction,
-                    nbytes=int(nbytes),
-                    start_s=(start_ns - start.host_ns) / 1e9,
-                    duration_s=max(end_ns - start_ns, 0) / 1e9,
-                    label=label,
-                )
-            )
-        except Exception:
-            self.errors += 1
+        self._transfers.append((direction, nbytes, start_ns, end_ns, label))
+        if not self._started:
+            self._begin(start_ns)
         self.cost.ns += now_ns() - t0
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
@@ -335,63 +366,60 @@ class LiveTelemetry(Telemetry):
         skipped: bool = False,
         samples: int = 0,
     ) -> None:
-        t0 = now_ns()
+        # Only what must be taken now is taken here, inline: the step's marks, collectives,
+        # counted activations, device peaks and loss tensors. The step's axis and its
+        # StepReport are made by the sender thread (agent/outbox.py, StepFacts.report): each
+        # line run here runs cold between the engine's kernels, ~1 us apiece on a CPU step
+        # (issue 18).
+        now = now_ns()
         try:
-            self._step_end(memory, loss, lr, grad_norm, loss_scale, overflow, skipped, samples)
+            if not self._hello_sent:
+                self._send_hello(None, None, "cpu")
+            counted = self._counted_this_step
+            if counted:
+                self._counted_this_step = False
+                self._last_activations = (self._activations.take_peak(), self.step)
+                self._last_blocks = self._activations.take_blocks()
+            make = self._device_event
+            marks, self._marks = self._marks, []
+            transfers, self._transfers = self._transfers, []
+            pipeline, self._pipeline = self._pipeline, None
+            cost = self.cost
+            total = cost.ns + cost.collective_ns  # cost.take_step(), inline
+            share, cost.reported_ns = total - cost.reported_ns, total
+            if counted:  # what counting cost sets when the next count may come
+                self._cadence.spent(share / 1e9)
+            self._outbox.put(
+                StepFacts(
+                    self.rank,
+                    self.step,
+                    time.time_ns(),
+                    now,
+                    None if make is None else make(),
+                    marks,
+                    self._collectives.take_all(),
+                    # A copy: the caller may reuse its MemoryBytes; the sender fills it in.
+                    msgspec.structs.replace(memory),
+                    NO_SCALAR if loss is None else DeferredScalar(loss),
+                    NO_SCALAR if grad_norm is None else DeferredScalar(grad_norm),
+                    self._last_activations,
+                    self._last_blocks,
+                    None if self._peaks is None else self._peaks.take(),
+                    transfers,
+                    pipeline,
+                    (lr, loss_scale, overflow, skipped, samples, self._host),
+                    share,
+                ),
+                now,
+            )
+            step = self.step = self.step + 1
+            self._started = True
+            self._plain = self._plain_step(step)
         except Exception:
             self.errors += 1
         cost = self.cost
-        cost.ns += now_ns() - t0
+        cost.ns += now_ns() - now
         cost.steps += 1
-
-    def _step_end(
-        self,
-        memory: MemoryBytes,
-        loss: Any,
-        lr: float | None,
-        grad_norm: Any,
-        loss_scale: float | None,
-        overflow: bool,
-        skipped: bool,
-        samples: int,
-    ) -> None:
-        # Only what must be taken now is taken here: the step's marks, collectives, counted
-        # activations, device peaks and loss tensors. The StepReport itself is built by the
-        # sender thread (StepFacts.report): each line run here runs cold between the
-        # engine's kernels, ~1 us apiece on a CPU step (issue 18).
-        now = time.perf_counter_ns()
-        if not self._hello_sent:
-            self._send_hello(None, None, "cpu")
-        if self._counted_this_step:
-            self._counted_this_step = False
-            self._last_activations = (self._activations.take_peak(), self.step)
-            self._last_blocks = self._activations.take_blocks()
-        transfers, self._transfers = self._transfers, []
-        pipeline, self._pipeline = self._pipeline, None
-        facts = StepFacts(
-            self.rank,
-            self.step,
-            time.time_ns(),
-            # A copy: the caller may reuse its MemoryBytes for the next step; the sender fills it.
-            msgspec.structs.replace(memory),
-            self._timeline.forward_seen,
-            self._last_activations,
-            self._last_blocks,
-            None if self._peaks is None else self._peaks.take(),
-            transfers,
-            pipeline,
-            (lr, loss_scale, overflow, skipped, samples, self._host),
-            self.cost.take_step(),  # before this call's own time
-        )
-        pending = PendingReport(
-            facts,
-            DeferredScalar(loss),
-            DeferredScalar(grad_norm),
-            self._timeline.cut(now),
-            self._collectives.take_all(),
-        )
-        self._outbox.put(pending, now)  # finished and sent by the sampler thread (outbox.py)
-        self.step += 1
 
     def drain(self) -> None:
         """Send now, on this thread, every event and report that is ready (the sampler thread

@@ -15,30 +15,47 @@ from __future__ import annotations
 from typing import Any
 
 from .activations import BlockSplit
-from .comm import CollectiveRecord
+from .comm import resolve_host
 from .scalars import DeferredScalar
-from .schema import Collective, MemoryBytes, PipelineStep, StepReport, Transfer
-from .timeline import StepAxis
+from .schema import (
+    Collective,
+    MemoryBytes,
+    PipelineStep,
+    StepReport,
+    Transfer,
+    TransferDirection,
+)
+from .timeline import RawMark, StepAxis
+
+RawTransfer = tuple[TransferDirection, int, int, int, str]
+"""(direction, nbytes, start_ns, end_ns, label) as ``transfer()`` was given them."""
 
 MAX_DEFER_STEPS = 4
 """Later step ends a report may wait through for its collectives and device events."""
 
 
 class StepFacts:
-    """What ``step_end`` took on the training thread, raw: the sender thread turns it into the
+    """What ``step_end`` took on the training thread, raw, in one constructor call: the sender
+    thread makes the step's axis from its marks (agent/timeline.py) and turns the rest into the
     StepReport (``report``), so that building and converting run there, not between the
     engine's kernels (issue 18)."""
 
     __slots__ = (
         "activations",
+        "bad_transfers",
         "blocks",
         "device",
+        "end_event",
+        "end_ns",
         "figures",
-        "forward_seen",
+        "grad_norm",
+        "loss",
+        "marks",
         "memory",
         "overhead_ns",
         "pipeline",
         "rank",
+        "records",
         "step",
         "transfers",
         "wall_ns",
@@ -49,20 +66,31 @@ class StepFacts:
         rank: int,
         step: int,
         wall_ns: int,
+        end_ns: int,
+        end_event: Any,
+        marks: list[RawMark],
+        records: list[Any],
         memory: MemoryBytes,
-        forward_seen: bool,
+        loss: DeferredScalar,
+        grad_norm: DeferredScalar,
         activations: tuple[int, int] | None,
         blocks: BlockSplit | None,
         device: tuple[int, int, int] | None,
-        transfers: list[Transfer],
+        transfers: list[RawTransfer],
         pipeline: PipelineStep | None,
         figures: tuple[Any, ...],
         overhead_ns: int,
     ) -> None:
         self.rank, self.step, self.wall_ns = rank, step, wall_ns
+        self.end_ns, self.end_event = end_ns, end_event
+        """The step's end (``perf_counter_ns``; its CUDA event on a device)."""
+        self.marks = marks
+        """The step's raw phase marks (agent/timeline.py)."""
+        self.records = records
+        """The collectives issued in the step (agent/comm.py), complete or not."""
         self.memory = memory
         """The step's figures, a copy this report may fill in."""
-        self.forward_seen = forward_seen
+        self.loss, self.grad_norm = loss, grad_norm
         self.activations = activations
         """(bytes, step counted on) of the latest count; carried by steps with a forward."""
         self.blocks = blocks
@@ -73,11 +101,31 @@ class StepFacts:
         self.figures = figures
         """(lr, loss_scale, overflow, skipped, samples, host sample) as the caller gave them."""
         self.overhead_ns = overhead_ns
+        self.bad_transfers = 0
 
-    def report(self) -> StepReport:
+    def _transfers(self, start_ns: int) -> list[Transfer]:
+        """The step's transfers on its axis; one the caller gave unreadable figures for is left
+        out and counted in ``bad_transfers`` (it was not checked on the training thread)."""
+        out = []
+        for direction, nbytes, start, end, label in self.transfers:
+            try:
+                out.append(
+                    Transfer(
+                        direction=direction,
+                        nbytes=int(nbytes),
+                        start_s=(start - start_ns) / 1e9,
+                        duration_s=max(end - start, 0) / 1e9,
+                        label=label,
+                    )
+                )
+            except Exception:
+                self.bad_transfers += 1
+        return out
+
+    def report(self, axis: StepAxis) -> StepReport:
         """The StepReport, timing, collectives, loss and grad norm still to be filled."""
         mem = self.memory  # step_end's own copy
-        if self.forward_seen and self.activations is not None:
+        if axis.forward_seen and self.activations is not None:
             mem.activations, mem.activations_step = self.activations
             blocks = self.blocks
             if blocks is not None and blocks.count:
@@ -94,7 +142,7 @@ class StepFacts:
             wall_ns=self.wall_ns,
             duration_s=0.0,
             memory=mem,
-            transfers=self.transfers,
+            transfers=self._transfers(axis.start_ns),
             lr=None if lr is None else float(lr),
             loss_scale=None if loss_scale is None else float(loss_scale),
             overflow=bool(overflow),
@@ -122,18 +170,11 @@ class PendingReport:
         "report",
     )
 
-    def __init__(
-        self,
-        facts: StepFacts,
-        loss: DeferredScalar,
-        grad_norm: DeferredScalar,
-        axis: StepAxis,
-        records: list[CollectiveRecord],
-    ) -> None:
+    def __init__(self, facts: StepFacts, axis: StepAxis) -> None:
         self.facts = facts
-        self.loss, self.grad_norm = loss, grad_norm
+        self.loss, self.grad_norm = facts.loss, facts.grad_norm
         self.axis = axis
-        self.records = records
+        self.records = facts.records
         self.age = 0
         """Step ends since this one."""
         self.report: StepReport | None = None
@@ -155,7 +196,7 @@ class PendingReport:
         collectives = self._collectives(device, block)
         if not force and (not scalars or None in collectives):
             return False
-        r = self.report = self.facts.report()
+        r = self.report = self.facts.report(self.axis)
         duration, phases, spans = self.axis.resolve(device)
         r.duration_s, r.phases, r.phase_spans = duration, phases, spans
         r.collectives = [c for c in collectives if c is not None]
@@ -164,17 +205,20 @@ class PendingReport:
         return True
 
     def _collectives(self, device: bool, block: bool) -> list[Collective | None]:
-        start = self.axis.start
-        event: Any = start.event if device else None
+        start_ns = self.axis.start_ns
+        event: Any = self.axis.start_event if device else None
         if len(self._resolved) != len(self.records) or device != self._device:
             self._resolved, self._device = [None] * len(self.records), device
         for i, rec in enumerate(self.records):
             if self._resolved[i] is not None or i in self._failed:
                 continue
             try:
+                if type(rec) is list:  # a host record (agent/comm.py)
+                    self._resolved[i] = resolve_host(rec, start_ns)
+                    continue
                 if block and rec.cuda_events is not None and rec.cuda_events[2] is not None:
                     rec.cuda_events[2].synchronize()  # at close only: the loop is over
-                self._resolved[i] = rec.resolve(start.host_ns, event)
+                self._resolved[i] = rec.resolve(start_ns, event)
             except Exception:  # an unreadable record is reported as unfinished, never raised
                 self._failed.add(i)
         return [c for i, c in enumerate(self._resolved) if i not in self._failed]

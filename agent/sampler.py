@@ -93,7 +93,7 @@ class Sampler:
         device_index: int | None = None,
         device_uuid: str | None = None,
         poll: Callable[[], None] | None = None,
-        poll_interval: float = 0.25,
+        poll_interval: float = 0.5,
         drain: Callable[[], None] | None = None,
         drain_interval: float = 0.05,
         wake: threading.Event | None = None,

@@ -51,3 +51,7 @@ class DeferredScalar:
             self.event = self.host = None
             return True
         return False
+
+
+NO_SCALAR = DeferredScalar(None)
+"""The value a step did not give (shared: a DeferredScalar of None never changes)."""

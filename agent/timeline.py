@@ -7,7 +7,14 @@ host only enqueues work and runs ahead of the device, so host instants are enque
 axis is the device's, from CUDA events recorded on the current stream at each mark (step end,
 phase entry and exit) and read with ``elapsed_time`` once ``query()`` says they completed — the
 host never waits for the device. A report whose events have not completed yet waits for them
-(agent/live.py keeps it queued).
+(agent/outbox.py keeps it queued).
+
+The training thread only appends raw marks, one tuple per phase entry or exit (issue 18: each
+line run there runs cold between the engine's kernels): ``(scope, host_ns, event)``, the
+scope's first mark in a step being its entry and its second its exit, and ``(None, host_ns,
+event)`` for the first thing that happened in step 1 when it was not a phase (a collective, a
+transfer). :class:`StepTimeline` turns a step's marks into its :class:`StepAxis` on the sender
+thread, in step order.
 
 ``step_end`` may be called inside a phase (the bundled engine reports from within its
 optimizer phase): the open phase is cut there, its time so far belongs to the step that ends,
@@ -17,39 +24,52 @@ step's duration and its implicit "data" phase.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .schema import Phases, PhaseSpan
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer")
 
+MAX_CUT_OPEN = 64
+"""Phases left open across step ends that the timeline remembers (a scope entered by hand and
+never exited must not grow the set forever)."""
 
-@dataclass(slots=True)
-class Mark:
-    """An instant on the axis: the host clock, and on CUDA an event recorded then."""
-
-    host_ns: int
-    event: Any = None
+RawMark = tuple[Any, int, Any]
+"""(the phase's scope object or None, ``perf_counter_ns`` instant, CUDA event or None)."""
 
 
-@dataclass(slots=True)
 class StepAxis:
-    """One finished step's marks: its start, its end and its phases' (name, start, end)."""
+    """One finished step's marks (raw marks: ``(scope, host_ns, event)`` tuples, reused as
+    they came from the training thread): its start, its end and its phases' (name, start,
+    end)."""
 
-    start: Mark
-    end: Mark
-    spans: list[tuple[str, Mark, Mark]] = field(default_factory=list)
+    __slots__ = ("end", "forward_seen", "spans", "start")
+
+    def __init__(
+        self,
+        start: RawMark,
+        end: RawMark,
+        spans: list[tuple[str, RawMark, RawMark]],
+        forward_seen: bool = False,
+    ) -> None:
+        self.start, self.end, self.spans = start, end, spans
+        self.forward_seen = forward_seen
+
+    @property
+    def start_ns(self) -> int:
+        return int(self.start[1])
+
+    @property
+    def start_event(self) -> Any:
+        return self.start[2]
 
     def _events(self) -> list[Any]:
         marks = [self.start, self.end, *(m for _, a, b in self.spans for m in (a, b))]
-        return [m.event for m in marks if m.event is not None]
+        return [m[2] for m in marks if m[2] is not None]
 
     @property
     def device(self) -> bool:
-        return self.start.event is not None and self.end.event is not None
+        return self.start[2] is not None and self.end[2] is not None
 
     def ready(self, block: bool = False) -> bool:
         """Whether every device event completed (always on CPU). ``block`` waits (only at
@@ -60,89 +80,80 @@ class StepAxis:
                 ev.synchronize()
         return all(ev.query() for ev in events)
 
-    def offset_s(self, mark: Mark, device: bool) -> float:
+    def offset_s(self, mark: RawMark, device: bool) -> float:
         """Seconds from the step's start to ``mark``."""
-        if device and mark.event is not None:
-            return float(self.start.event.elapsed_time(mark.event)) / 1e3
-        return (mark.host_ns - self.start.host_ns) / 1e9
+        if device and mark[2] is not None:
+            return float(self.start[2].elapsed_time(mark[2])) / 1e3
+        return (mark[1] - self.start[1]) / 1e9
 
     def resolve(self, device: bool) -> tuple[float, Phases, list[PhaseSpan]]:
         """(duration, phase sums, phase spans) in seconds on the device axis when ``device``
         (events complete), else the host's."""
         spans = []
         sums: dict[str, float] = {}
+        offset = self.offset_s
         for name, a, b in self.spans:
-            start = self.offset_s(a, device)
-            duration = max(self.offset_s(b, device) - start, 0.0)
-            spans.append(PhaseSpan(name=name, start_s=start, duration_s=duration))
+            start = offset(a, device)
+            duration = offset(b, device) - start
+            duration = duration if duration > 0.0 else 0.0
+            spans.append(PhaseSpan(name, start, duration))
             if name in PHASE_NAMES:
                 sums[name] = sums.get(name, 0.0) + duration
-        duration = max(self.offset_s(self.end, device), 0.0)
-        return duration, Phases(**sums), spans
+        duration = offset(self.end, device)
+        return (duration if duration > 0.0 else 0.0), Phases(**sums), spans
 
 
 class StepTimeline:
-    """Marks of the step in progress. ``cuda_event`` (None on CPU) records a timing event."""
+    """The sender's side: turns each step's raw marks into its axis, in step order (a step
+    starts where the previous one ended; a phase cut by a step end ends in the next step)."""
 
-    def __init__(self, cuda_event: Callable[[], Any] | None = None) -> None:
-        self.cuda_event = cuda_event
-        self.start: Mark | None = None
-        self.previous_end: Mark | None = None
-        """Where the previous step ended (this step's start once it began); None in step 1."""
-        self._spans: list[tuple[str, Mark, Mark]] = []
-        self._open: dict[int, tuple[str, Mark]] = {}
-        self._next_token = 0
-        self.data_seen = False
-        self.forward_seen = False
+    def __init__(self) -> None:
+        self.previous_end: RawMark | None = None
+        """Where the previous step ended (the next step's start); None before step 1."""
+        self._cut: dict[int, Any] = {}
+        """Scopes (by id; the value keeps each alive) open when an earlier step was cut:
+        their next mark is the exit of a phase already accounted for."""
 
-    def mark(self, host_ns: int | None = None) -> Mark:
-        event = self.cuda_event() if self.cuda_event is not None else None
-        return Mark(time.perf_counter_ns() if host_ns is None else host_ns, event)
-
-    def begin(self, host_ns: int | None = None) -> Mark:
-        """The step's start (the first thing that happens in step 1; the previous end after)."""
-        if self.start is None:
-            self.start = self.previous_end or self.mark(host_ns)
-        return self.start
-
-    def enter(self, name: str) -> int:
-        """A phase starts now; returns the token ``exit`` takes."""
-        self.begin()
-        at = self.mark()
-        if name == "data":
-            self.data_seen = True
-        elif name == "forward" and not self.forward_seen:
-            self.forward_seen = True
-            # Time from the previous step's end to the first forward is data loading, unless
-            # the loop timed a data phase itself.
-            if not self.data_seen and self.previous_end is not None:
-                self._spans.append(("data", self.previous_end, at))
-        token = self._next_token
-        self._next_token += 1
-        self._open[token] = (name, at)
-        return token
-
-    def exit(self, token: int) -> None:
-        """The phase of ``token`` ends now (nothing if a step end cut it)."""
-        opened = self._open.pop(token, None)
-        if opened is not None:
-            self._spans.append((opened[0], opened[1], self.mark()))
-
-    def cut(self, host_ns: int) -> StepAxis:
-        """The step ends at ``host_ns``: close it (open phases are cut here) and start the next
-        one at the same instant."""
-        end = self.mark(host_ns)
-        start = self.begin(host_ns)
-        for name, at in self._open.values():
-            self._spans.append((name, at, end))
-        self._open.clear()  # their exit, in the next step, records nothing
-        axis = StepAxis(start=start, end=end, spans=sorted(self._spans, key=_by_start))
-        self._spans = []
-        self.start = None
+    def axis(self, marks: list[RawMark], end_ns: int, end_event: Any = None) -> StepAxis:
+        """The axis of the step whose marks are ``marks`` and which ended at ``end_ns``."""
+        end = (None, end_ns, end_event)
+        previous = self.previous_end
+        # Step 1 starts with the first thing that happened in it.
+        start = previous if previous is not None else marks[0] if marks else end
+        spans: list[tuple[str, RawMark, RawMark]] = []
+        opened: dict[int, RawMark] = {}
+        cut = self._cut
+        data_seen = forward_seen = False
+        for mark in marks:
+            scope = mark[0]
+            if scope is None:
+                continue
+            key = id(scope)
+            entered = opened.pop(key, None)
+            if entered is not None:
+                spans.append((scope.name, entered, mark))
+                continue
+            if cut and cut.pop(key, None) is not None:  # the exit of a phase a step end cut
+                continue
+            name = scope.name
+            if name == "data":
+                data_seen = True
+            elif name == "forward" and not forward_seen:
+                forward_seen = True
+                # Time from the previous step's end to the first forward is data loading,
+                # unless the loop timed a data phase itself.
+                if not data_seen and previous is not None:
+                    spans.append(("data", previous, mark))
+            opened[key] = mark
+        for mark in opened.values():
+            spans.append((mark[0].name, mark, end))
+        if len(cut) > MAX_CUT_OPEN:  # entered by hand and never exited: forget them
+            cut.clear()
+        cut.update((key, mark[0]) for key, mark in opened.items())
         self.previous_end = end
-        self.data_seen = self.forward_seen = False
-        return axis
+        spans.sort(key=_by_start)
+        return StepAxis(start, end, spans, forward_seen)
 
 
-def _by_start(span: tuple[str, Mark, Mark]) -> int:
-    return span[1].host_ns
+def _by_start(span: tuple[str, RawMark, RawMark]) -> int:
+    return int(span[1][1])

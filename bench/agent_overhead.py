@@ -5,10 +5,14 @@ per step plus ~2 us per collective (issue 18), read from the agent's own counter
 (agent/cost.py). Both modes run in the same processes, interleaved in rounds of blocks (on,
 off, off-again, the order rotated every round so no mode always follows a switch), so machine
 noise hits all alike; the figure is the median over rounds of the on/off ratio, printed beside
-the off-again/off ratio of the same run (an A/A control: the noise floor of this machine). At
-the end of an "on" block the agent's queued reports are sent before its CPU time is read, so
-none of their cost spills into the next block. The "on" mode does everything the live agent
-does in a real run: phases with saved-tensor hooks in counted forwards, every collective
+the off-again/off ratio of the same run (an A/A control: the noise floor of this machine).
+The agent's own threads (its sender, ZeroMQ's I/O threads) run when they run, as in a real
+run (reports leave in batches at most every 0.25 s, often during an "off" step): their CPU
+time is read per thread (bench/thread_cpu.py) and taken out of every block, and each "on" step
+is charged their CPU per step over a stretch of consecutive "on" steps measured first (a real
+run's rate: interleaved, they would also pay heartbeats and timer wake-ups for three times the
+wall time per "on" step; that upper bound is printed beside it). The "on" mode does everything the live agent does
+in a real run: phases with saved-tensor hooks in counted forwards, every collective
 through ``tel.collective``, a StepReport per step published to a real collector, the sampler
 thread with heartbeats.
 
@@ -41,6 +45,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     import torch.distributed as dist
     from torch import nn
 
+    from bench.thread_cpu import ThreadsCpu, thread_ids
     from zeroscope.agent.api import NullTelemetry
     from zeroscope.agent.live import LiveTelemetry
     from zeroscope.agent.publish import Publisher
@@ -48,6 +53,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    before = thread_ids()  # the agent's threads are those started from here to hello
     torch.manual_seed(0)
     w = args.width
     model = nn.Sequential(
@@ -72,6 +78,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         config=ConfigSummary(stage=0, precision="fp32", dp_world_size=world),
         params=ParamCounts(total=numel, trainable=numel),
     )
+    agent_threads = ThreadsCpu(thread_ids() - before)
     off = NullTelemetry()
     if args.model != "mlp":
         from bench.agent_engine import engine_step
@@ -122,33 +129,44 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     for _ in range(3):
         step(off)
         step(live)
+    threads_per_step = _threads_per_step(step, live, agent_threads, max(50, args.blocks // 4))
     times: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     direct = [0.0, 0.0, 0.0]
     wire[0] = 0
-    cost, before = live.cost, _counters(live.cost)
+    cost, own_before = live.cost, _counters(live.cost)
+    agent_start = agent_threads.ns()
     for block in range(3 * args.blocks):
         mode = ORDERS[(block // 3) % 3][block % 3]
         tel = live if mode == "on" else off
         dist.barrier()
         inside[:] = [0.0, 0.0, 0.0]
+        a0 = agent_threads.ns()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             step(tel)
         times[mode].append((time.perf_counter() - t0) / args.steps)
-        if mode == "on":  # the sender's work for these steps is theirs: let it finish first
-            _sent(live)
-        # CPU time of the whole rank process (all its threads: the agent's sampler, ZeroMQ's
-        # I/O thread, gloo's workers): robust to the machine being shared, unlike wall time.
-        cpu[mode].append((time.process_time() - c0) / args.steps)
+        # CPU time of the whole rank process (the training thread, gloo's workers) but the
+        # agent's own threads, which are charged to the "on" steps below, whenever they ran:
+        # robust to the machine being shared, unlike wall time.
+        spent = time.process_time() - c0 - (agent_threads.ns() - a0) / 1e9
+        cpu[mode].append(spent / args.steps)
         if mode == "on":
             direct = [a + b for a, b in zip(direct, inside)]
     n = args.blocks * args.steps
+    _sent(live)
+    # What the agent's threads did while interleaved (these steps' reports, but also
+    # heartbeats and timer wake-ups for three times the wall time per "on" step): an upper
+    # bound, printed beside the figure charged.
+    interleaved = (agent_threads.ns() - agent_start) / 1e9 / n
+    cpu["on"] = [c + threads_per_step for c in cpu["on"]]
     wire_per_step = wire[0] / n  # every message sent while measuring, heartbeats included
-    own = [b - a for a, b in zip(before, _counters(cost), strict=True)]
+    own = [b - a for a, b in zip(own_before, _counters(cost), strict=True)]
     live.close()
     direct_per_step = [d / n for d in direct] if model is not None else None
-    out.put((rank, times, cpu, direct_per_step, own, live.errors, publisher.dropped, wire_per_step))
+    threads = (threads_per_step, interleaved, agent_threads.names)
+    dropped = publisher.dropped
+    out.put((rank, times, cpu, direct_per_step, own, live.errors, dropped, wire_per_step, threads))
     dist.destroy_process_group()
 
 
@@ -157,12 +175,24 @@ ORDERS = (("on", "off", "off-again"), ("off", "off-again", "on"), ("off-again", 
 switch of telemetry (or always the same mode): the A/A control compares like with like."""
 
 
-def _sent(live: Any) -> None:
-    """Send, on this thread, what the agent's sender has not sent yet, so that a block's CPU
-    time includes encoding and sending its own reports (none of it spills into the next
-    block). Waiting for the sender instead would cost polling wake-ups, each ~70 us of CPU
-    on this machine's VM."""
-    live.drain()
+def _threads_per_step(step: Any, live: Any, threads: Any, steps: int) -> float:
+    """CPU seconds per step of the agent's own threads as in a real run: over a stretch of
+    consecutive "on" steps (interleaved with "off" steps they also pay their heartbeats and
+    timer wake-ups for three times the wall time per step), until its reports are sent."""
+    _sent(live)
+    start = threads.ns()
+    for _ in range(steps):
+        step(live)
+    _sent(live)
+    return float((threads.ns() - start) / 1e9 / steps)
+
+
+def _sent(live: Any, timeout: float = 5.0) -> None:
+    """Wait until the agent's sender thread has sent what the measured steps handed it, so
+    its CPU time for them is counted (it sends at most every 0.25 s when not woken)."""
+    deadline = time.monotonic() + timeout
+    while live._outbox.queued and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _counters(cost: Any) -> tuple[int, int, int, int]:
@@ -215,7 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     results, received = spawn_ranks(rank_main, args, timeout=1800)
     ranks = []
-    for rank, times, cpu, direct, own, errors, dropped, wire in results:
+    for rank, times, cpu, direct, own, errors, dropped, wire, threads in results:
         step_us, collective_us = per_step_and_collective_us(own)
         ranks.append(
             {
@@ -234,6 +264,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "errors": errors,
                 "dropped": dropped,
                 "wire_bytes_per_step": wire,
+                "agent_threads_us_per_step": threads[0] * 1e6,
+                "agent_threads_interleaved_us_per_step": threads[1] * 1e6,
+                "agent_threads": threads[2],
             }
         )
     return {"ranks": ranks, "collector": received}
@@ -314,7 +347,9 @@ def main() -> int:
         print(
             f"rank {r['rank']}: agent's own counters: {_us(r['agent_us_per_step'])} us per step "
             f"(goal <= 30) + {_us(r['agent_us_per_collective'])} us per collective (goal <= 2), "
-            f"{r['collectives_per_step'] or 0:.0f} collectives per step"
+            f"{r['collectives_per_step'] or 0:.0f} collectives per step; its threads "
+            f"({', '.join(r['agent_threads'])}) {r['agent_threads_us_per_step']:.0f} us CPU "
+            f"per step ({r['agent_threads_interleaved_us_per_step']:.0f} interleaved)"
         )
         off, direct = r["wall_off_s"], r["direct"]
         if direct is None:

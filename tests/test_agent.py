@@ -173,10 +173,19 @@ def test_transfers_and_heartbeats(rig: tuple[LiveTelemetry, list[Message]]) -> N
 
 
 def test_the_agent_never_raises_into_the_loop(rig: tuple[LiveTelemetry, list[Message]]) -> None:
-    tel, _ = rig
+    tel, got = rig
     tel.step_end(memory=None)  # type: ignore[arg-type]
     tel.transfer("d2h", "x", None, None)  # type: ignore[arg-type]
-    assert tel.errors == 2
+    tel.transfer("d2h", 4096, 10, 20)
+    assert tel.errors == 1
+    tel.step_end(memory=MemoryBytes())
+    tel.drain()
+    # The bad transfer is left out by the sender (counted there), the good one and the
+    # step's report still go out.
+    assert tel._outbox.errors == 1
+    assert wait_for(lambda: reports(got), 5)
+    (report,) = reports(got)
+    assert [t.nbytes for t in report.transfers] == [4096]
     # The loop's own exceptions pass through phase().
     with pytest.raises(KeyError), tel.phase("forward"):
         raise KeyError("user error")

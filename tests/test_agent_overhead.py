@@ -9,6 +9,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -122,6 +123,77 @@ def test_no_callback_per_collective_on_cpu_and_ops_never_waited_end_at_the_bound
     # Complete when the step ended: stamped at that boundary (inside the step_end call).
     assert all(ends[str(i)] <= first.duration_s + in_step_end for i in range(100, 200) if i != 150)
     assert ends["150"] >= first.duration_s + 0.01  # not before it was seen complete
+
+
+class BuiltinWork:
+    """A finished Work whose ``wait`` is C code (like torch's): any Python call seen during a
+    collective is the agent's."""
+
+    wait = staticmethod(time.perf_counter)
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def python_calls(run: Callable[[], object]) -> list[str]:
+    """The Python functions entered while ``run`` runs (C functions not counted)."""
+    import sys
+
+    calls: list[str] = []
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)  # type: ignore[attr-defined]
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls[1:]  # the first is run itself
+
+
+def test_a_collective_and_a_plain_steps_phases_run_no_agent_code_but_their_own_call(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    """Each Python frame runs cold between the engine's kernels (~10x its hot-loop cost), so the
+    per-collective and per-phase paths make none beyond the seam call itself: no __init__, no
+    helper, no callback. A step whose activations are counted (steps 1-3, then every 10th)
+    takes the full path; its spans and the plain steps' come out the same."""
+    tel, sink = agent
+    handle: list[Any] = []
+    work = BuiltinWork()
+
+    def issue() -> None:
+        handle.append(tel.collective(work, op="all_reduce", nbytes=8, group_size=2))
+
+    seen: dict[int, list[str]] = {}
+    for step in range(1, 6):
+
+        def phases() -> None:
+            with tel.phase("forward"):
+                time.sleep(0.002)
+            with tel.phase("backward"):
+                time.sleep(0.004)
+
+        seen[step] = python_calls(phases)
+        if step == 4:  # step 1's first collective also marks where the step began
+            assert python_calls(issue) == ["collective"]
+            assert python_calls(lambda: handle[0].wait()) == ["wait"]
+        tel.step_end(memory=MemoryBytes())
+    assert "_phase_enter" in seen[1] and "_phase_enter" in seen[3]  # counted steps
+    for step in (4, 5):
+        assert seen[step] == ["phase", "__init__", "__enter__", "__exit__"] * 2, seen[step]
+    reports = sink.reports()
+    assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    for r in reports:
+        names = [p.name for p in r.phase_spans]
+        assert names == (
+            ["forward", "backward"] if r.step == 1 else ["data", "forward", "backward"]
+        )
+        assert r.phases.forward >= 0.002 and r.phases.backward >= 0.004
+        assert r.phases.forward + r.phases.backward <= r.duration_s
+    assert [len(r.collectives) for r in reports] == [0, 0, 0, 1, 0]
 
 
 def test_the_cuda_path_still_stamps_completion_from_the_future(
@@ -388,3 +460,28 @@ def test_activations_are_counted_every_nth_step_and_by_default_at_most_once_a_se
     assert counted(cadence.ActivationCadence.from_env()) == [1, 2, 3, *range(4, 101, 4)]
     monkeypatch.setenv(cadence.ACTIVATIONS_EVERY_ENV, "zero")  # unreadable: the default
     assert counted(cadence.ActivationCadence.from_env())[:4] == [1, 2, 3, 10]
+
+
+def test_a_costly_count_waits_until_its_cost_is_a_tenth_of_a_percent_of_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deep model's counted step costs milliseconds of hooks: 5 ms of counting waits 5 s
+    (cadence.COUNT_BUDGET), whatever the step rule says; a cheap count keeps the 1 s floor.
+    A period set in the environment is still taken exactly."""
+    from zeroscope.agent import cadence
+
+    clock = [0.0]
+    monkeypatch.setattr(cadence.time, "monotonic", lambda: clock[0])
+    monkeypatch.delenv(cadence.ACTIVATIONS_EVERY_ENV, raising=False)
+    c = cadence.ActivationCadence.from_env()
+    out = []
+    for step in range(1, 401):
+        clock[0] += 0.125  # exact in binary: the floors fall on steps
+        if c.due(step, counting=False):
+            out.append(step)
+            c.spent(0.005 if step >= 10 else 0.0001)  # counting grew costly from step 10 on
+    # 10 (at 1.25 s) costs 5 ms: each next count is the first 10th step 5 s later.
+    assert out == [1, 2, 3, 10, *range(50, 401, 40)]
+    exact = cadence.ActivationCadence(every=4)
+    exact.spent(1.0)
+    assert [s for s in range(4, 13) if exact.due(s, counting=False)] == [4, 8, 12]

@@ -177,7 +177,7 @@ def test_on_a_device_the_axis_is_the_devices_and_the_report_waits_for_it(
 ) -> None:
     tel, sink = agent
     dev = FakeDevice()
-    tel._timeline.cuda_event = dev.event
+    tel._use_device_events(dev.event)
     with tel.phase("forward"):
         dev.enqueued += 0.30  # 300 ms of kernels, enqueued in no host time
     with tel.phase("backward"):

@@ -113,10 +113,10 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
         "--kill-rank",
         "1",
         # Steps of real length: a report leaves as its step ends once the previous one left
-        # 0.1 s before or more (agent/outbox.py); shorter steps leave in batches, so a killed
-        # rank would lose its last ~0.1 s of steps, not just its last one.
+        # 0.25 s before or more (agent/outbox.py); shorter steps leave in batches, so a killed
+        # rank would lose its last ~0.25 s of steps, not just its last one.
         "--step-s",
-        "0.12",
+        "0.3",
         cwd=tmp_path,
     )
     # The first failure decides: rank 1's death by SIGKILL (128 + 9), not torchrun's own 1.
