@@ -24,7 +24,15 @@ now_ns = perf_counter_ns
 class SeamCost:
     """Running totals of the agent's own time on the training thread."""
 
-    __slots__ = ("collective_ns", "collectives", "ns", "reported_ns", "steps")
+    __slots__ = (
+        "collective_ns",
+        "collectives",
+        "host_ended",
+        "host_issued",
+        "ns",
+        "reported_ns",
+        "steps",
+    )
 
     def __init__(self) -> None:
         self.ns = 0
@@ -38,6 +46,13 @@ class SeamCost:
         self.steps = 0
         self.reported_ns = 0
         """``total_ns`` when the last step's share was taken (see ``take_step``)."""
+        self.host_issued = 0
+        """Host collective records taken by step ends so far (agent/comm.py)."""
+        self.host_ended = 0
+        """Host records whose end ``wait()`` or a step end stamped (resynced by a step end that
+        looked at its records: ``CollectiveTracker.take_all``): when it equals
+        ``host_issued`` every op was waited on and the step end need not look at each
+        record."""
 
     @property
     def total_ns(self) -> int:
