@@ -55,37 +55,6 @@ MAX_QUEUED = 256
 """Items handed over and not yet taken by the sender before the oldest is dropped (counted)."""
 
 
-class Wake:
-    """A wake-up flag for the sender thread whose raising is one C call (``Lock.release``):
-    ``threading.Event.set`` runs a dozen Python lines under a Condition on the training thread.
-    ``wait`` takes the flag down as it returns (nothing to clear); raising it twice before the
-    sender waits wakes it once."""
-
-    __slots__ = ("_lock", "raise_")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()  # held = down
-        self.raise_ = self._lock.release
-        """Raise the flag (RuntimeError if it is up already): for ``Outbox.put``."""
-
-    def set(self) -> None:
-        try:
-            self._lock.release()
-        except RuntimeError:
-            pass  # up already
-
-    def wait(self, timeout: float) -> bool:
-        """Sleep until the flag is raised (True, and it is down again) or ``timeout`` s."""
-        return self._lock.acquire(timeout=timeout)
-
-    def clear(self) -> None:
-        """Nothing to do: ``wait`` took it down."""
-
-    def is_set(self) -> bool:
-        return not self._lock.locked()
-
-
 class Outbox:
     """The hand-off queue (training thread: ``put``) and its sender side (``drain``)."""
 
@@ -104,7 +73,7 @@ class Outbox:
         """Items dropped because the queue was full (written by the training thread only)."""
         self._lost_counted = 0
         self.errors = 0
-        self.wake = Wake()
+        self.wake = threading.Event()
         """Raised by ``put`` (at most every ``WAKE_INTERVAL_S``); the sender waits on it
         (agent/sampler.py)."""
         self._woken_ns = -_WAKE_INTERVAL_NS  # the first put wakes the sender
@@ -123,10 +92,7 @@ class Outbox:
         now = perf_counter_ns() if now_ns is None else now_ns
         if now - self._woken_ns >= _WAKE_INTERVAL_NS:
             self._woken_ns = now
-            try:
-                self.wake.raise_()
-            except RuntimeError:
-                pass  # up already: the sender has not run since
+            self.wake.set()
 
     def drain(self, block: bool = False) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``

@@ -96,7 +96,7 @@ class Sampler:
         poll_interval: float = 0.5,
         drain: Callable[[], None] | None = None,
         drain_interval: float = 0.05,
-        wake: Any = None,  # an Event-like flag: wait(timeout), clear(), set() (outbox.Wake)
+        wake: threading.Event | None = None,
     ) -> None:
         self.interval = interval
         self.poll_interval = poll_interval

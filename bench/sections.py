@@ -52,6 +52,7 @@ def agent(quick: bool) -> list[Table]:
             "agent us/step (own counters)",
             "agent us/collective",
             "collectives/step",
+            "agent threads us/step (interleaved)",
             "bytes on the wire per rank-step",
             "dropped",
             "goal <= 1.01 (CPU)",
@@ -81,6 +82,8 @@ def agent(quick: bool) -> list[Table]:
                 r["agent_us_per_step"],
                 r["agent_us_per_collective"],
                 r["collectives_per_step"],
+                f"{r['agent_threads_us_per_step']:.0f} "
+                f"({r['agent_threads_interleaved_us_per_step']:.0f})",
                 round(r["wire_bytes_per_step"]),
                 r["dropped"],
                 None if ratio is None else ("met" if ratio <= 1.01 else "MISSED"),
@@ -89,11 +92,14 @@ def agent(quick: bool) -> list[Table]:
         rejected += result["collector"]["rejected"] or 0
     t.note = (
         "Rounds of 1 step per mode (on, off, off-again, in an order rotated every round) in the "
-        "same processes; ratios are medians of per-round pairs; an 'on' step's reports are sent "
-        "before its CPU time is read. "
-        "CPU = process CPU time (all threads: sampler and sender, ZeroMQ I/O, "
-        "gloo), far less sensitive to a shared machine than wall time; the off-again/off ratio "
-        "(A/A) is the noise floor. Agent us: the agent's own counters (agent/cost.py) over the "
+        "same processes; ratios are medians of per-round pairs. "
+        "CPU = process CPU time (the training thread, gloo's threads), far less sensitive to a "
+        "shared machine than wall time, plus for 'on' steps the CPU of the agent's own threads "
+        "(its sender, ZeroMQ's I/O and reaper: read by their per-thread clocks, "
+        "bench/thread_cpu.py, taken out of every step they happened to run in) at their rate "
+        "per step over a stretch of consecutive 'on' steps, as in a real run (in brackets: "
+        "their rate while interleaved, which also pays heartbeats and timer wake-ups for three "
+        "times the wall time per 'on' step); the off-again/off ratio (A/A) is the noise floor. Agent us: the agent's own counters (agent/cost.py) over the "
         "'on' steps: training-thread time per step outside collectives (budget ~30 us) and per "
         "collective (collective() and wait()'s bookkeeping, budget ~2 us). MLP: batch 64, its 6 "
         "gradients all-reduced by hand; demo: the bundled engine at stage 2 on the engine table's demo "
