@@ -177,6 +177,7 @@ class LiveTelemetry(Telemetry):
             except Exception:
                 self._collectives.cuda = False
             self._peaks = DevicePeaks(torch.cuda, index)
+            self._plain = self._plain_step(self.step)  # phases sample the peaks now
 
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
@@ -247,9 +248,12 @@ class LiveTelemetry(Telemetry):
         self._plain = self._plain_step(self.step)
 
     def _plain_step(self, step: int) -> bool:
-        """Whether ``step``'s phases take the lean path: on the host, and no forward of it can
-        be counted (the cadence's step rule; its time floor is checked at the forward)."""
-        return self._device_event is None and not self._cadence.may_count(step)
+        """Whether ``step``'s phases take the lean path: on the host (no device events or
+        peaks to take), and no forward of it can be counted (the cadence's step rule; its time
+        floor is checked at the forward)."""
+        return (
+            self._device_event is None and self._peaks is None and not self._cadence.may_count(step)
+        )
 
     def _mark(self, scope: PhaseScope | None, host_ns: int | None = None) -> None:
         make = self._device_event

@@ -39,7 +39,7 @@ class PhaseScope:
 
     def __exit__(self, *exc: object) -> None:  # the loop's own exceptions pass through
         agent = self.agent
-        if self.hooks is None and agent._device_event is None:
+        if self.hooks is None and agent._device_event is None and agent._peaks is None:
             t = perf_counter_ns()
             agent._marks.append((self, t, None))
             agent.cost.ns += perf_counter_ns() - t
