@@ -161,7 +161,7 @@ def telemetry() -> Telemetry:
         _claim_listeners.pop()()
     if _current is None:
         if os.environ.get(COLLECTOR_ENV):
-            from .live import start_agent  # imported lazily: costs nothing when off
+            from .startup import start_agent  # imported lazily: costs nothing when off
 
             _current = start_agent()
         else:

@@ -135,23 +135,10 @@ def stamp_host(rec: list[Any]) -> bool:
 def resolve_host(rec: list[Any], step_start_ns: int) -> Collective | None:
     """A host record as the wire's Collective once complete, else None (in flight); ``start_s``
     on the host axis of the step it was issued in."""
-    if rec[END] is None and not stamp_host(rec):
+    if not stamp_host(rec):
         return None
-    duration = (rec[END] - rec[START]) / 1e9
-    exposed = rec[EXPOSED] / 1e9
-    duration = duration if duration > 0.0 else 0.0
-    # Inside wait() the op finished; a few us of wait() overhead after completion are not
-    # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
-    return Collective(
-        rec[OP],
-        rec[NBYTES],
-        rec[GROUP],
-        (rec[START] - step_start_ns) / 1e9,
-        duration,
-        exposed if exposed < duration else duration,
-        rec[PREFETCHED],
-        rec[LABEL],
-    )
+    (collective,) = resolve_hosts([rec], step_start_ns) or (None,)
+    return collective
 
 
 def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | None:
@@ -163,6 +150,8 @@ def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | 
         return None
     if None in ends:
         return None
+    # Inside wait() the op finished; a few us of wait() overhead after completion are not
+    # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
     return [
         Collective(
             rec[OP],

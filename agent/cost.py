@@ -45,7 +45,8 @@ class SeamCost:
         """Collectives issued in the steps ended so far (counted at each step end)."""
         self.steps = 0
         self.reported_ns = 0
-        """``total_ns`` when the last step's share was taken (see ``take_step``)."""
+        """``total_ns`` when the last step's share was taken (``step_end``: the share rides on
+        its StepReport)."""
         self.host_issued = 0
         """Host collective records taken by step ends so far (agent/comm.py)."""
         self.host_ended = 0
@@ -58,13 +59,6 @@ class SeamCost:
     def total_ns(self) -> int:
         """All the agent's time on the training thread."""
         return self.ns + self.collective_ns
-
-    def take_step(self) -> int:
-        """Nanoseconds spent since the previous call (one step's share)."""
-        total = self.ns + self.collective_ns
-        share = total - self.reported_ns
-        self.reported_ns = total
-        return share
 
     def per_step_us(self) -> float | None:
         """Microseconds per step outside the per-collective part (phases, step_end, ...)."""

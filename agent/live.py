@@ -26,7 +26,7 @@ import msgspec
 import torch
 
 from .activations import ActivationCounter, BlockSplit
-from .api import COLLECTOR_ENV, NullTelemetry, PhaseName, Telemetry, Waitable
+from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
 from .comm import CollectiveTracker, HostWork, _cuda_event, weak
 from .cost import SeamCost, now_ns
@@ -34,7 +34,7 @@ from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import RawTransfer, StepFacts
 from .phase_scope import PhaseScope
-from .publish import TOKEN_ENV, Publisher
+from .publish import Publisher
 from .sampler import Sampler, pci_bus_id
 from .scalars import NO_SCALAR, DeferredScalar
 from .schema import (
@@ -51,18 +51,9 @@ from .schema import (
     ParallelLayout,
     ParamCounts,
     PipelineStep,
-    SenderClaim,
     TransferDirection,
 )
 from .timeline import RawMark
-
-JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
-ENGINE_ENV = "ZEROSCOPE_ENGINE"
-
-CONNECT_TIMEOUT_S = 5.0
-"""At start-up only: how long a rank waits for its collector connection before going on (the
-collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds; on a
-heavily loaded 2-core machine 2 s was once too short and step 1's report was lost)."""
 
 
 class LiveTelemetry(Telemetry):
@@ -389,7 +380,7 @@ class LiveTelemetry(Telemetry):
             transfers, self._transfers = self._transfers, []
             pipeline, self._pipeline = self._pipeline, None
             cost = self.cost
-            total = cost.ns + cost.collective_ns  # cost.take_step(), inline
+            total = cost.ns + cost.collective_ns  # the step's share of the agent's time
             share, cost.reported_ns = total - cost.reported_ns, total
             if counted:  # what counting cost sets when the next count may come
                 self._cadence.spent(share / 1e9)
@@ -483,35 +474,3 @@ class LiveTelemetry(Telemetry):
 
         sys.excepthook = excepthook
         atexit.register(self.close)
-
-
-def start_agent() -> Telemetry:
-    """Build this rank's live agent from the environment torchrun and ``zeroscope run`` set;
-    a NullTelemetry if anything goes wrong (telemetry must never stop a job)."""
-    try:
-        env = os.environ
-        rank = int(env.get("RANK", "0"))
-        world_size = int(env.get("WORLD_SIZE", "1"))
-        node_rank = int(env.get("GROUP_RANK", "0"))
-        # The handshake says who this is, so a collector that refuses it can still name it.
-        claim = SenderClaim(
-            rank=rank, world_size=world_size, node_rank=node_rank, hostname=socket.gethostname()
-        )
-        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode(), claim=claim)
-        publisher.wait_connected(CONNECT_TIMEOUT_S)
-        agent = LiveTelemetry(
-            publisher,
-            rank=rank,
-            world_size=world_size,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            node_rank=node_rank,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
-            job_id=env.get(JOB_ID_ENV)
-            or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
-            engine=env.get(ENGINE_ENV, "zeroscope"),
-        )
-        agent.install_exit_hooks()
-        return agent
-    except Exception as exc:
-        print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
-        return NullTelemetry()

@@ -134,7 +134,8 @@ class AttachSession:
         if self.tel is not None or self.passive:
             return
         from zeroscope.agent import api
-        from zeroscope.agent.live import LiveTelemetry, start_agent
+        from zeroscope.agent.live import LiveTelemetry
+        from zeroscope.agent.startup import start_agent
 
         tel = start_agent()
         if isinstance(tel, LiveTelemetry):
@@ -147,7 +148,7 @@ class AttachSession:
         An agent the attach already started is the job's from now on, under its own name."""
         self.passive = True
         if self.tel is not None:
-            from zeroscope.agent.live import ENGINE_ENV
+            from zeroscope.agent.startup import ENGINE_ENV
 
             self.tel.engine = os.environ.get(ENGINE_ENV, "zeroscope")
         self.tel = None

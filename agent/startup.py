@@ -1,0 +1,53 @@
+"""Starting a rank's live agent from the environment torchrun and ``zeroscope run`` set (the
+process-level half of agent/live.py: which collector, who this rank is, which job)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from .api import COLLECTOR_ENV, NullTelemetry, Telemetry
+from .live import LiveTelemetry
+from .publish import TOKEN_ENV, Publisher
+from .schema import SenderClaim
+
+JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
+ENGINE_ENV = "ZEROSCOPE_ENGINE"
+
+CONNECT_TIMEOUT_S = 5.0
+"""At start-up only: how long a rank waits for its collector connection before going on (the
+collector of ``zeroscope run`` is up before the ranks start, so this is milliseconds; on a
+heavily loaded 2-core machine 2 s was once too short and step 1's report was lost)."""
+
+
+def start_agent() -> Telemetry:
+    """Build this rank's live agent from the environment torchrun and ``zeroscope run`` set;
+    a NullTelemetry if anything goes wrong (telemetry must never stop a job)."""
+    try:
+        env = os.environ
+        rank = int(env.get("RANK", "0"))
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        node_rank = int(env.get("GROUP_RANK", "0"))
+        # The handshake says who this is, so a collector that refuses it can still name it.
+        claim = SenderClaim(
+            rank=rank, world_size=world_size, node_rank=node_rank, hostname=socket.gethostname()
+        )
+        publisher = Publisher(env[COLLECTOR_ENV], env.get(TOKEN_ENV, "").encode(), claim=claim)
+        publisher.wait_connected(CONNECT_TIMEOUT_S)
+        agent = LiveTelemetry(
+            publisher,
+            rank=rank,
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            node_rank=node_rank,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
+            job_id=env.get(JOB_ID_ENV)
+            or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
+            engine=env.get(ENGINE_ENV, "zeroscope"),
+        )
+        agent.install_exit_hooks()
+        return agent
+    except Exception as exc:
+        print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
+        return NullTelemetry()
