@@ -5,8 +5,9 @@ per step, more when the send wakes ZeroMQ's I/O thread on a loaded machine (issu
 training thread only appends a plain object (a :class:`~.pending.StepFacts` or an
 :class:`~.schema.Event`) to a ``collections.deque`` (an append is atomic under the GIL: no lock,
 nothing to wait for) and goes on. The sender thread (the agent's sampler thread) takes them in
-order, makes each step's axis from its raw marks (agent/timeline.py), finishes each report once what it waits for has completed (agent/pending.py), encodes
-it and sends it without blocking.
+order, makes each step's axis from its raw marks (agent/timeline.py), finishes each report once
+what it waits for has completed (agent/pending.py), encodes it and sends what one wake-up found
+as one ZeroMQ message, without blocking.
 
 When the sender runs is a trade between the run's CPU and a report's way out. Waking a thread
 is not free: on this project's 2-vCPU test VM each wake-up (the futex, the other vCPU's
@@ -35,7 +36,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .pending import PendingReport, StepFacts
-from .schema import Event
+from .schema import Event, Message
 from .timeline import StepTimeline
 
 DRAIN_INTERVAL_S = 0.5
@@ -102,12 +103,17 @@ class Outbox:
             self.errors += 1
             return
         try:
-            self._drain(block)
+            batch: list[Message] = []
+            try:
+                self._drain(block, batch)
+            finally:
+                if batch:  # one ZeroMQ message (agent/publish.py ``send_batch``)
+                    self.publisher.send_batch(batch)
         finally:
             self._lock.release()
 
-    def _drain(self, block: bool) -> None:
-        handed, waiting, send = self._handed, self._waiting, self.publisher.send
+    def _drain(self, block: bool, batch: list[Message]) -> None:
+        handed, waiting, send = self._handed, self._waiting, batch.append
         lost = self.lost - self._lost_counted
         if lost:
             self._lost_counted += lost
@@ -137,7 +143,7 @@ class Outbox:
                 self._count_dropped(1)
                 continue
             waiting.popleft()
-            self._send_report(pending)
+            self._send_report(pending, batch)
 
     def _count_dropped(self, n: int) -> None:
         try:
@@ -145,13 +151,13 @@ class Outbox:
         except Exception:
             self.errors += 1
 
-    def _send_report(self, pending: PendingReport) -> None:
+    def _send_report(self, pending: PendingReport, batch: list[Message]) -> None:
         report = pending.report
         self.errors += pending.facts.bad_transfers
         if report is None:
             return
         if report.loss is not None and not math.isfinite(report.loss):
-            self.publisher.send(
+            batch.append(
                 Event(
                     rank=self._rank,
                     step=report.step,
@@ -160,7 +166,7 @@ class Outbox:
                     message=f"loss is {report.loss} at step {report.step}",
                 )
             )
-        self.publisher.send(report)
+        batch.append(report)
 
     @property
     def queued(self) -> int:

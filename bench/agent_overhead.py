@@ -66,10 +66,10 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     wire = [0]  # bytes the agent hands to ZeroMQ (token + payload frames), for bytes/rank-step
     send_locked = publisher._send_locked
 
-    def counted(data: bytes) -> bool:
-        ok = send_locked(data)
+    def counted(*payloads: bytes) -> bool:
+        ok = send_locked(*payloads)
         if ok:
-            wire[0] += len(data) + len(publisher._token)
+            wire[0] += sum(map(len, payloads)) + len(publisher._token)
         return ok
 
     publisher._send_locked = counted
@@ -229,6 +229,7 @@ def _ablate(live: Any, parts: str) -> None:
             live._activations.hooks = contextlib.nullcontext
         elif part == "send":
             live.publisher.send = lambda message: True
+            live.publisher.send_batch = len
         elif part == "futures":
             track = live._collectives.track
             live._collectives.track = lambda work, *a, track=track: track(_NoFuture(work), *a)

@@ -262,9 +262,9 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
 
 def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
     """A report leaves as its step ends when the previous wake-up was WAKE_INTERVAL_S ago or
-    more (a rank killed by SIGKILL loses at most its last step, or its last ~0.1 s of short
-    steps); shorter steps ride along with the next wake-up, and never wait for the sender's
-    own timer (pushed here to a minute away)."""
+    more (a rank killed by SIGKILL loses at most its last step, or its last ~0.25 s of short
+    steps); shorter steps ride along with the next wake-up, in one ZeroMQ message with it, and
+    never wait for the sender's own timer (pushed here to a minute away)."""
     sink = Sink()  # no drain on this thread: only the sender thread sends
     tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
 
@@ -292,6 +292,8 @@ def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
         time.sleep(WAKE_INTERVAL_S)
         step()  # due: wakes the sender, which sends both
         wait_sent([1, 2, 3])
+        batches = [[m.step for m in b if isinstance(m, StepReport)] for b in sink.batches]
+        assert [b for b in batches if b] == [[1], [2, 3]]  # one publisher send per wake-up
     finally:
         tel.close()
 

@@ -27,6 +27,8 @@ class Sink:
 
     def __init__(self) -> None:
         self.sent: list[Message] = []
+        self.batches: list[list[Message]] = []
+        """What each ``send_batch`` was given (one ZeroMQ message on a real publisher)."""
         self.drain: Any = lambda: None
         """The agent's ``drain``: reports are sent by its sampler thread, so reading what was
         sent first sends what is ready, on this thread."""
@@ -36,6 +38,10 @@ class Sink:
         return True
 
     set_sticky = send
+
+    def send_batch(self, messages: list[Message]) -> int:
+        self.batches.append(list(messages))
+        return sum(self.send(m) for m in messages)
 
     def poll_connection(self) -> None:
         pass

@@ -426,14 +426,13 @@ def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
     from zeroscope.agent.schema import StepReport
 
     sent: list[StepReport] = []
-    original = Publisher.send
+    original = Publisher.send_batch
 
-    def keep(self: Publisher, message: object) -> bool:
-        if isinstance(message, StepReport):
-            sent.append(message)
-        return original(self, message)  # type: ignore[arg-type]
+    def keep(self: Publisher, messages: list) -> int:
+        sent.extend(m for m in messages if isinstance(m, StepReport))
+        return original(self, messages)
 
-    Publisher.send = keep  # type: ignore[method-assign]
+    Publisher.send_batch = keep  # type: ignore[method-assign]
     os.environ["ZEROSCOPE_COLLECTOR"] = dead
     from zeroscope.agent.attach import install
 

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from zeroscope.agent import schema
-from zeroscope.agent.publish import Publisher, set_credentials
+from zeroscope.agent.publish import MAX_BATCH, Publisher, set_credentials
 from zeroscope.agent.schema import Hello, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.sources import LiveSource
@@ -60,8 +60,7 @@ def test_ingest_records_and_serves_in_order(tmp_path: Path) -> None:
             assert pub.send(report(step))
         early = LiveSource(col.viewer_address)  # joins mid-run: snapshot, then live
         first = collect(early, 11)
-        for step in range(11, 21):
-            assert pub.send(report(step))
+        assert pub.send_batch([report(step) for step in range(11, 21)]) == 10  # one message
         rest = collect(early, 10)
         late = LiveSource(col.viewer_address)  # joins after: the snapshot has it all
         everything = collect(late, 21)
@@ -80,6 +79,28 @@ def test_ingest_records_and_serves_in_order(tmp_path: Path) -> None:
         assert r.job_id == "job"
 
 
+def test_a_batch_goes_as_few_messages_in_order_and_carries_the_drops_once() -> None:
+    """The agent's sender hands a wake-up's reports over as one batch: they arrive in order
+    (more than MAX_BATCH are split), each checked on its own, and the drops counted before the
+    batch ride on its first report only (so the collector counts them once)."""
+    seen: list[Message] = []
+    col = Collector()
+    col.add_listener(seen.append)
+    with col:
+        pub = Publisher(col.ingest_address)
+        pub.set_sticky(hello(0))
+        send_until(pub, report(0))
+        pub.count_dropped(3)
+        batch: list[Message] = [schema.Event(rank=0, step=1, wall_ns=0, event="overflow")]
+        batch += [report(step) for step in range(1, MAX_BATCH + 10)]
+        assert pub.send_batch(batch) == len(batch)
+        assert wait_for(lambda: col.accepted == 2 + len(batch))
+        pub.close()
+    assert seen[2:] == batch
+    assert [r.dropped for r in seen[2:] if isinstance(r, StepReport)][:2] == [3, 0]
+    assert col.dropped_by_agents == 3 and col.rejected == {}
+
+
 def test_bad_frames_and_tokens_are_counted_not_fatal() -> None:
     with Collector(token=b"right") as col:
         ctx = zmq.Context()
@@ -91,19 +112,22 @@ def test_bad_frames_and_tokens_are_counted_not_fatal() -> None:
         push.send_multipart([b"wrong", good])
         push.send_multipart([b"", good])
         push.send_multipart([b"right", b"\xc1garbage"])
-        push.send_multipart([b"right", good, b"extra"])
+        push.send_multipart([b"right"])
         push.send_multipart(
             [b"right", schema.encode(Hello(schema_version=99, job_id="", rank=0, world_size=1))]
         )
         push.send_multipart([b"right", good])
-        assert wait_for(lambda: col.received == 7)
+        # A batch: each message in it is judged on its own; a wrong token rejects them all.
+        push.send_multipart([b"right", good, b"\xc1garbage", good])
+        push.send_multipart([b"wrong", good, good])
+        assert wait_for(lambda: col.received == 12)
         push.close(0)
         ctx.term()
-    assert col.accepted == 2
-    assert col.unauthenticated == 2
+    assert col.accepted == 4
+    assert col.unauthenticated == 4
     assert col.rejected == {
-        "unauthenticated": 2,
-        "malformed": 1,
+        "unauthenticated": 4,
+        "malformed": 2,
         "framing": 1,
         "schema_version": 1,
     }

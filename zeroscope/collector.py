@@ -3,7 +3,8 @@
 One background thread owns three ZeroMQ sockets:
 
 - ingest, a PULL bound to ``bind_host:port`` (127.0.0.1 by default; a non-loopback bind needs a
-  per-job token): frames ``[token, msgpack]`` from the agents' publishers, each connection
+  per-job token): frames ``[token, msgpack, ...]`` (one or more messages; an agent sends what
+  one wake-up of its sender found as one) from the agents' publishers, each connection
   authenticated in its handshake by :mod:`zeroscope.gate` (which also says who was turned away);
 - a PUB and a ROUTER bound on 127.0.0.1 for viewers (snapshot + live updates, see
   :mod:`zeroscope.collector_protocol`). Viewers on another machine come through ``ssh -L``.
@@ -273,8 +274,10 @@ class Collector:
                 self.internal_errors += 1
                 self.last_error = f"ingest failed: {exc!r}"
 
-    def _reject(self, reason: str, detail: str, source: zmq.Frame | None = None) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+    def _reject(
+        self, reason: str, detail: str, source: zmq.Frame | None = None, count: int = 1
+    ) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + count
         self.last_error = detail
         peer, user = frame_origin(source)
         self.gate.note(reason, peer, user, detail)
@@ -290,16 +293,27 @@ class Collector:
     def ingest(
         self, frames: list[bytes], pub: zmq.Socket | None = None, source: zmq.Frame | None = None
     ) -> Message | None:
-        """Count, authenticate, validate, number, record, publish and hand out one message.
+        """Count, authenticate, validate, number, record, publish and hand out the messages of
+        one ZeroMQ message, ``[token, message, ...]``; returns the last one accepted.
         ``source``: the received first frame, which can say who sent a rejected message."""
-        self.received += 1
-        if len(frames) != 2:
-            self._reject("framing", f"{len(frames)} frames, expected [token, message]", source)
+        if len(frames) < 2:
+            self.received += 1
+            self._reject("framing", f"{len(frames)} frame, expected [token, message, ...]", source)
             return None
-        token, payload = frames
+        token, *payloads = frames
+        self.received += len(payloads)
         if self.token and not hmac.compare_digest(token, self.token):
-            self._reject("unauthenticated", "wrong or missing token", source)
+            self._reject("unauthenticated", "wrong or missing token", source, len(payloads))
             return None
+        accepted = None
+        for payload in payloads:
+            accepted = self._admit(payload, pub, source) or accepted
+        return accepted
+
+    def _admit(
+        self, payload: bytes, pub: zmq.Socket | None, source: zmq.Frame | None
+    ) -> Message | None:
+        """One authenticated message: validated, then published unless it is a duplicate."""
         try:
             message = schema.decode(payload)
         except schema.SchemaError as exc:
