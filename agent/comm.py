@@ -146,27 +146,26 @@ def resolve_host(rec: list[Any], step_start_ns: int) -> Collective | None:
 def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | None:
     """Every record as :func:`resolve_host` would, in one comprehension (no call per record:
     a ZeRO-3 step has hundreds), when all are host records that ended; else None."""
-    try:
-        ends = [rec[END] for rec in records]
-    except TypeError:  # a CollectiveRecord among them
-        return None
-    if None in ends:
-        return None
     # Inside wait() the op finished; a few us of wait() overhead after completion are not
     # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
-    return [
-        Collective(
-            rec[OP],
-            rec[NBYTES],
-            rec[GROUP],
-            (rec[START] - step_start_ns) / 1e9,
-            duration := (end - rec[START]) / 1e9 if end > rec[START] else 0.0,
-            rec[EXPOSED] / 1e9 if rec[EXPOSED] / 1e9 < duration else duration,
-            rec[PREFETCHED],
-            rec[LABEL],
-        )
-        for rec, end in zip(records, ends, strict=True)
-    ]
+    # One pass: an op in flight (its end None) or a CollectiveRecord (not a list) raises
+    # TypeError at its first field read, which is the answer "not all ended on the host".
+    try:
+        return [
+            Collective(
+                rec[OP],
+                rec[NBYTES],
+                rec[GROUP],
+                (rec[START] - step_start_ns) / 1e9,
+                duration := (rec[END] - rec[START]) / 1e9 if rec[END] > rec[START] else 0.0,
+                rec[EXPOSED] / 1e9 if rec[EXPOSED] / 1e9 < duration else duration,
+                rec[PREFETCHED],
+                rec[LABEL],
+            )
+            for rec in records
+        ]
+    except TypeError:
+        return None
 
 
 class CollectiveRecord:
