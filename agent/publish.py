@@ -154,15 +154,25 @@ class Publisher:
                 carrier: StepReport | Heartbeat | None = None
                 payloads = []
                 for message in messages:
-                    if carrier is None and isinstance(message, (StepReport, Heartbeat)):
-                        carrier = message
-                        message.dropped = self._pending_drops
-                    payloads.append(encode(message))
+                    carries = carrier is None and isinstance(message, (StepReport, Heartbeat))
+                    if carries:
+                        message.dropped = self._pending_drops  # type: ignore[union-attr]
+                    try:
+                        payloads.append(encode(message))
+                    except Exception:  # this message only: the rest of the batch still goes
+                        self.errors += 1
+                        self.dropped += 1
+                        self._pending_drops += 1
+                        continue
+                    if carries:
+                        carrier = message  # type: ignore[assignment]
+                if not payloads:
+                    return 0
                 if self._flush_sticky_locked() and self._send_locked(*payloads):
                     if carrier is not None:
                         self._pending_drops -= carrier.dropped
                     return len(payloads)
-                self._drop_locked(len(messages))
+                self._drop_locked(len(payloads))
                 return 0
         except Exception:
             self.errors += 1

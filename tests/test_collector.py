@@ -101,6 +101,23 @@ def test_a_batch_goes_as_few_messages_in_order_and_carries_the_drops_once() -> N
     assert col.dropped_by_agents == 3 and col.rejected == {}
 
 
+def test_a_message_that_cannot_be_encoded_is_dropped_alone_and_counted() -> None:
+    seen: list[Message] = []
+    col = Collector()
+    col.add_listener(seen.append)
+    with col:
+        pub = Publisher(col.ingest_address)
+        pub.set_sticky(hello(0))
+        send_until(pub, report(0))
+        bad = report(1)
+        bad.lr = object()  # type: ignore[assignment]  # msgspec cannot encode it
+        assert pub.send_batch([bad, report(2), report(3)]) == 2
+        assert wait_for(lambda: col.accepted == 4)
+        pub.close()
+    assert [m.step for m in seen[2:] if isinstance(m, StepReport)] == [2, 3]
+    assert (pub.errors, pub.dropped, col.dropped_by_agents) == (1, 1, 1)  # said by step 2
+
+
 def test_bad_frames_and_tokens_are_counted_not_fatal() -> None:
     with Collector(token=b"right") as col:
         ctx = zmq.Context()

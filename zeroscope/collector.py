@@ -50,6 +50,7 @@ HISTORY_BYTES = 256 * 1024 * 1024
 forever). The trace file keeps everything."""
 
 _BATCH = 2000
+"""Messages ingested per turn of the loop before it serves viewers and commits the trace."""
 
 
 def is_loopback(host: str) -> bool:
@@ -256,7 +257,8 @@ class Collector:
             ctx.term()
 
     def _drain(self, pull: zmq.Socket, pub: zmq.Socket) -> None:
-        for _ in range(_BATCH):
+        taken = 0
+        while taken < _BATCH:  # schema messages: an agent's batch counts as what it holds
             try:
                 # The first frame as a zmq.Frame: it knows the sender's address and claim, asked
                 # for only when the message is rejected.
@@ -268,6 +270,7 @@ class Collector:
             while more:
                 frames.append(pull.recv())
                 more = bool(pull.getsockopt(zmq.RCVMORE))
+            taken += max(len(frames) - 1, 1)  # the messages after the token
             try:
                 self.ingest(frames, pub, first)
             except Exception as exc:  # e.g. the trace's disk is full: count, keep serving
