@@ -3,7 +3,9 @@ driven by the agent's real Publisher over real ZeroMQ sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,21 @@ def send_until(pub: Publisher, message: Message, timeout: float = 10.0) -> None:
     Hello got through, as the agent's sampler thread does, then send."""
     assert wait_for(lambda: (pub.poll_connection(), not pub.hello_pending)[1], timeout)
     assert pub.send(message)
+
+
+@contextlib.contextmanager
+def connected() -> Iterator[tuple[Collector, Publisher, list[Message]]]:
+    """A running collector, a publisher whose Hello and report 0 got through, and the list of
+    what the collector accepted."""
+    seen: list[Message] = []
+    col = Collector()
+    col.add_listener(seen.append)
+    with col:
+        pub = Publisher(col.ingest_address)
+        pub.set_sticky(hello(0))
+        send_until(pub, report(0))
+        yield col, pub, seen
+        pub.close()
 
 
 def collect(source: LiveSource, n: int, timeout: float = 10.0) -> list[Message]:
@@ -83,37 +100,23 @@ def test_a_batch_goes_as_few_messages_in_order_and_carries_the_drops_once() -> N
     """The agent's sender hands a wake-up's reports over as one batch: they arrive in order
     (more than MAX_BATCH are split), each checked on its own, and the drops counted before the
     batch ride on its first report only (so the collector counts them once)."""
-    seen: list[Message] = []
-    col = Collector()
-    col.add_listener(seen.append)
-    with col:
-        pub = Publisher(col.ingest_address)
-        pub.set_sticky(hello(0))
-        send_until(pub, report(0))
+    with connected() as (col, pub, seen):
         pub.count_dropped(3)
         batch: list[Message] = [schema.Event(rank=0, step=1, wall_ns=0, event="overflow")]
         batch += [report(step) for step in range(1, MAX_BATCH + 10)]
         assert pub.send_batch(batch) == len(batch)
         assert wait_for(lambda: col.accepted == 2 + len(batch))
-        pub.close()
     assert seen[2:] == batch
     assert [r.dropped for r in seen[2:] if isinstance(r, StepReport)][:2] == [3, 0]
     assert col.dropped_by_agents == 3 and col.rejected == {}
 
 
 def test_a_message_that_cannot_be_encoded_is_dropped_alone_and_counted() -> None:
-    seen: list[Message] = []
-    col = Collector()
-    col.add_listener(seen.append)
-    with col:
-        pub = Publisher(col.ingest_address)
-        pub.set_sticky(hello(0))
-        send_until(pub, report(0))
+    with connected() as (col, pub, seen):
         bad = report(1)
         bad.lr = object()  # type: ignore[assignment]  # msgspec cannot encode it
         assert pub.send_batch([bad, report(2), report(3)]) == 2
         assert wait_for(lambda: col.accepted == 4)
-        pub.close()
     assert [m.step for m in seen[2:] if isinstance(m, StepReport)] == [2, 3]
     assert (pub.errors, pub.dropped, col.dropped_by_agents) == (1, 1, 1)  # said by step 2
 
