@@ -87,6 +87,11 @@ def main() -> None:
     }
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(out, f)
+    # A clean end, as torch asks: the process group's threads joined before the interpreter
+    # tears down (left running, one aborted a rank at exit once: "terminate called without an
+    # active exception", after its results were written).
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
