@@ -113,7 +113,7 @@ class Outbox:
             self._lock.release()
 
     def _drain(self, block: bool, batch: list[Message]) -> None:
-        handed, waiting, send = self._handed, self._waiting, batch.append
+        handed, waiting = self._handed, self._waiting
         lost = self.lost - self._lost_counted
         if lost:
             self._lost_counted += lost
@@ -121,7 +121,7 @@ class Outbox:
         while handed:
             item = handed.popleft()
             if not isinstance(item, StepFacts):
-                send(item)  # an event does not wait behind reports
+                batch.append(item)  # an event does not wait behind reports
                 continue
             try:
                 axis = self.timeline.axis(item.marks, item.end_ns, item.end_event)
