@@ -49,3 +49,27 @@ async def test_advice_screen_and_pointer() -> None:
         assert "skipped for overflow" in text  # the evidence is shown with the advice
         await pilot.press("escape")
         assert isinstance(app.screen, ClusterScreen)
+
+
+@sync
+async def test_advice_held_back_by_its_rate_limit_catches_up_when_the_state_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The advisor runs at most every ADVICE_EVERY_S; advice judged on an early state must
+    still be redone once due even if nothing new arrives (a paused replay, a finished job)."""
+    monkeypatch.setattr("zeroscope.tui.app.ADVICE_EVERY_S", 0.3)
+    app = ZeroscopeApp(ClusterState(), refresh_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.set_interval(app.refresh_s, app._tick)  # no feed: tick as a live app would
+        await pilot.pause(0.1)
+        assert "press a" not in screen_text(app)  # judged on the empty state
+        app.state = storm_state()  # the whole run lands at once, then nothing more moves
+        app.state.version += 1
+        await pilot.pause(0.1)
+        assert not app.settled  # drawn at once, its advice still held back
+        for _ in range(40):
+            await pilot.pause(0.05)
+            if app.settled:
+                break
+        await pilot.pause(0.1)
+        assert app.settled and "press a" in screen_text(app)

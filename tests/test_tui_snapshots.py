@@ -71,7 +71,7 @@ def test_replay_plots_snapshot(snap_compare: Any, ranks: int, size: tuple[int, i
     async def loaded(pilot: Any) -> None:
         for _ in range(200):
             await pilot.pause(0.05)
-            if app.run_series is not None and app.cursor == 20:
+            if app.run_series is not None and app.cursor == 20 and app.settled:
                 break
         await pilot.pause(0.3)
 

@@ -155,8 +155,25 @@ class ZeroscopeApp(App[str]):
 
     def _tick(self) -> None:
         # Live: redraw at least once a second so "silent for 2 s" appears without new data.
-        if self.state.version != self._drawn or self.live_clock:
+        # An advisory held back by its rate limit is redrawn once due, even if the state has
+        # stopped moving (a paused replay, a finished job): advice is never left stale.
+        if self.state.version != self._drawn or self.live_clock or self._advice_due():
             self.redraw()
+
+    def _advice_due(self) -> bool:
+        cached = self._advisory
+        return (
+            cached is not None
+            and cached[0] != self.state.version
+            and time.monotonic() - cached[2] >= ADVICE_EVERY_S
+        )
+
+    @property
+    def settled(self) -> bool:
+        """The screen shows the newest state, advice included (what a snapshot waits for)."""
+        cached = self._advisory
+        advised = cached is None or cached[0] == self.state.version
+        return self._drawn == self.state.version and advised
 
     def redraw(self) -> None:
         self._drawn = self.state.version
