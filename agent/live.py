@@ -53,6 +53,7 @@ from .schema import (
     PipelineStep,
     TransferDirection,
 )
+from .termination import TerminationBye
 from .timeline import RawMark
 
 
@@ -432,14 +433,20 @@ class LiveTelemetry(Telemetry):
             Heartbeat(rank=self.rank, step=self.step - 1, wall_ns=time.time_ns(), host=sample)
         )
 
-    def close(self, exit_code: int = 0, message: str = "") -> None:
+    def close(self, exit_code: int = 0, message: str = "", *, hurry: bool = False) -> None:
+        """The Bye, after the reports still held. ``hurry`` (the process is being terminated,
+        maybe hung in a collective): what is ready goes, nothing waits for the device or for
+        long on the sender thread."""
         if self.closed:
             return
         self.closed = True
         try:
-            self.sampler.stop()
+            self.sampler.stop(0.2 if hurry else 2.0)
             with contextlib.suppress(Exception):
-                self._outbox.drain(block=True)
+                if hurry:
+                    self._outbox.drain(block=False, wait_s=0.2)
+                else:
+                    self._outbox.drain(block=True)
             self.publisher.poll_connection()
             self.publisher.send(
                 Bye(
@@ -459,7 +466,9 @@ class LiveTelemetry(Telemetry):
 
     def install_exit_hooks(self) -> None:
         """Bye at interpreter exit; an uncaught exception sends an ``error`` Event and a Bye
-        with exit code 1, then the previous excepthook prints the user's traceback as usual."""
+        with exit code 1, then the previous excepthook prints the user's traceback as usual;
+        SIGTERM (a launcher stopping the job) sends a Bye before the process dies of it
+        (agent/termination.py)."""
         previous = sys.excepthook
 
         def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -474,3 +483,7 @@ class LiveTelemetry(Telemetry):
 
         sys.excepthook = excepthook
         atexit.register(self.close)
+        self._termination = TerminationBye(
+            lambda code, message: self.close(code, message, hurry=True)
+        )
+        self._termination.install()

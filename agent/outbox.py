@@ -95,11 +95,15 @@ class Outbox:
             self._woken_ns = now
             self.wake.set()
 
-    def drain(self, block: bool = False) -> None:
+    def drain(self, block: bool = False, wait_s: float | None = None) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``
-        (at close, the loop is over) sends everything, waiting for the device if needed."""
+        (at close, the loop is over) sends everything, waiting for the device if needed.
+        ``wait_s``: the most to wait for the sender thread's turn (default: forever, or
+        CLOSE_WAIT_S with ``block``)."""
         # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
-        if not self._lock.acquire(timeout=CLOSE_WAIT_S if block else -1):
+        if wait_s is None:
+            wait_s = CLOSE_WAIT_S if block else -1
+        if not self._lock.acquire(timeout=wait_s):
             self.errors += 1
             return
         try:

@@ -125,11 +125,11 @@ class Sampler:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 2.0) -> None:
         self._stop.set()
         self._wake_flag.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=wait_s)
 
     def _run(self) -> None:
         try:

@@ -131,9 +131,12 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
     last = int(died.split()[8])
     assert last in (6, 7)
     assert step_numbers(run.stdout) == list(range(1, 8))
-    # Rank 0 saw its peer vanish (gloo: connection reset) and said so in its Bye.
-    (said,) = [ln for ln in lines if ln.startswith("rank 0 exited with code 1: RuntimeError: ")]
-    assert "{" not in said  # a sentence, not a Python dict
+    # Rank 0 saw its peer vanish (gloo: connection reset) and said so in its Bye, or torchrun
+    # (polling its workers every 0.1 s) stopped it with SIGTERM first, and it said that.
+    said = [ln for ln in lines if ln.startswith("rank 0 exited with code 1: RuntimeError: ")]
+    stopped = "r0 stopped by SIGTERM" in lines
+    assert len(said) + stopped == 1, lines
+    assert all("{" not in ln for ln in said)  # a sentence, not a Python dict
     replay = zeroscope("replay", "--headless", "t.zstrace", cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr
     assert died in replay.stdout.splitlines()
@@ -142,7 +145,7 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
         got = {r: [m.step for m in trace.messages(ranks=[r], kinds=["step"])] for r in (0, 1)}
         assert got == {0: list(range(1, 8)), 1: list(range(1, last + 1))}
         errors = [m for m in trace.messages(kinds=["event"]) if m.event == "error"]
-        assert [e.rank for e in errors] == [0]
+        assert [e.rank for e in errors] == ([0] if said else [])
 
 
 def train_gpt(env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:

@@ -71,9 +71,14 @@ class Alert:
         }
 
 
-def interrupted(bye_message: str) -> bool:
-    """A rank that ended on KeyboardInterrupt was stopped (Ctrl-C), not failing."""
-    return bye_message.startswith("KeyboardInterrupt")
+STOPS = ("KeyboardInterrupt", "SIGTERM")
+"""How a Bye that was stopped from outside begins: Ctrl-C, or SIGTERM (agent/termination.py:
+the launcher ending the job after another rank failed, a scheduler's preemption)."""
+
+
+def interrupted(bye_message: str) -> str | None:
+    """What stopped a rank that did not fail by itself (Ctrl-C, SIGTERM), or None."""
+    return next((stop for stop in STOPS if bye_message.startswith(stop)), None)
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -136,12 +136,19 @@ def _error_sentences(state: ClusterState, bad: dict[int, int]) -> list[str]:
     """One sentence per failed rank, in the order they said so (the first is the likely
     cause), with the error each rank reported; past a few, a count."""
     byes = {r: state.ranks[r].bye for r in bad}
-    stopped = sorted(r for r, bye in byes.items() if bye and interrupted(bye.message))
-    order = sorted(set(bad) - set(stopped), key=lambda r: (byes[r].wall_ns, r))  # type: ignore[union-attr]
-    shown = ",".join(f"r{r}" for r in stopped[:8]) + (
-        f" +{len(stopped) - 8}" if len(stopped) > 8 else ""
-    )
-    lines = [f"{shown} stopped by KeyboardInterrupt"] if stopped else []
+    stops: dict[str, list[int]] = {}
+    for r, bye in sorted(byes.items()):
+        stop = interrupted(bye.message) if bye else None
+        if stop:
+            stops.setdefault(stop, []).append(r)
+    stopped = {r for ranks in stops.values() for r in ranks}
+    order = sorted(set(bad) - stopped, key=lambda r: (byes[r].wall_ns, r))  # type: ignore[union-attr]
+    lines = []
+    for stop, ranks in stops.items():
+        shown = ",".join(f"r{r}" for r in ranks[:8]) + (
+            f" +{len(ranks) - 8}" if len(ranks) > 8 else ""
+        )
+        lines.append(f"{shown} stopped by {stop}")
     for r in order[:ERRORS_NAMED]:
         message = byes[r].message.rstrip().removesuffix(":")  # type: ignore[union-attr]
         lines.append(f"rank {r} exited with code {bad[r]}" + (f": {message}" if message else ""))

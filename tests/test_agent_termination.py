@@ -1,0 +1,151 @@
+"""SIGTERM (torchrun stopping the survivors of a failed rank) sends a Bye, and the rank still
+dies of SIGTERM: against a real collector, with rank 0 hung in a gloo all-reduce whose peer
+never comes (a Python signal handler alone would never run there), and against the same job
+without zeroscope (the exit the user sees is unchanged)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed import free_port
+from zeroscope.agent import api
+from zeroscope.agent.schema import Bye, Message
+from zeroscope.agent.termination import STOP_CODE
+from zeroscope.collector import Collector, wait_for
+from zeroscope.state.alerts import interrupted
+
+ROOT = Path(__file__).resolve().parent.parent
+
+JOB = """
+import os, signal, sys, time
+mode = sys.argv[1]
+if mode == "user-handler":
+    signal.signal(signal.SIGTERM, lambda s, f: print("the user's handler ran", flush=True))
+import torch, torch.distributed as dist
+from zeroscope.agent import api
+from zeroscope.agent.schema import MemoryBytes
+tel = api.telemetry()
+tel.step_end(memory=MemoryBytes(params=7))
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+if mode == "fork":
+    child = os.fork()
+    if child == 0:  # a DataLoader worker's life: terminated by its parent
+        time.sleep(60)
+        os._exit(0)
+    os.kill(child, signal.SIGTERM)
+    _, status = os.waitpid(child, 0)
+    print("child", os.waitstatus_to_exitcode(status), flush=True)
+print("ready", flush=True)
+if rank == 1:
+    time.sleep(60)  # the peer that never comes to the all-reduce
+elif mode == "user-handler":
+    time.sleep(3)  # the user's handler runs and the job goes on
+    print("went on", flush=True)
+else:
+    dist.all_reduce(torch.ones(4))  # hung in C++ until SIGTERM
+"""
+
+
+def start(mode: str, rank: int, port: int, address: str | None) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    env.pop(api.COLLECTOR_ENV, None)
+    if address is not None and rank == 0:
+        env[api.COLLECTOR_ENV] = address
+    return subprocess.Popen(
+        [sys.executable, "-c", JOB, mode], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def terminate_rank0(mode: str, address: str | None) -> tuple[int, float, str]:
+    """Rank 0's exit status, seconds from SIGTERM to its end, and its output."""
+    port = free_port()
+    procs = [start(mode, r, port, address) for r in (0, 1)]
+    try:
+        stdout = procs[0].stdout
+        assert stdout is not None
+        lines = []
+        for line in stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        time.sleep(0.5)  # well inside the all-reduce
+        t0 = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        code = procs[0].wait(timeout=30)
+        took = time.monotonic() - t0
+        return code, took, "".join(lines) + stdout.read()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_rank_hung_in_a_collective_says_bye_on_sigterm_and_dies_of_it() -> None:
+    bare_code, bare_took, _ = terminate_rank0("hung", None)
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    with col:
+        code, took, _ = terminate_rank0("hung", col.ingest_address)
+        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    assert bare_code == code == -signal.SIGTERM  # what the user (and torchrun) sees: unchanged
+    assert took < 5 and bare_took < 5
+    (bye,) = [m for m in got if isinstance(m, Bye)]
+    assert bye.exit_code == STOP_CODE == 143 and bye.step == 1
+    assert interrupted(bye.message) == "SIGTERM"
+
+
+@pytest.mark.slow
+def test_the_users_own_sigterm_handler_is_left_alone() -> None:
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    with col:
+        port = free_port()
+        procs = [start("user-handler", r, port, col.ingest_address) for r in (0, 1)]
+        try:
+            out = procs[0].stdout
+            assert out is not None
+            assert out.readline().startswith("ready")
+            procs[0].send_signal(signal.SIGTERM)
+            assert procs[0].wait(timeout=30) == 0
+            rest = out.read()
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        assert "the user's handler ran" in rest and "went on" in rest
+        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    (bye,) = [m for m in got if isinstance(m, Bye)]
+    assert bye.exit_code == 0  # the job ended normally; no SIGTERM Bye was sent
+
+
+@pytest.mark.slow
+def test_a_forked_child_terminated_by_its_parent_is_not_the_rank_terminated() -> None:
+    got: list[Message] = []
+    col = Collector()
+    col.add_listener(got.append)
+    with col:
+        code, _, out = terminate_rank0("fork", col.ingest_address)
+        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    assert "ready" in out  # the parent lived on after its child's SIGTERM
+    assert "child -15" in out  # the child died of its SIGTERM, as without zeroscope
+    assert code == -signal.SIGTERM
+    byes = [m for m in got if isinstance(m, Bye)]
+    assert [(b.rank, b.exit_code) for b in byes] == [(0, STOP_CODE)]  # once, for the rank
