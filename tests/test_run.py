@@ -102,7 +102,7 @@ def test_headless_run_records_a_trace_that_replays_to_the_same_lines(
     # The job's own prints share stdout with zeroscope's lines, in whatever order they race.
     lines = [line for line in run.stdout.splitlines() if not line.startswith("[train_gpt]")]
     steps = [line for line in lines if line.startswith("step ")]
-    assert [line.split()[1] for line in steps] == ["1", "2", "3"]
+    assert [line.split()[1] for line in steps] == ["1", "2", "3"], run.stdout + run.stderr[-3000:]
     assert all("ranks 2" in line and memory in line for line in steps)
     (trace_line,) = [line for line in lines if line.startswith("trace: ")]
     trace = tmp_path / trace_line.removeprefix("trace: ")
