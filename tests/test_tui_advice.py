@@ -57,17 +57,25 @@ async def test_advice_held_back_by_its_rate_limit_catches_up_when_the_state_stop
 ) -> None:
     """The advisor runs at most every ADVICE_EVERY_S; advice judged on an early state must
     still be redone once due even if nothing new arrives (a paused replay, a finished job)."""
-    monkeypatch.setattr("zeroscope.tui.app.ADVICE_EVERY_S", 0.3)
+    monkeypatch.setattr("zeroscope.tui.app.ADVICE_EVERY_S", 3600.0)
     app = ZeroscopeApp(ClusterState(), refresh_s=0.05)
     async with app.run_test(size=(120, 40)) as pilot:
         app.set_interval(app.refresh_s, app._tick)  # no feed: tick as a live app would
-        await pilot.pause(0.1)
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app._advisory is not None:
+                break
         assert "press a" not in screen_text(app)  # judged on the empty state
         app.state = storm_state()  # the whole run lands at once, then nothing more moves
         app.state.version += 1
-        await pilot.pause(0.1)
-        assert not app.settled  # drawn at once, its advice still held back
-        for _ in range(40):
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app._drawn == app.state.version:
+                break
+        assert not app.settled  # drawn, its advice held back by the rate limit
+        assert "press a" not in screen_text(app)
+        monkeypatch.setattr("zeroscope.tui.app.ADVICE_EVERY_S", 0.0)  # the limit has passed
+        for _ in range(100):
             await pilot.pause(0.05)
             if app.settled:
                 break
