@@ -18,6 +18,12 @@ that refuses the token answers the handshake with an error, so this side *knows*
 (``refused``) instead of sending into the void, and the collector knows whom it refused and
 from which address. No message is ever queued on a refused connection (``IMMEDIATE``).
 
+Until the first handshake succeeds, messages are *held* (at most ``EARLY_HOLD``, in order)
+rather than dropped: a rank whose collector is slow to answer at start-up (a loaded machine,
+another node's collector still starting) still delivers its first steps, after its Hello, once
+the connection is made. Past the bound, or once the collector refused the handshake, messages
+are dropped and counted as always; after the first connection nothing is held again.
+
 No exception ever leaves this module: a failure is counted in ``errors`` and the message dropped.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -40,6 +47,9 @@ SEND_HWM = 1000
 
 MAX_BATCH = 64
 """At most this many schema messages ride in one ZeroMQ message (a bounded frame list)."""
+
+EARLY_HOLD = 256
+"""Messages held before the first connection (a few MB at most on a ZeRO-3 report's size)."""
 
 _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _LAST = int(zmq.NOBLOCK)
@@ -92,6 +102,9 @@ class Publisher:
         self._sticky: bytes | None = None
         self._sticky_pending = False
         self._pending_drops = 0
+        self._early: deque[list[bytes]] | None = deque()
+        """Payload groups held until the first connection (None once it was made)."""
+        self._early_count = 0
         self.sent = 0
         self.dropped = 0
         """Messages dropped in total (EAGAIN or errors)."""
@@ -168,6 +181,8 @@ class Publisher:
                         carrier = message  # type: ignore[assignment]
                 if not payloads:
                     return 0
+                if self._early is not None and not self.refused:
+                    return self._hold_locked(payloads, carrier)
                 if self._flush_sticky_locked() and self._send_locked(*payloads):
                     if carrier is not None:
                         self._pending_drops -= carrier.dropped
@@ -179,6 +194,41 @@ class Publisher:
             self.dropped += len(messages)
             self._pending_drops += len(messages)
             return 0
+
+    def _hold_locked(self, payloads: list[bytes], carrier: StepReport | Heartbeat | None) -> int:
+        """Before the first connection: hold ``payloads`` behind those already held (dropped
+        and counted past EARLY_HOLD), then try to send them all."""
+        early = self._early
+        assert early is not None
+        if self._early_count + len(payloads) > EARLY_HOLD:
+            self._drop_locked(len(payloads))
+            self._flush_early_locked()
+            return 0
+        early.append(payloads)
+        self._early_count += len(payloads)
+        if carrier is not None:
+            self._pending_drops -= carrier.dropped  # it rides along, sent later in order
+        self._flush_early_locked()
+        return len(payloads)
+
+    def _flush_early_locked(self) -> None:
+        """Send what was held before the first connection, after the Hello; once all of it
+        went, the first connection is made and nothing is held any more. Refused: dropped."""
+        early = self._early
+        if early is None:
+            return
+        if self.refused or self.closed:
+            self._early = None
+            if self._early_count:
+                self._drop_locked(self._early_count)
+            return
+        if not self._flush_sticky_locked():
+            return
+        while early:
+            if not self._send_locked(*early[0]):
+                return
+            self._early_count -= len(early.popleft())
+        self._early = None
 
     def count_dropped(self, n: int) -> None:
         """``n`` messages were lost before reaching this publisher (the agent's hand-off queue
@@ -210,7 +260,10 @@ class Publisher:
                     if not self.connected and self._sticky is not None:
                         self._sticky_pending = True  # re-announce on the next connection
             with self._lock:
-                self._flush_sticky_locked()
+                if self._early is not None:
+                    self._flush_early_locked()
+                else:
+                    self._flush_sticky_locked()
         except Exception:
             self.errors += 1
 

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from zeroscope.agent import schema
-from zeroscope.agent.publish import MAX_BATCH, Publisher, set_credentials
+from zeroscope.agent.publish import EARLY_HOLD, MAX_BATCH, Publisher, set_credentials
 from zeroscope.agent.schema import Hello, Message, StepReport
 from zeroscope.collector import Collector, wait_for
 from zeroscope.sources import LiveSource
@@ -179,6 +179,35 @@ def test_publisher_survives_a_collector_restart_on_the_same_port() -> None:
     assert isinstance(got[1], StepReport) and got[1].step == 51
     assert got[1].dropped == pub.dropped >= 1
     assert col2.dropped_by_agents == pub.dropped
+
+
+@pytest.mark.parametrize("extra", [0, 3])
+def test_reports_sent_before_the_collector_answers_arrive_after_the_hello(extra: int) -> None:
+    """Start-up: the collector is not there yet. The first EARLY_HOLD messages are held and
+    arrive, in order after the Hello, once it answers; past that they are dropped and counted
+    (the next report says how many); after the first connection nothing is held again."""
+    from tests.distributed import free_port
+
+    port = free_port()
+    pub = Publisher(f"tcp://127.0.0.1:{port}")
+    pub.set_sticky(hello(0))
+    steps = range(1, EARLY_HOLD + extra + 1)
+    taken = [pub.send(report(s)) for s in steps]
+    assert taken == [True] * EARLY_HOLD + [False] * extra  # no collector: held, then dropped
+    assert (pub.sent, pub.dropped) == (0, extra)
+    got: list[Message] = []
+    col = Collector(port=port)
+    col.add_listener(got.append)
+    with col:
+        assert wait_for(lambda: (pub.poll_connection(), len(got) > EARLY_HOLD)[1], 10)
+        assert pub.send(report(10_000))
+        assert wait_for(lambda: len(got) == EARLY_HOLD + 2)
+    assert got[0] == hello(0)
+    assert [m.step for m in got[1:]] == [*range(1, EARLY_HOLD + 1), 10_000]  # type: ignore[union-attr]
+    assert [m.dropped for m in got[1:] if m.dropped] == ([extra] if extra else [])  # type: ignore[union-attr]
+    # Connected once: a collector gone again means drops, not holding.
+    assert wait_for(lambda: (pub.poll_connection(), not pub.send(report(10_001)))[1], 5)
+    pub.close()
 
 
 def test_live_source_follows_a_restarted_collector() -> None:
