@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +24,7 @@ from zeroscope.collector import Collector, wait_for
 from zeroscope.state.alerts import interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 JOB = """
 import os, signal, sys, time
@@ -95,57 +98,55 @@ def terminate_rank0(mode: str, address: str | None) -> tuple[int, float, str]:
             p.wait()
 
 
-@pytest.mark.slow
-def test_a_rank_hung_in_a_collective_says_bye_on_sigterm_and_dies_of_it() -> None:
-    bare_code, bare_took, _ = terminate_rank0("hung", None)
+def with_collector(run: Callable[[str], T]) -> tuple[T, list[Bye]]:
+    """``run(address)`` against a real collector: its result and the Byes the collector got."""
     got: list[Message] = []
     col = Collector()
     col.add_listener(got.append)
     with col:
-        code, took, _ = terminate_rank0("hung", col.ingest_address)
+        result = run(col.ingest_address)
         assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    return result, [m for m in got if isinstance(m, Bye)]
+
+
+def user_handler_job(address: str) -> tuple[int, str]:
+    """SIGTERM to a rank whose script set its own handler: its exit code and its output."""
+    port = free_port()
+    procs = [start("user-handler", r, port, address) for r in (0, 1)]
+    try:
+        out = procs[0].stdout
+        assert out is not None
+        assert out.readline().startswith("ready")
+        procs[0].send_signal(signal.SIGTERM)
+        return procs[0].wait(timeout=30), out.read()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_rank_hung_in_a_collective_says_bye_on_sigterm_and_dies_of_it() -> None:
+    bare_code, bare_took, _ = terminate_rank0("hung", None)
+    (code, took, _), byes = with_collector(lambda address: terminate_rank0("hung", address))
     assert bare_code == code == -signal.SIGTERM  # what the user (and torchrun) sees: unchanged
     assert took < 5 and bare_took < 5
-    (bye,) = [m for m in got if isinstance(m, Bye)]
+    (bye,) = byes
     assert bye.exit_code == STOP_CODE == 143 and bye.step == 1
     assert interrupted(bye.message) == "SIGTERM"
 
 
 @pytest.mark.slow
 def test_the_users_own_sigterm_handler_is_left_alone() -> None:
-    got: list[Message] = []
-    col = Collector()
-    col.add_listener(got.append)
-    with col:
-        port = free_port()
-        procs = [start("user-handler", r, port, col.ingest_address) for r in (0, 1)]
-        try:
-            out = procs[0].stdout
-            assert out is not None
-            assert out.readline().startswith("ready")
-            procs[0].send_signal(signal.SIGTERM)
-            assert procs[0].wait(timeout=30) == 0
-            rest = out.read()
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
-        assert "the user's handler ran" in rest and "went on" in rest
-        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
-    (bye,) = [m for m in got if isinstance(m, Bye)]
-    assert bye.exit_code == 0  # the job ended normally; no SIGTERM Bye was sent
+    (code, out), byes = with_collector(user_handler_job)
+    assert code == 0 and "the user's handler ran" in out and "went on" in out
+    assert [b.exit_code for b in byes] == [0]  # the job ended normally; no SIGTERM Bye
 
 
 @pytest.mark.slow
 def test_a_forked_child_terminated_by_its_parent_is_not_the_rank_terminated() -> None:
-    got: list[Message] = []
-    col = Collector()
-    col.add_listener(got.append)
-    with col:
-        code, _, out = terminate_rank0("fork", col.ingest_address)
-        assert wait_for(lambda: any(isinstance(m, Bye) for m in got))
+    (code, _, out), byes = with_collector(lambda address: terminate_rank0("fork", address))
     assert "ready" in out  # the parent lived on after its child's SIGTERM
     assert "child -15" in out  # the child died of its SIGTERM, as without zeroscope
     assert code == -signal.SIGTERM
-    byes = [m for m in got if isinstance(m, Bye)]
     assert [(b.rank, b.exit_code) for b in byes] == [(0, STOP_CODE)]  # once, for the rank
