@@ -181,7 +181,9 @@ class Publisher:
                         carrier = message  # type: ignore[assignment]
                 if not payloads:
                     return 0
-                if self._early is not None and not self.refused:
+                if self._early is not None and not (
+                    self.refused or self.closed or os.getpid() != self._pid
+                ):
                     return self._hold_locked(payloads, carrier)
                 if self._flush_sticky_locked() and self._send_locked(*payloads):
                     if carrier is not None:
