@@ -210,6 +210,16 @@ def test_reports_sent_before_the_collector_answers_arrive_after_the_hello(extra:
     pub.close()
 
 
+def test_a_closed_publisher_holds_nothing() -> None:
+    from tests.distributed import free_port
+
+    pub = Publisher(f"tcp://127.0.0.1:{free_port()}")  # never connected
+    assert pub.send(report(1))  # held for a collector that may still come
+    pub.close()
+    assert not pub.send(report(2))  # closed: dropped and counted, as before
+    assert pub.dropped >= 1
+
+
 def test_live_source_follows_a_restarted_collector() -> None:
     col = Collector().start()
     port = int(col.ingest_address.rsplit(":", 1)[1])
