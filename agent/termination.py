@@ -88,14 +88,12 @@ class TerminationBye:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """The main thread's path: normally the watcher has it already (the fd is written
         before this runs); act only if it did not come (the fd is not ours any more)."""
-        if self._once.acquire(timeout=0.5):
-            self._once.release()
-            self._terminate()
+        self._terminate(wait_s=0.5)
         time.sleep(BYE_DEADLINE_S + 1)  # the watcher is ending the process
         _default_and_reraise()
 
-    def _terminate(self) -> None:
-        if not self._once.acquire(blocking=False):
+    def _terminate(self, wait_s: float = 0.0) -> None:
+        if not self._once.acquire(timeout=wait_s):
             return  # the other path is at it; it ends the process
         # Whatever the Bye meets (a lock held by the interrupted main thread, a dead
         # collector), the process dies of SIGTERM within BYE_DEADLINE_S.

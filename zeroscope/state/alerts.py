@@ -81,9 +81,10 @@ def interrupted(bye_message: str) -> str | None:
     return next((stop for stop in STOPS if bye_message.startswith(stop)), None)
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    shown = ",".join(f"r{r}" for r in ranks[:6])
-    return shown + (f" +{len(ranks) - 6}" if len(ranks) > 6 else "")
+def ranks_text(ranks: list[int], named: int = 6) -> str:
+    """``r0,r3,r5 +2``: the first ``named`` ranks, then how many more."""
+    shown = ",".join(f"r{r}" for r in ranks[:named])
+    return shown + (f" +{len(ranks) - named}" if len(ranks) > named else "")
 
 
 def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
@@ -109,7 +110,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 kind="memory",
                 severity="critical",
                 ranks=tuple(ranks),
-                message=f"memory headroom low on {_ranks_text(ranks)}",
+                message=f"memory headroom low on {ranks_text(ranks)}",
             )
         )
 
@@ -166,7 +167,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 kind="silent",
                 severity="critical",
                 ranks=tuple(silent),
-                message=f"no word for >{rules.silent_s:g}s from {_ranks_text(silent)}"
+                message=f"no word for >{rules.silent_s:g}s from {ranks_text(silent)}"
                 f" (after step {last})",
             )
         )
@@ -182,7 +183,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 kind="exited",
                 severity="critical",
                 ranks=tuple(failed),
-                message=f"rank exited with an error: {_ranks_text(failed)}",
+                message=f"rank exited with an error: {ranks_text(failed)}",
             )
         )
 
@@ -203,7 +204,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 kind="lost",
                 severity="critical",
                 ranks=tuple(lost),
-                message=f"{_ranks_text(lost)} died without a word after step {last} (no Bye)",
+                message=f"{ranks_text(lost)} died without a word after step {last} (no Bye)",
             )
         )
 
@@ -231,7 +232,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 kind="drops",
                 severity="warning",
                 ranks=tuple(dropping),
-                message=f"agent dropped {total} messages on {_ranks_text(dropping)}",
+                message=f"agent dropped {total} messages on {ranks_text(dropping)}",
             )
         )
     return alerts

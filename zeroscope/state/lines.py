@@ -7,7 +7,7 @@ same ClusterState prints the same lines, which is how the end-to-end test checks
 from __future__ import annotations
 
 from . import units
-from .alerts import interrupted
+from .alerts import interrupted, ranks_text
 from .cluster import ClusterState, StepAggregate
 from .roster import headcount
 
@@ -99,9 +99,7 @@ def exit_lines(state: ClusterState) -> list[str]:
     lines = []
     if exits:
         for step, rs_lost in sorted(lost.items()):
-            shown = ",".join(f"r{r}" for r in rs_lost[:8]) + (
-                f" +{len(rs_lost) - 8}" if len(rs_lost) > 8 else ""
-            )
+            shown = ranks_text(rs_lost, 8)
             lines.append(
                 f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
             )
@@ -143,12 +141,7 @@ def _error_sentences(state: ClusterState, bad: dict[int, int]) -> list[str]:
             stops.setdefault(stop, []).append(r)
     stopped = {r for ranks in stops.values() for r in ranks}
     order = sorted(set(bad) - stopped, key=lambda r: (byes[r].wall_ns, r))  # type: ignore[union-attr]
-    lines = []
-    for stop, ranks in stops.items():
-        shown = ",".join(f"r{r}" for r in ranks[:8]) + (
-            f" +{len(ranks) - 8}" if len(ranks) > 8 else ""
-        )
-        lines.append(f"{shown} stopped by {stop}")
+    lines = [f"{ranks_text(ranks, 8)} stopped by {stop}" for stop, ranks in stops.items()]
     for r in order[:ERRORS_NAMED]:
         message = byes[r].message.rstrip().removesuffix(":")  # type: ignore[union-attr]
         lines.append(f"rank {r} exited with code {bad[r]}" + (f": {message}" if message else ""))

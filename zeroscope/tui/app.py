@@ -161,6 +161,7 @@ class ZeroscopeApp(App[str]):
             self.redraw()
 
     def _advice_due(self) -> bool:
+        """The advice was judged on an older state and its rate limit has passed."""
         cached = self._advisory
         return (
             cached is not None
@@ -192,13 +193,8 @@ class ZeroscopeApp(App[str]):
     def advisory(self) -> Advisory:
         """The advisor's conclusions on the state (recomputed when it moved, at most every
         ADVICE_EVERY_S seconds: a live 1024-rank job moves four times a second)."""
-        now = time.monotonic()
-        cached = self._advisory
-        if cached is None or (
-            cached[0] != self.state.version and now - cached[2] >= ADVICE_EVERY_S
-        ):
-            self._advisory = (self.state.version, advise(self.state), now)
-        assert self._advisory is not None
+        if self._advisory is None or self._advice_due():
+            self._advisory = (self.state.version, advise(self.state), time.monotonic())
         return self._advisory[1]
 
     def advice_pointer(self) -> str | None:
