@@ -54,7 +54,7 @@ from .schema import (
     TransferDirection,
 )
 from .termination import TerminationBye
-from .timeline import RawMark
+from .timeline import RawMark, StepAxis
 
 
 class LiveTelemetry(Telemetry):
@@ -117,7 +117,7 @@ class LiveTelemetry(Telemetry):
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._outbox = Outbox(publisher, lambda: self.step, rank)
+        self._outbox = Outbox(publisher, lambda: self.step, rank, self._observe_step)
         self._host: HostSample | None = None
         self.sampler = Sampler(
             self._on_sample,
@@ -416,6 +416,12 @@ class LiveTelemetry(Telemetry):
         cost = self.cost
         cost.ns += now_ns() - now
         cost.steps += 1
+
+    def _observe_step(self, facts: StepFacts, axis: StepAxis) -> None:
+        """(Sender thread.) What a counted step really cost sets when the next count may come
+        (agent/cadence.py ``observe``)."""
+        counted = facts.activations is not None and facts.activations[1] == facts.step
+        self._cadence.observe(axis.compute_ns, counted)
 
     def drain(self) -> None:
         """Send now, on this thread, every event and report that is ready (the sampler thread

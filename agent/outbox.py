@@ -37,7 +37,7 @@ from typing import Any
 
 from .pending import PendingReport, StepFacts
 from .schema import Event, Message
-from .timeline import StepTimeline
+from .timeline import StepAxis, StepTimeline
 
 DRAIN_INTERVAL_S = 0.5
 """How often the sender thread looks for reports on its own (those the training thread did not
@@ -59,8 +59,16 @@ MAX_QUEUED = 256
 class Outbox:
     """The hand-off queue (training thread: ``put``) and its sender side (``drain``)."""
 
-    def __init__(self, publisher: Any, current_step: Callable[[], int], rank: int = 0) -> None:
+    def __init__(
+        self,
+        publisher: Any,
+        current_step: Callable[[], int],
+        rank: int = 0,
+        on_axis: Callable[[StepFacts, StepAxis], None] | None = None,
+    ) -> None:
         self.publisher = publisher
+        self._on_axis = on_axis
+        """Told each step's facts and axis as the sender makes it, in step order."""
         self._current_step = current_step
         self._rank = rank
         self._handed: deque[StepFacts | Event] = deque()
@@ -133,6 +141,11 @@ class Outbox:
                 self.errors += 1
                 self._count_dropped(1)
                 continue
+            if self._on_axis is not None:
+                try:
+                    self._on_axis(item, axis)
+                except Exception:
+                    self.errors += 1
             waiting.append(PendingReport(item, axis))
         step = self._current_step()
         while waiting:

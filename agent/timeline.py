@@ -43,17 +43,28 @@ class StepAxis:
     they came from the training thread): its start, its end and its phases' (name, start,
     end)."""
 
-    __slots__ = ("end", "forward_seen", "spans", "start")
+    __slots__ = ("end", "forward_ns", "spans", "start")
 
     def __init__(
         self,
         start: RawMark,
         end: RawMark,
         spans: list[tuple[str, RawMark, RawMark]],
-        forward_seen: bool = False,
+        forward_ns: int | None = None,
     ) -> None:
         self.start, self.end, self.spans = start, end, spans
-        self.forward_seen = forward_seen
+        self.forward_ns = forward_ns
+        """The host instant the step's first forward began (None: no forward in it)."""
+
+    @property
+    def forward_seen(self) -> bool:
+        return self.forward_ns is not None
+
+    @property
+    def compute_ns(self) -> int | None:
+        """Host nanoseconds from the step's first forward to its end: the step without its
+        data loading and whatever ran between steps (agent/cadence.py ``observe``)."""
+        return None if self.forward_ns is None else int(self.end[1]) - self.forward_ns
 
     @property
     def start_ns(self) -> int:
@@ -123,7 +134,8 @@ class StepTimeline:
         spans: list[tuple[str, RawMark, RawMark]] = []
         opened: dict[int, RawMark] = {}
         cut = self._cut
-        data_seen = forward_seen = False
+        data_seen = False
+        forward_ns = None
         for mark in marks:
             scope = mark[0]
             if scope is None:
@@ -138,8 +150,8 @@ class StepTimeline:
             name = scope.name
             if name == "data":
                 data_seen = True
-            elif name == "forward" and not forward_seen:
-                forward_seen = True
+            elif name == "forward" and forward_ns is None:
+                forward_ns = int(mark[1])
                 # Time from the previous step's end to the first forward is data loading,
                 # unless the loop timed a data phase itself.
                 if not data_seen and previous is not None:
@@ -152,7 +164,7 @@ class StepTimeline:
         cut.update((key, mark[0]) for key, mark in opened.items())
         self.previous_end = end
         spans.sort(key=_by_start)
-        return StepAxis(start, end, spans, forward_seen)
+        return StepAxis(start, end, spans, forward_ns)
 
 
 def _by_start(span: tuple[str, RawMark, RawMark]) -> int:

@@ -86,6 +86,11 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         step = engine_step(args, live, world)
         model = None
     _ablate(live, args.ablate)
+    # The activation count's time floor (agent/cadence.py) runs on the time of "on" steps only:
+    # interleaved with two "off" blocks, wall time would count three times as often per "on"
+    # step as a run with the agent always on does.
+    on_time = [0.0]
+    live._cadence.clock = lambda: on_time[0]
     x, y = torch.randn(args.batch, w), torch.randn(args.batch, 1)
 
     inside = [0.0, 0.0, 0.0]  # phase entry/exit, collective(), step_end()
@@ -129,7 +134,9 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     for _ in range(3):
         step(off)
         step(live)
+    t0 = time.perf_counter()
     threads_per_step = _threads_per_step(step, live, agent_threads, max(50, args.blocks // 4))
+    on_time[0] += time.perf_counter() - t0
     times: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     cpu: dict[str, list[float]] = {"on": [], "off": [], "off-again": []}
     direct = [0.0, 0.0, 0.0]
@@ -146,6 +153,8 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         for _ in range(args.steps):
             step(tel)
         times[mode].append((time.perf_counter() - t0) / args.steps)
+        if mode == "on":
+            on_time[0] += times[mode][-1] * args.steps
         # CPU time of the whole rank process (the training thread, gloo's workers) but the
         # agent's own threads, which are charged to the "on" steps below, whenever they ran:
         # robust to the machine being shared, unlike wall time.

@@ -109,3 +109,25 @@ def test_update_docs_replaces_only_the_marked_results(tmp_path: Path) -> None:
     (tmp_path / "plain.md").write_text("no markers")
     with pytest.raises(SystemExit, match="no <!-- results:start"):
         update_docs(tmp_path / "plain.md", "# t\nx")
+
+
+def test_the_collective_cost_bench_runs_every_variant_through_the_real_agent() -> None:
+    """bench/collective_cost.py end to end, two rounds (its figures are timings, not asserted):
+    every variant is reported and the live agent's own counters saw the collectives."""
+    import subprocess
+    import sys
+
+    from bench.collective_cost import VARIANTS
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "bench/collective_cost.py", "--rounds", "2"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    figures = dict(line.strip().rsplit(": ", 1) for line in out.splitlines())
+    assert set(VARIANTS) <= set(figures)
+    assert float(figures["agent counters us per collective"].split()[0]) > 0
