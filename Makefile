@@ -23,12 +23,15 @@ $(VENV)/.ds-ops: $(VENV)/.installed
 	print('deepspeed CPU ops built in $(TORCH_EXTENSIONS_DIR)')"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and agent/_seam.c: the agent's C seam is built in place by the editable install; an
+# edit to either rebuilds it.
+$(VENV)/.installed: pyproject.toml setup.py agent/_seam.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH_SPEC)"
 	$(BIN)/python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(BIN)/pip install --no-build-isolation "$(DEEPSPEED_SPEC)"
 	$(BIN)/pip install -e '.[dev]'
 	$(BIN)/python -c "import torch, numpy, deepspeed; print('torch', torch.__version__, 'numpy', numpy.__version__, 'deepspeed', deepspeed.__version__)"
+	$(BIN)/python -c "from zeroscope.agent import host_seam as s; print('agent seam:', 'C' if s.NATIVE else 'Python (agent/_seam.c not built)')"
 	touch $@
 
 demo: setup

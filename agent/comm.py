@@ -2,29 +2,8 @@
 
 Each collective is tracked from issue (when the engine hands us its async Work) to completion:
 
-- gloo / CPU: no callback per op (issue 18: a Python future callback runs on the backend's
-  thread and costs a GIL hand-off per collective). Completion is the end of ``wait()`` (which
-  is also where the *exposed* time is measured), or, for an op nobody waited on, the step
-  boundary that finds it complete: ``take_all`` asks ``work.is_completed()`` of every such op in
-  bulk when the step ends, and the step's pending report (agent/pending.py) asks again, from
-  the sender thread, for those still in flight. The end is thus an upper bound: an op that
-  finished before its ``wait()`` ends at that ``wait()`` (its duration includes the compute
-  between; the exposed time is exact).
-
-  A host record is a plain list (fields ``OP`` ... ``REF`` below), made by one list display
-  on the training thread, and ``collective()`` returns a :class:`HostWork`, a tuple: neither
-  runs a Python ``__init__`` (issue 18: each frame there runs cold between the engine's
-  kernels, ~10x its hot-loop cost). The sender thread turns the lists into wire records
-  (:func:`resolve_host`).
-
-  The Work is held only through a weak reference: the engine decides how long a Work lives, and
-  a Work keeps its tensors alive (holding it would raise the memory the user sees, e.g. a
-  ZeRO-3 gather's output kept past its free). A Work the engine dropped without waiting ended
-  by the boundary that finds it gone (dropping it means the engine no longer cares; gloo still
-  finishes it). The only strong reference the agent makes is the instant of an
-  ``is_completed()`` call. A work object that cannot be weakly referenced falls back to the
-  future callback (the old path); one that has no ``is_completed`` is asked its future's
-  ``done()``.
+- gloo / CPU: agent/host_seam.py (no callback per op; completion at the end of ``wait()`` or at
+  the step boundary that finds the op complete; the Work held only weakly).
 - NCCL / CUDA: CUDA events recorded on the current stream at issue, at the start of ``wait()``
   and after it; ``elapsed_time`` is read lazily once ``event.query()`` says they completed, so
   the host never waits for the device. On CUDA, ``wait()`` only makes the compute stream wait,
@@ -46,126 +25,11 @@ group size is the op's own group, not the world.
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 from .cost import SeamCost, now_ns
+from .host_seam import END, HostWork, host_record, make_recorder, stamp_host
 from .schema import Collective, CollectiveOp
-
-OP, NBYTES, GROUP, PREFETCHED, LABEL, START, END, EXPOSED, REF = range(9)
-"""The fields of a host record: ``[op, nbytes, group_size, prefetched, label, start_ns,
-end_ns or None, exposed_ns, weakref to the Work]``."""
-
-weak = weakref.ref
-
-
-def host_record(
-    work: Any,
-    op: CollectiveOp,
-    nbytes: int,
-    group_size: int,
-    prefetched: bool,
-    label: str,
-    start_ns: int,
-) -> list[Any]:
-    """A host record (raises TypeError for a Work that cannot be weakly referenced). The live
-    agent builds the same list inline (agent/live.py ``collective``)."""
-    return [op, nbytes, group_size, prefetched, label, start_ns, None, 0, weak(work)]
-
-
-class HostWork(tuple):
-    """What ``collective()`` returns on CPU: ``(work, record, cost)``, a tuple so that making
-    one runs no Python code. Use its ``wait()`` instead of the Work's: the end of ``wait()`` is
-    the op's completion, the time inside it the exposed time."""
-
-    __slots__ = ()
-
-    @property
-    def work(self) -> Any:
-        return self[0]
-
-    @property
-    def record(self) -> list[Any]:
-        return self[1]
-
-    def wait(self, timeout: Any = None) -> Any:
-        # No *args/**kwargs (packing them costs ~0.4 us per op, issue 18); Work.wait's only
-        # argument is an optional timeout (a timedelta).
-        work, rec, cost = self
-        t0 = now_ns()
-        try:
-            return work.wait() if timeout is None else work.wait(timeout)
-        finally:
-            t1 = now_ns()
-            rec[EXPOSED] += t1 - t0
-            end = rec[END]
-            if end is None:
-                rec[END] = t1
-                if cost is not None:
-                    cost.host_ended += 1
-            elif t1 < end:
-                rec[END] = t1
-            if cost is not None:  # the agent's own part of wait(), not the wait itself
-                cost.collective_ns += now_ns() - t1
-
-    def is_completed(self) -> bool:
-        return bool(self[0].is_completed())
-
-    def get_future(self) -> Any:
-        return self[0].get_future()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self[0], name)
-
-
-def stamp_host(rec: list[Any]) -> bool:
-    """Whether a host record's op has completed, stamping its end now if it just turned out so
-    (never waits). Complete once ``wait()`` returned, or the Work says so, or the engine
-    dropped the Work (see the module doc)."""
-    if rec[END] is not None:
-        return True
-    work = rec[REF]()
-    if work is not None and not _is_completed(work):
-        return False
-    del work
-    now = time.perf_counter_ns()
-    if rec[END] is None:
-        rec[END] = now
-    return True
-
-
-def resolve_host(rec: list[Any], step_start_ns: int) -> Collective | None:
-    """A host record as the wire's Collective once complete, else None (in flight); ``start_s``
-    on the host axis of the step it was issued in."""
-    if not stamp_host(rec):
-        return None
-    (collective,) = resolve_hosts([rec], step_start_ns) or (None,)
-    return collective
-
-
-def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | None:
-    """Every record as :func:`resolve_host` would, in one comprehension (no call per record:
-    a ZeRO-3 step has hundreds), when all are host records that ended; else None."""
-    # Inside wait() the op finished; a few us of wait() overhead after completion are not
-    # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
-    # One pass: an op in flight (its end None) or a CollectiveRecord (not a list) raises
-    # TypeError at its first field read, which is the answer "not all ended on the host".
-    try:
-        return [
-            Collective(
-                rec[OP],
-                rec[NBYTES],
-                rec[GROUP],
-                (rec[START] - step_start_ns) / 1e9,
-                duration := (rec[END] - rec[START]) / 1e9 if rec[END] > rec[START] else 0.0,
-                rec[EXPOSED] / 1e9 if rec[EXPOSED] / 1e9 < duration else duration,
-                rec[PREFETCHED],
-                rec[LABEL],
-            )
-            for rec in records
-        ]
-    except TypeError:
-        return None
 
 
 class CollectiveRecord:
@@ -308,19 +172,6 @@ class TrackedWork:
         return getattr(self.work, name)
 
 
-def _is_completed(work: Any) -> bool:
-    """``work.is_completed()``, or its future's ``done()`` for a work object without it; a work
-    that can say neither is complete only through ``wait()``."""
-    try:
-        return bool(work.is_completed())
-    except AttributeError:
-        pass
-    try:
-        return bool(work.get_future().done())
-    except Exception:
-        return False
-
-
 def _cuda_event() -> Any:
     import torch
 
@@ -334,8 +185,9 @@ class CollectiveTracker:
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self._pending: list[list[Any]] = []
-        """Host records issued since the last step end."""
+        self.recorder = make_recorder(self._untracked)
+        """Makes the host records (agent/host_seam.py): ``collective()`` on the host is this
+        very object's call once step 1 has begun (agent/live.py)."""
         self._objects: list[CollectiveRecord] = []
         """CollectiveRecords (CUDA, or timed by a future) issued since the last step end."""
         self.errors = 0
@@ -355,40 +207,61 @@ class CollectiveTracker:
         try:
             start = time.perf_counter_ns() if start_ns is None else start_ns
             if not self.cuda:
-                try:  # never the Work itself (module doc)
+                try:  # never the Work itself (agent/host_seam.py)
                     host = host_record(work, op, nbytes, group_size, prefetched, label, start)
                 except TypeError:
                     pass
                 else:
-                    self._pending.append(host)  # atomic under the GIL; take_all swaps the list
-                    return HostWork((work, host, self.cost))
-            rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
-            if self.cuda:
-                rec.cuda_events = [_cuda_event(), None, None]
-                try:
-                    work.get_future().then(rec._on_device_complete)
-                except Exception:
-                    pass  # no future: the duration ends with wait()
-            else:
-                try:
-                    work.get_future().then(rec._on_complete)
-                except Exception:
-                    pass  # no future on this backend: completion = end of wait()
-            self._objects.append(rec)
-            return TrackedWork(work, rec, self.cost)
+                    recorder = self.recorder
+                    recorder.pending.append(host)  # atomic under the GIL; take() swaps it
+                    return HostWork((work, host, recorder))
+            return self._untracked(work, op, nbytes, group_size, prefetched, label, start)
         except Exception:
             self.errors += 1
             return work
 
+    def _untracked(
+        self,
+        work: Any,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool,
+        label: str,
+        start: int,
+    ) -> Any:
+        """A CollectiveRecord: a CUDA op, or a host one whose Work cannot be weakly
+        referenced (timed by its future's callback)."""
+        rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
+        if self.cuda:
+            rec.cuda_events = [_cuda_event(), None, None]
+            try:
+                work.get_future().then(rec._on_device_complete)
+            except Exception:
+                pass  # no future: the duration ends with wait()
+        else:
+            try:
+                work.get_future().then(rec._on_complete)
+            except Exception:
+                pass  # no future on this backend: completion = end of wait()
+        self._objects.append(rec)
+        return TrackedWork(work, rec, self.cost)
+
     def take_all(self) -> list[Any]:
         """Every record issued since the last call (the step that just ended), complete or
         not: the step's report resolves them, waiting for those still in flight. On CPU, ops
-        nobody waited on that are complete now (or dropped) are stamped with this boundary."""
-        # No lock (issue 18: ~0.3 us per collective): a record appended by another thread while
-        # the list is swapped lands in ``taken``, the very list the step's report reads.
-        taken, self._pending = self._pending, []
+        nobody waited on that are complete now (or dropped) are stamped with this boundary.
+        The recorder's counters join the agent's here."""
+        # No lock (issue 18: ~0.3 us per collective): the recorder swaps its list in one step.
+        recorder = self.recorder
+        taken = recorder.take()
         cost = self.cost
         if cost is not None:
+            # A wait() on another thread between the read and the reset is lost: accepted,
+            # as for every counter here (agent/cost.py).
+            cost.collective_ns += recorder.collective_ns
+            cost.host_ended += recorder.host_ended
+            recorder.collective_ns = recorder.host_ended = 0
             cost.collectives += len(taken)
             cost.host_issued += len(taken)
         # Nearly always every record was waited on: the totals say so without a look at each

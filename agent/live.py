@@ -28,7 +28,7 @@ import torch
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import CollectiveTracker, HostWork, _cuda_event, weak
+from .comm import CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
@@ -237,6 +237,7 @@ class LiveTelemetry(Telemetry):
         """Mark each phase and step end with an event from ``make`` (CUDA), or not (None)."""
         self._device_event = make
         self._collectives.cuda = make is not None
+        self._fast_collective(self._started)
         self._plain = self._plain_step(self.step)
 
     def _plain_step(self, step: int) -> bool:
@@ -297,28 +298,38 @@ class LiveTelemetry(Telemetry):
         prefetched: bool = False,
         label: str = "",
     ) -> Waitable:
+        # On the host once step 1 has begun, ``self.collective`` is the tracker's recorder
+        # itself (``_fast_collective``): this method runs for the first op, and on CUDA.
         t0 = now_ns()
         if self._device_event is None:
-            # Inline (agent/comm.py ``host_record``): no Python __init__ on this path.
-            try:
-                rec = [op, nbytes, group_size, prefetched, label, t0, None, 0, weak(work)]
-            except TypeError:  # a Work that cannot be weakly referenced: its future times it
-                tracked = self._collectives.track(
-                    work, op, nbytes, group_size, prefetched, label, t0
-                )
-            else:
-                self._collectives._pending.append(rec)  # atomic under the GIL
-                tracked = HostWork((work, rec, self.cost))
+            tracked = self._collectives.recorder(
+                work,
+                op=op,
+                nbytes=nbytes,
+                group_size=group_size,
+                prefetched=prefetched,
+                label=label,
+            )
         else:
             tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+            self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at step end
         if not self._started:
             self._begin(t0)
-        self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at the step end
         return tracked
+
+    def _fast_collective(self, on: bool) -> None:
+        """Make ``self.collective`` the recorder's own call (agent/host_seam.py: in C where
+        built, no Python frame per op) or this class's method again. Only on the host: a CUDA
+        op takes the method's device path."""
+        if on and self._device_event is None:
+            self.__dict__["collective"] = self._collectives.recorder
+        else:
+            self.__dict__.pop("collective", None)
 
     def _begin(self, host_ns: int) -> None:
         """Step 1 has begun at ``host_ns`` with something other than a phase."""
         self._started = True
+        self._fast_collective(True)
         try:
             self._mark(None, host_ns)
         except Exception:
@@ -380,6 +391,7 @@ class LiveTelemetry(Telemetry):
             marks, self._marks = self._marks, []
             transfers, self._transfers = self._transfers, []
             pipeline, self._pipeline = self._pipeline, None
+            records = self._collectives.take_all()  # first: it adds the recorder's counters
             cost = self.cost
             total = cost.ns + cost.collective_ns  # the step's share of the agent's time
             share, cost.reported_ns = total - cost.reported_ns, total
@@ -393,7 +405,7 @@ class LiveTelemetry(Telemetry):
                     now,
                     None if make is None else make(),
                     marks,
-                    self._collectives.take_all(),
+                    records,
                     # A copy: the caller may reuse its MemoryBytes; the sender fills it in.
                     msgspec.structs.replace(memory),
                     NO_SCALAR if loss is None else DeferredScalar(loss),
@@ -409,7 +421,9 @@ class LiveTelemetry(Telemetry):
                 now,
             )
             step = self.step = self.step + 1
-            self._started = True
+            if not self._started:
+                self._started = True
+                self._fast_collective(True)
             self._plain = self._plain_step(step)
         except Exception:
             self.errors += 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .activations import BlockSplit
-from .comm import resolve_host, resolve_hosts
+from .host_seam import resolve_host, resolve_hosts
 from .scalars import DeferredScalar
 from .schema import (
     Collective,

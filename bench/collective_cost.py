@@ -15,6 +15,8 @@ rounds with the variants' order rotated, medians per op over the "off" blocks:
   sender's work are outside the timed blocks: this is the per-op part only);
 - ``agent, raw wait``: the live agent's ``collective()``, then the Work's own ``wait()``: the
   record alone, without the handle that times the wait;
+- ``agent, Python seam``: the live agent with the Python twin of its C seam
+  (agent/host_seam.py; the C seam is agent/_seam.c, used by ``agent`` where it was built);
 - ``3 clock reads``: the reads the op's timing needs (issue, wait entry, wait exit), a floor for
   any Python implementation.
 
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 OPS = 100
 """Collectives per timed block."""
 
-VARIANTS = ("off", "off-again", "agent", "agent, raw wait", "3 clock reads")
+VARIANTS = ("off", "off-again", "agent", "agent, raw wait", "agent, Python seam", "3 clock reads")
 
 
 def measure(rounds: int, width: int) -> dict[str, float]:
@@ -44,6 +46,7 @@ def measure(rounds: int, width: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
+    from zeroscope.agent import host_seam
     from zeroscope.agent.api import NullTelemetry
     from zeroscope.agent.cost import now_ns
     from zeroscope.agent.live import LiveTelemetry
@@ -60,13 +63,19 @@ def measure(rounds: int, width: int) -> dict[str, float]:
         s.bind(("127.0.0.1", 0))
         nowhere = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     live = LiveTelemetry(Publisher(nowhere), sample_interval=3600.0)
-    live.sampler.stop()
+    native, host_seam.NATIVE = host_seam.NATIVE, None
+    try:
+        python = LiveTelemetry(Publisher(nowhere), sample_interval=3600.0)
+    finally:
+        host_seam.NATIVE = native
+    for agent in (live, python):
+        agent.sampler.stop()
     off = NullTelemetry()
     x, w = torch.randn(64, width), torch.randn(width, width)
     buf = torch.randn(width * width)
 
     def block(variant: str) -> int:
-        tel = live if variant.startswith("agent") else off
+        tel = python if variant == "agent, Python seam" else live if "agent" in variant else off
         raw = variant == "agent, raw wait"
         clocks = variant == "3 clock reads"
         t0 = time.thread_time_ns()
@@ -84,9 +93,9 @@ def measure(rounds: int, width: int) -> dict[str, float]:
             if clocks:
                 now_ns()
         spent = time.thread_time_ns() - t0
-        if tel is live:  # the step's end and the sender's work: not per-op costs, untimed
-            live.step_end(memory=MemoryBytes())
-            live.drain()
+        if tel is not off:  # the step's end and the sender's work: not per-op costs, untimed
+            tel.step_end(memory=MemoryBytes())
+            tel.drain()
         return spent
 
     per_op: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -95,6 +104,7 @@ def measure(rounds: int, width: int) -> dict[str, float]:
         for variant in order:
             per_op[variant].append(block(variant) / OPS)
     live.close()
+    python.close()
     dist.destroy_process_group()
     base = statistics.median(per_op["off"])
     return {v: (statistics.median(per_op[v]) - base) / 1e3 for v in VARIANTS} | {

@@ -127,6 +127,8 @@ def _collective_cost(quick: bool) -> Table:
         "medians per op of time.thread_time_ns, as differences from the no-op telemetry "
         "('off us per op' is the no-op's own time per op). 'agent': collective() and the "
         "handle's wait(); 'agent, raw wait': collective() and then the Work's own wait(); "
+        "'agent, Python seam': the agent with the Python twin of its C seam (agent/_seam.c, "
+        "which 'agent' uses where it was built); "
         "'3 clock reads': what timing an op needs (issue, wait entry, wait exit), the floor of "
         "any Python implementation. 'agent counters': what the agent's own counters say for the "
         "same ops (issue 18's budget: ~2 us)."

@@ -41,10 +41,26 @@ def _private_zeroscope_home(
     monkeypatch.setenv("ZEROSCOPE_HOME", str(tmp_path_factory.getbasetemp() / "zeroscope-home"))
 
 
+@pytest.fixture(params=["C seam", "Python seam"])
+def seam(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which per-collective seam the agents made in the test use (agent/host_seam.py): the C
+    one (agent/_seam.c, built by ``pip install -e .`` on Linux) or its Python twin."""
+    from zeroscope.agent import host_seam
+
+    if request.param == "Python seam":
+        monkeypatch.setattr(host_seam, "NATIVE", None)
+    elif host_seam.NATIVE is None:
+        if not sys.platform.startswith("linux"):
+            pytest.skip("the C seam is built on Linux only")
+        pytest.fail("agent/_seam.c was not built: run `pip install -e .` (needs gcc)")
+    return str(request.param)
+
+
 @pytest.fixture
-def agent() -> Iterator[Any]:
+def agent(seam: str) -> Iterator[Any]:
     """A live agent whose messages go to a ``Sink`` (tests/test_agent_timeline.py), its sampler
-    asleep: (agent, sink); reading ``sink.reports()`` first sends what is ready."""
+    asleep: (agent, sink), once per seam; reading ``sink.reports()`` first sends what is
+    ready."""
     from tests.test_agent_timeline import Sink
     from zeroscope.agent.live import LiveTelemetry
 
