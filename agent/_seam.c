@@ -191,9 +191,25 @@ static PyTypeObject HostWorkType = {
 
 /* ---- Recorder: tel.collective on the host -------------------------------------------- */
 
+/* A Recorder's fallback is its tracker's bound method, and the tracker holds the Recorder: a
+   cycle, so the Recorder takes part in garbage collection (it is made once per agent). A
+   HostWork does not (made per op, as cheaply as possible): nothing it holds refers back to it
+   unless a work object keeps its own handle, which leaks that pair. */
+static int rec_traverse(RecorderObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pending);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int rec_clear(RecorderObject *self) {
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
 static void rec_dealloc(RecorderObject *self) {
-    Py_XDECREF(self->pending);
-    Py_XDECREF(self->fallback);
+    PyObject_GC_UnTrack(self);
+    rec_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -206,6 +222,10 @@ static PyObject *rec_call(RecorderObject *self, PyObject *const *args, size_t na
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 1) {
         PyErr_SetString(PyExc_TypeError, "collective() takes the work and keywords");
+        return NULL;
+    }
+    if (self->pending == NULL || self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this Recorder was cleared by the garbage collector");
         return NULL;
     }
     long long t0 = now_ns();
@@ -290,6 +310,7 @@ static PyObject *rec_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *rec_take(RecorderObject *self, PyObject *unused) {
+    if (self->pending == NULL) return PyList_New(0); /* cleared by the garbage collector */
     PyObject *fresh = PyList_New(0);
     if (fresh == NULL) return NULL;
     PyObject *taken = self->pending; /* the GIL is held: no append can fall in between */
@@ -317,7 +338,9 @@ static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zeroscope.agent._seam.Recorder",
     .tp_basicsize = sizeof(RecorderObject),
     .tp_dealloc = (destructor)rec_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)rec_traverse,
+    .tp_clear = (inquiry)rec_clear,
     .tp_doc = "tel.collective(work, op=, nbytes=, group_size=, prefetched=, label=) on the host.",
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(RecorderObject, vectorcall),

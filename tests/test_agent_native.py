@@ -178,3 +178,18 @@ def test_the_two_seams_give_the_same_reports(seam: str) -> None:
         assert all(0.005 <= c.exposed_s <= c.duration_s <= r.duration_s for c in gathers)
     cost = tel.cost
     assert (cost.collectives, cost.steps) == (6, 2) and cost.collective_ns > 0
+
+
+def test_an_agents_tracker_and_its_recorder_are_collected(seam: str) -> None:
+    """The recorder's fallback is its tracker's method: a cycle the garbage collector must be
+    able to break (a process that makes agents, tests among them, would keep every one)."""
+    import gc
+
+    from zeroscope.agent.comm import CollectiveTracker
+
+    tracker = CollectiveTracker(cuda=False)
+    tracker.recorder(Work(), op="all_reduce", nbytes=8, group_size=2)
+    gone = weakref.ref(tracker)
+    del tracker
+    gc.collect()
+    assert gone() is None
