@@ -447,8 +447,10 @@ class LiveTelemetry(Telemetry):
             self.errors += 1
 
     def _on_sample(self, sample: HostSample) -> None:
+        """(Sender thread, just before it drains.) The heartbeat joins the reports it sends
+        next, in one ZeroMQ message."""
         self._host = sample
-        self.publisher.send(
+        self._outbox.add(
             # A heartbeat belongs to the last completed step (0 before the first), like Bye.
             Heartbeat(rank=self.rank, step=self.step - 1, wall_ns=time.time_ns(), host=sample)
         )

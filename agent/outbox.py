@@ -36,7 +36,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .pending import PendingReport, StepFacts
-from .schema import Event, Message
+from .schema import Event, Heartbeat, Message
 from .timeline import StepAxis, StepTimeline
 
 DRAIN_INTERVAL_S = 0.5
@@ -71,7 +71,7 @@ class Outbox:
         """Told each step's facts and axis as the sender makes it, in step order."""
         self._current_step = current_step
         self._rank = rank
-        self._handed: deque[StepFacts | Event] = deque()
+        self._handed: deque[StepFacts | Event | Heartbeat] = deque()
         self._waiting: deque[PendingReport] = deque()
         """Reports taken by the sender, waiting (in order) for what they need to complete."""
         self.timeline = StepTimeline()
@@ -90,6 +90,15 @@ class Outbox:
     def put(self, item: StepFacts | Event, now_ns: int | None = None) -> None:
         """Hand ``item`` over (training thread): never blocks, never raises. ``now_ns``
         (``time.perf_counter_ns``) when the caller has read the clock already."""
+        self.add(item)
+        now = perf_counter_ns() if now_ns is None else now_ns
+        if now - self._woken_ns >= _WAKE_INTERVAL_NS:
+            self._woken_ns = now
+            self.wake.set()
+
+    def add(self, item: StepFacts | Event | Heartbeat) -> None:
+        """Queue ``item`` without waking the sender (``put`` wakes it; the sender thread adds
+        its own heartbeat just before it drains, so it leaves in the same ZeroMQ message)."""
         handed = self._handed
         if len(handed) >= MAX_QUEUED:
             try:
@@ -98,10 +107,6 @@ class Outbox:
             except IndexError:
                 pass  # the sender emptied it meanwhile
         handed.append(item)
-        now = perf_counter_ns() if now_ns is None else now_ns
-        if now - self._woken_ns >= _WAKE_INTERVAL_NS:
-            self._woken_ns = now
-            self.wake.set()
 
     def drain(self, block: bool = False, wait_s: float | None = None) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``

@@ -1,8 +1,10 @@
 """Host and GPU figures, sampled off the training thread, plus the heartbeat.
 
-A daemon thread wakes every ``interval`` seconds, reads psutil (process CPU %, RSS, available
-memory) and NVML (utilization, memory, power, PCIe TX/RX throughput) and sends a Heartbeat with
-them; the latest sample also rides on each StepReport. Without a GPU or NVML library
+A daemon thread wakes every ``interval`` seconds, reads the host figures (process CPU %, RSS,
+available memory: agent/host_stats.py) and NVML (utilization, memory, power, PCIe TX/RX
+throughput) and hands a Heartbeat with them to ``tick``, just before it drains the agent's
+outbox: the heartbeat leaves in the same ZeroMQ message as the reports (one wake-up of ZeroMQ's
+I/O thread, not two). The latest sample also rides on each StepReport. Without a GPU or NVML library
 ``pynvml.nvmlInit()`` raises and every GPU figure stays ``None`` (NA), never 0.
 """
 
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .host_stats import HostStats
 from .schema import HostSample
 
 
@@ -133,12 +136,9 @@ class Sampler:
 
     def _run(self) -> None:
         try:
-            import psutil
-
-            proc: Any = psutil.Process()
-            proc.cpu_percent(None)  # the first call primes the counter
+            stats: HostStats | None = HostStats()
         except Exception:
-            psutil, proc = None, None
+            stats = None
         nvml = _Nvml(self._device_index, self._device_uuid)
         next_sample = time.monotonic() + self.interval
         flag, stop = self._wake_flag, self._stop
@@ -146,6 +146,15 @@ class Sampler:
             flag.wait(self._wake)
             if stop.is_set():
                 break
+            now = time.monotonic()
+            if now >= next_sample:  # first: its heartbeat leaves with this wake-up's batch
+                next_sample += self.interval
+                if next_sample < now:  # a long stall: the next one an interval from now
+                    next_sample = now + self.interval
+                if self._device_changed:
+                    self._device_changed = False
+                    nvml = _Nvml(self._device_index, self._device_uuid, self._device_pci)
+                self._sample(stats, nvml)
             if flag is not stop:
                 flag.clear()  # before draining: a put() from here on raises it again
             if self._drain is not None:
@@ -153,29 +162,25 @@ class Sampler:
                     self._drain()
                 except Exception:
                     self.errors += 1
-            if self._poll is not None and time.monotonic() >= self._next_poll:
-                self._next_poll = time.monotonic() + self.poll_interval
+            if self._poll is not None and now >= self._next_poll:
+                self._next_poll = now + self.poll_interval
                 try:
                     self._poll()
                 except Exception:
                     self.errors += 1
-            if time.monotonic() < next_sample:
-                continue
-            next_sample += self.interval
-            if self._device_changed:
-                self._device_changed = False
-                nvml = _Nvml(self._device_index, self._device_uuid, self._device_pci)
-            s = HostSample()
-            try:
-                if proc is not None and psutil is not None:
-                    s.cpu_percent = float(proc.cpu_percent(None))
-                    s.rss_bytes = int(proc.memory_info().rss)
-                    s.mem_available_bytes = int(psutil.virtual_memory().available)
-                nvml.fill(s)
-            except Exception:
-                self.errors += 1
-            self.latest = s
-            try:
-                self._tick(s)
-            except Exception:
-                self.errors += 1
+        if stats is not None:
+            stats.close()
+
+    def _sample(self, stats: HostStats | None, nvml: _Nvml) -> None:
+        s = HostSample()
+        try:
+            if stats is not None:
+                stats.fill(s)
+            nvml.fill(s)
+        except Exception:
+            self.errors += 1
+        self.latest = s
+        try:
+            self._tick(s)
+        except Exception:
+            self.errors += 1

@@ -172,6 +172,37 @@ def test_transfers_and_heartbeats(rig: tuple[LiveTelemetry, list[Message]]) -> N
         assert hb.host.gpu_util_percent is None and hb.host.gpu_power_w is None
 
 
+def test_heartbeats_leave_with_the_reports(rig: tuple[LiveTelemetry, list[Message]]) -> None:
+    """The sampler's heartbeat joins the outbox just before it drains: one ZeroMQ message
+    carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; issue 18)."""
+    from zeroscope.agent.schema import Heartbeat
+
+    tel, got = rig
+    publisher = tel.publisher
+    batches: list[list[type]] = []
+    alone: list[type] = []
+    send, send_batch = publisher.send, publisher.send_batch
+
+    def record_batch(messages: list[Message]) -> int:
+        batches.append([type(m) for m in messages])
+        return send_batch(messages)
+
+    def record_send(message: Message) -> bool:
+        alone.append(type(message))
+        return send(message)
+
+    publisher.send_batch = record_batch  # type: ignore[method-assign]
+    publisher.send = record_send  # type: ignore[method-assign]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(
+        Heartbeat in b and StepReport in b for b in batches
+    ):
+        tel.step_end(memory=MemoryBytes())
+        time.sleep(0.01)
+    assert any(Heartbeat in b and StepReport in b for b in batches), batches
+    assert Heartbeat not in alone
+
+
 def test_the_agent_never_raises_into_the_loop(rig: tuple[LiveTelemetry, list[Message]]) -> None:
     tel, got = rig
     tel.step_end(memory=None)  # type: ignore[arg-type]
