@@ -177,7 +177,7 @@ def test_heartbeats_leave_with_the_reports(rig: tuple[LiveTelemetry, list[Messag
     carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; issue 18)."""
     from zeroscope.agent.schema import Heartbeat
 
-    tel, got = rig
+    tel, _ = rig
     publisher = tel.publisher
     batches: list[list[type]] = []
     alone: list[type] = []
