@@ -62,6 +62,8 @@ class Table:
     columns: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     note: str = ""
+    digits: dict[str, int] = field(default_factory=dict)
+    """Decimals of a column's floats where 2 are too few (a 1.01 goal needs a third)."""
 
     def __post_init__(self) -> None:
         if not self.columns:
@@ -90,7 +92,11 @@ def render_table(table: Table) -> str:
     lines = [f"### {table.title}", ""]
     lines.append("| " + " | ".join(table.columns) + " |")
     lines.append("|" + "|".join("---" for _ in table.columns) + "|")
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.rows]
+    places = [table.digits.get(c, 2) for c in table.columns]
+    lines += [
+        "| " + " | ".join(cell(v, d) for v, d in zip(row, places, strict=True)) + " |"
+        for row in table.rows
+    ]
     if table.note:
         lines += ["", table.note]
     return "\n".join(lines) + "\n"

@@ -58,6 +58,9 @@ def agent(quick: bool) -> list[Table]:
             "goal <= 1.01 (CPU)",
         ],
     )
+    t.digits = dict.fromkeys(
+        ("CPU on/off", "CPU A/A control", "wall on/off", "wall A/A control"), 3
+    )
     accepted = rejected = 0
     # Rounds of one step per mode: this VM's step-to-step CPU noise is ~10 %, and drifts over
     # seconds; adjacent single steps cancel the drift, many rounds the noise (a few minutes).
