@@ -65,9 +65,15 @@ class HostStats:
         if wall > self._wall_s:
             s.cpu_percent = 100.0 * (cpu - self._cpu_s) / (wall - self._wall_s)
         self._cpu_s, self._wall_s = cpu, wall
-        # statm: size resident shared text lib data dt, in pages.
-        s.rss_bytes = int(os.pread(self._statm, 256, 0).split()[1]) * self._page
-        s.mem_available_bytes = mem_available(os.pread(self._meminfo, 8192, 0))
+        try:
+            # statm: size resident shared text lib data dt, in pages.
+            statm, meminfo = os.pread(self._statm, 256, 0), os.pread(self._meminfo, 8192, 0)
+        except OSError:  # the files went away under us: psutil from the next sample on
+            self.close()
+            self._use_psutil()
+            return
+        s.rss_bytes = int(statm.split()[1]) * self._page
+        s.mem_available_bytes = mem_available(meminfo)
 
     def close(self) -> None:
         for fd in (self._statm, self._meminfo):

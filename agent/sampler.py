@@ -4,8 +4,8 @@ A daemon thread wakes every ``interval`` seconds, reads the host figures (proces
 available memory: agent/host_stats.py) and NVML (utilization, memory, power, PCIe TX/RX
 throughput) and hands a Heartbeat with them to ``tick``, just before it drains the agent's
 outbox: the heartbeat leaves in the same ZeroMQ message as the reports (one wake-up of ZeroMQ's
-I/O thread, not two). The latest sample also rides on each StepReport. Without a GPU or NVML library
-``pynvml.nvmlInit()`` raises and every GPU figure stays ``None`` (NA), never 0.
+I/O thread, not two). The latest sample also rides on each StepReport. Without a GPU or NVML
+library ``pynvml.nvmlInit()`` raises and every GPU figure stays ``None`` (NA), never 0.
 """
 
 from __future__ import annotations

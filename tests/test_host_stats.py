@@ -83,3 +83,19 @@ def test_close_releases_the_files() -> None:
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the /proc reader is Linux's")
+def test_a_reader_whose_files_fail_turns_to_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = HostStats()
+    assert stats.native
+
+    def fail(*args: object) -> bytes:
+        raise OSError("gone")
+
+    monkeypatch.setattr(host_stats.os, "pread", fail)
+    first = _sample(stats)  # this one's files failed: its memory figures stay NA
+    assert first.rss_bytes is None and first.mem_available_bytes is None
+    assert not stats.native
+    second = _sample(stats)
+    assert second.rss_bytes is not None and second.mem_available_bytes is not None
