@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from .cost import SeamCost, now_ns
-from .host_seam import END, HostWork, host_record, make_recorder, stamp_host
+from .host_seam import END, make_recorder, stamp_host
 from .schema import Collective, CollectiveOp
 
 
@@ -204,17 +204,19 @@ class CollectiveTracker:
         label: str = "",
         start_ns: int | None = None,
     ) -> Any:
+        """The handle to return for ``work``: on the host the recorder's (it stamps its own
+        issue instant), on CUDA a CollectiveRecord's, issued at ``start_ns`` (default now)."""
         try:
-            start = time.perf_counter_ns() if start_ns is None else start_ns
             if not self.cuda:
-                try:  # never the Work itself (agent/host_seam.py)
-                    host = host_record(work, op, nbytes, group_size, prefetched, label, start)
-                except TypeError:
-                    pass
-                else:
-                    recorder = self.recorder
-                    recorder.pending.append(host)  # atomic under the GIL; take() swaps it
-                    return HostWork((work, host, recorder))
+                return self.recorder(
+                    work,
+                    op=op,
+                    nbytes=nbytes,
+                    group_size=group_size,
+                    prefetched=prefetched,
+                    label=label,
+                )
+            start = time.perf_counter_ns() if start_ns is None else start_ns
             return self._untracked(work, op, nbytes, group_size, prefetched, label, start)
         except Exception:
             self.errors += 1

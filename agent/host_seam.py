@@ -52,20 +52,6 @@ end_ns or None, exposed_ns, weakref to the Work]``."""
 weak = weakref.ref
 
 
-def host_record(
-    work: Any,
-    op: CollectiveOp,
-    nbytes: int,
-    group_size: int,
-    prefetched: bool,
-    label: str,
-    start_ns: int,
-) -> list[Any]:
-    """A host record (raises TypeError for a Work that cannot be weakly referenced). The live
-    agent builds the same list inline (agent/live.py ``collective``)."""
-    return [op, nbytes, group_size, prefetched, label, start_ns, None, 0, weak(work)]
-
-
 class HostWork(tuple):
     """What ``collective()`` returns on CPU: ``(work, record, counters)``, a tuple so that
     making one runs no Python code. Use its ``wait()`` instead of the Work's: the end of

@@ -14,11 +14,9 @@ every entry point catches its own failures and counts them in ``errors``.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import socket
-import sys
 import time
 from typing import Any
 
@@ -89,6 +87,8 @@ class LiveTelemetry(Telemetry):
         """The GPU named in Hello: allocator figures are read for it, not the current device
         (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
+        self.termination: TerminationBye | None = None
+        """Sends a Bye on SIGTERM once agent/startup.py ``install_exit_hooks`` ran."""
         self._hello_sent = False
         self._marks: list[RawMark] = []
         """The step's raw phase marks (agent/timeline.py: the sender makes the axis)."""
@@ -483,29 +483,3 @@ class LiveTelemetry(Telemetry):
             self.errors += 1
         finally:
             self.publisher.close()
-
-    # -- process exit ----------------------------------------------------------------------
-
-    def install_exit_hooks(self) -> None:
-        """Bye at interpreter exit; an uncaught exception sends an ``error`` Event and a Bye
-        with exit code 1, then the previous excepthook prints the user's traceback as usual;
-        SIGTERM (a launcher stopping the job) sends a Bye before the process dies of it
-        (agent/termination.py)."""
-        previous = sys.excepthook
-
-        def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-            try:
-                if not self.closed:
-                    text = f"{tp.__name__}: {value}".splitlines()[0][:500]
-                    self.event("error", text)
-                    self.close(1, text)
-            except Exception:
-                pass
-            previous(tp, value, tb)
-
-        sys.excepthook = excepthook
-        atexit.register(self.close)
-        self._termination = TerminationBye(
-            lambda code, message: self.close(code, message, hurry=True)
-        )
-        self._termination.install()

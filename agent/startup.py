@@ -1,16 +1,20 @@
 """Starting a rank's live agent from the environment torchrun and ``zeroscope run`` set (the
-process-level half of agent/live.py: which collector, who this rank is, which job)."""
+process-level half of agent/live.py: which collector, who this rank is, which job, and the
+hooks that say Bye when the process exits)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
+from typing import Any
 
 from .api import COLLECTOR_ENV, NullTelemetry, Telemetry
 from .live import LiveTelemetry
 from .publish import TOKEN_ENV, Publisher
 from .schema import SenderClaim
+from .termination import TerminationBye
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
@@ -46,8 +50,31 @@ def start_agent() -> Telemetry:
             or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
             engine=env.get(ENGINE_ENV, "zeroscope"),
         )
-        agent.install_exit_hooks()
+        install_exit_hooks(agent)
         return agent
     except Exception as exc:
         print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
         return NullTelemetry()
+
+
+def install_exit_hooks(agent: LiveTelemetry) -> None:
+    """Bye at interpreter exit; an uncaught exception sends an ``error`` Event and a Bye
+    with exit code 1, then the previous excepthook prints the user's traceback as usual;
+    SIGTERM (a launcher stopping the job) sends a Bye before the process dies of it
+    (agent/termination.py)."""
+    previous = sys.excepthook
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        try:
+            if not agent.closed:
+                text = f"{tp.__name__}: {value}".splitlines()[0][:500]
+                agent.event("error", text)
+                agent.close(1, text)
+        except Exception:
+            pass
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(agent.close)
+    agent.termination = TerminationBye(lambda code, message: agent.close(code, message, hurry=True))
+    agent.termination.install()
