@@ -116,7 +116,7 @@ class Telemetry:
 
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
         """Something that happened now (overflow, scale change, checkpoint ...); the live agent
-        sends it from its sender thread with the step reports (at most ~0.25 s later,
+        sends it from its sender thread with the step reports (at most ~0.5 s later,
         agent/outbox.py), never behind a step report still waiting for its collectives."""
 
     def step_end(

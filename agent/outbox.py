@@ -16,7 +16,7 @@ work of a small step. So the training thread wakes the sender at most every
 ``WAKE_INTERVAL_S``: a step of at least that length has its report sent as it ends (a rank
 killed by SIGKILL, the OOM killer's way, loses at most the report in hand), and shorter steps
 leave in batches, at most ``WAKE_INTERVAL_S`` plus one step after they end (a killed rank
-then loses at most that much: the reports of its last ~0.25 s). Reports left when the loop
+then loses at most that much: the reports of its last ~0.5 s). Reports left when the loop
 stops (an evaluation, a hang) go at the sender's next tick, ``DRAIN_INTERVAL_S``.
 
 Nothing handed over is lost silently: the queue holds at most ``MAX_QUEUED`` items; when the
@@ -43,10 +43,12 @@ DRAIN_INTERVAL_S = 0.5
 """How often the sender thread looks for reports on its own (those the training thread did not
 wake it for, and those still waiting for their collectives or device events)."""
 
-WAKE_INTERVAL_S = 0.25
+WAKE_INTERVAL_S = 0.5
 """The training thread wakes the sender at most this often (see the module docstring): 0.1 s
-cost a 2-rank demo run ~0.5 % more CPU in wake-ups than 0.25 s (issue 18), and a live view
-refreshes about as often."""
+cost a 2-rank demo run ~0.5 % more CPU in wake-ups than 0.25 s (issue 18), and 0.5 s is the
+heartbeat's own interval (agent/sampler.py), so short steps add no wake-up of their own: each
+wake-up carries a heartbeat and the reports since the last one, as a live view of a few hertz
+wants them."""
 _WAKE_INTERVAL_NS = int(WAKE_INTERVAL_S * 1e9)
 
 CLOSE_WAIT_S = 2.0
@@ -113,6 +115,9 @@ class Outbox:
         (at close, the loop is over) sends everything, waiting for the device if needed.
         ``wait_s``: the most to wait for the sender thread's turn (default: forever, or
         CLOSE_WAIT_S with ``block``)."""
+        # A drain for any reason (the sender's own timer too) restarts the wake interval: the
+        # timer and the step ends then take turns instead of each waking the sender as often.
+        self._woken_ns = perf_counter_ns()
         # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
         if wait_s is None:
             wait_s = CLOSE_WAIT_S if block else -1

@@ -65,11 +65,12 @@ def agent(quick: bool) -> list[Table]:
     # Rounds of one step per mode: this VM's step-to-step CPU noise is ~10 %, and drifts over
     # seconds; adjacent single steps cancel the drift, many rounds the noise (a few minutes).
     # ZeRO-3's 150 ms steps vary most (two ranks meeting 195 times a step): at 300 rounds its
-    # A/A control ranged 0.991-1.005 over four runs, so it runs 600.
+    # A/A control ranged 0.991-1.005 over four runs, at 600 0.995-1.017 over three, so it runs
+    # 1000.
     for model, argv, rounds in (
         ("MLP 3 x 512", ["--width", "512"], 600),
         ("demo model, ZeRO-2", ["--model", "demo"], 1500),
-        ("ZeRO-3 MLP 64 x 128", ["--model", "zero3", "--width", "128", "--layers", "64"], 600),
+        ("ZeRO-3 MLP 64 x 128", ["--model", "zero3", "--width", "128", "--layers", "64"], 1000),
     ):
         blocks = str(30 if quick else rounds)
         args = agent_overhead.parser().parse_args([*argv, "--blocks", blocks, "--steps", "1"])

@@ -264,7 +264,7 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
 
 def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
     """A report leaves as its step ends when the previous wake-up was WAKE_INTERVAL_S ago or
-    more (a rank killed by SIGKILL loses at most its last step, or its last ~0.25 s of short
+    more (a rank killed by SIGKILL loses at most its last step, or its last ~0.5 s of short
     steps); shorter steps ride along with the next wake-up, in one ZeroMQ message with it, and
     never wait for the sender's own timer (pushed here to a minute away)."""
     sink = Sink()  # no drain on this thread: only the sender thread sends
@@ -285,7 +285,7 @@ def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
 
     try:
         tel.sampler._wake = 60.0  # the timer ticks once a minute from its next sleep on
-        time.sleep(0.4)  # longer than the sleep it is in (0.25 s at most)
+        time.sleep(0.6)  # longer than the sleep it is in (0.5 s at most)
         step()  # the first step end wakes the sender
         wait_sent([1])
         step()  # within WAKE_INTERVAL_S of that wake-up: handed over, nobody woken

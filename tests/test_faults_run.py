@@ -84,7 +84,7 @@ def test_a_full_disk_stops_recording_with_an_alert_and_training_goes_on(tmp_path
     assert "ranks exited cleanly" in run.stdout
     # What was committed replays: the trace reaches the step the alert names, each rank's
     # steps from 1 without a hole (how far each got depends on when its last batch of reports
-    # arrived: steps this short leave every 0.1 s, agent/outbox.py).
+    # arrived: steps this short leave every 0.5 s, agent/outbox.py).
     with TraceReader(tmp_path / "t.zstrace") as trace:
         assert [h.rank for h in trace.hellos()] == [0, 1]
         assert (trace.steps() or (0, 0))[1] == kept
@@ -113,10 +113,10 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
         "--kill-rank",
         "1",
         # Steps of real length: a report leaves as its step ends once the previous one left
-        # 0.25 s before or more (agent/outbox.py); shorter steps leave in batches, so a killed
-        # rank would lose its last ~0.25 s of steps, not just its last one.
+        # 0.5 s before or more (agent/outbox.py); shorter steps leave in batches, so a killed
+        # rank would lose its last ~0.5 s of steps, not just its last one.
         "--step-s",
-        "0.3",
+        "0.55",
         cwd=tmp_path,
     )
     # The first failure decides: rank 1's death by SIGKILL (128 + 9), not torchrun's own 1.
