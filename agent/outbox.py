@@ -126,15 +126,20 @@ class Outbox:
             return
         try:
             batch: list[Message] = []
+            beats: list[Message] = []
             try:
-                self._drain(block, batch)
+                self._drain(block, batch, beats)
             finally:
+                # A heartbeat names the last step ended (up to which the reports are in this
+                # batch): it goes after them, so that what arrived, or was recorded before a
+                # full disk, never names a step whose report it lacks.
+                batch += beats
                 if batch:  # one ZeroMQ message (agent/publish.py ``send_batch``)
                     self.publisher.send_batch(batch)
         finally:
             self._lock.release()
 
-    def _drain(self, block: bool, batch: list[Message]) -> None:
+    def _drain(self, block: bool, batch: list[Message], beats: list[Message]) -> None:
         handed, waiting = self._handed, self._waiting
         lost = self.lost - self._lost_counted
         if lost:
@@ -143,7 +148,8 @@ class Outbox:
         while handed:
             item = handed.popleft()
             if not isinstance(item, StepFacts):
-                batch.append(item)  # an event does not wait behind reports
+                # An event does not wait behind reports; a heartbeat goes last (``drain``).
+                (beats if isinstance(item, Heartbeat) else batch).append(item)
                 continue
             try:
                 axis = self.timeline.axis(item.marks, item.end_ns, item.end_event)

@@ -174,17 +174,24 @@ def test_transfers_and_heartbeats(rig: tuple[LiveTelemetry, list[Message]]) -> N
 
 def test_heartbeats_leave_with_the_reports(rig: tuple[LiveTelemetry, list[Message]]) -> None:
     """The sampler's heartbeat joins the outbox just before it drains: one ZeroMQ message
-    carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; issue 18)."""
+    carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; issue 18), the
+    heartbeat after them: it names the last step ended, and a trace cut short mid-batch (a
+    full disk) must not name a step whose report it lacks."""
     from zeroscope.agent.schema import Heartbeat
 
     tel, _ = rig
     publisher = tel.publisher
     batches: list[list[type]] = []
+    steps: list[tuple[int, int]] = []  # (the batch's last report's step, its heartbeat's)
     alone: list[type] = []
     send, send_batch = publisher.send, publisher.send_batch
 
     def record_batch(messages: list[Message]) -> int:
         batches.append([type(m) for m in messages])
+        if isinstance(messages[-1], Heartbeat):
+            reports = [m.step for m in messages if isinstance(m, StepReport)]
+            if reports:
+                steps.append((reports[-1], messages[-1].step))
         return send_batch(messages)
 
     def record_send(message: Message) -> bool:
@@ -200,6 +207,8 @@ def test_heartbeats_leave_with_the_reports(rig: tuple[LiveTelemetry, list[Messag
         tel.step_end(memory=MemoryBytes())
         time.sleep(0.01)
     assert any(Heartbeat in b and StepReport in b for b in batches), batches
+    assert all(b[-1] is Heartbeat for b in batches if Heartbeat in b), batches
+    assert steps and all(beat <= last for last, beat in steps), steps
     assert Heartbeat not in alone
 
 
