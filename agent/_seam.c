@@ -6,6 +6,9 @@
    work is two C calls, ~3.5-4 us in all: ``Recorder.__call__`` (what ``tel.collective(work,
    op=..., ...)`` resolves to on the host) and ``HostWork.wait``.
 
+   ``resolve_hosts`` is the sender thread's side: a step's records as the wire's Collectives
+   in one call (a ZeRO-3 step has hundreds; in Python each costs the cold sender ~0.4 us more).
+
    The records are the very lists agent/comm.py's Python path makes (fields OP ... REF there),
    so everything downstream (the step end's take, the sender's resolution) is shared, and
    agent/comm.py's pure-Python ``Recorder`` and ``HostWork`` are the reference this module is
@@ -353,8 +356,67 @@ static PyObject *seam_now_ns(PyObject *mod, PyObject *unused) {
     return PyLong_FromLongLong(now_ns());
 }
 
+/* ---- resolve_hosts: a step's host records as wire Collectives (the sender thread) ----- */
+
+/* One field of a host record as a C integer; 0 = it is not an int (None: still in flight). */
+static int field_ns(PyObject *rec, Py_ssize_t i, long long *out) {
+    PyObject *v = PyList_GET_ITEM(rec, i);
+    if (!PyLong_CheckExact(v)) return 0;
+    *out = PyLong_AsLongLong(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+static PyObject *seam_resolve_hosts(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "resolve_hosts(records: list, step_start_ns, make)");
+        return NULL;
+    }
+    PyObject *records = args[0], *make = args[2];
+    long long step_start = PyLong_AsLongLong(args[1]);
+    if (step_start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *rec = PyList_GET_ITEM(records, k);
+        long long start, end, exposed_ns;
+        if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) < FIELDS ||
+            !field_ns(rec, START, &start) || !field_ns(rec, END, &end) ||
+            !field_ns(rec, EXPOSED, &exposed_ns)) {
+            PyErr_Clear(); /* not a host record that ended (or out of range): not all did */
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        /* As the Python twin computes them: exposed is capped at the op's duration. */
+        double duration = end > start ? (double)(end - start) / 1e9 : 0.0;
+        double exposed = (double)exposed_ns / 1e9;
+        PyObject *fields[8] = {PyList_GET_ITEM(rec, OP), PyList_GET_ITEM(rec, NBYTES),
+                               PyList_GET_ITEM(rec, GROUP), NULL, NULL, NULL,
+                               PyList_GET_ITEM(rec, PREFETCHED), PyList_GET_ITEM(rec, LABEL)};
+        fields[3] = PyFloat_FromDouble((double)(start - step_start) / 1e9);
+        fields[4] = PyFloat_FromDouble(duration);
+        fields[5] = PyFloat_FromDouble(exposed < duration ? exposed : duration);
+        PyObject *made = NULL;
+        if (fields[3] != NULL && fields[4] != NULL && fields[5] != NULL)
+            made = PyObject_Vectorcall(make, fields, 8, NULL);
+        Py_XDECREF(fields[3]);
+        Py_XDECREF(fields[4]);
+        Py_XDECREF(fields[5]);
+        if (made == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, made); /* steals made */
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"now_ns", seam_now_ns, METH_NOARGS, "This module's clock (perf_counter_ns's on Linux)."},
+    {"resolve_hosts", (PyCFunction)(void (*)(void))seam_resolve_hosts, METH_FASTCALL,
+     "resolve_hosts(records, step_start_ns, make): make(op, nbytes, group_size, start_s, "
+     "duration_s, exposed_s, prefetched, label) per record, or None unless every record is a "
+     "host record that ended (agent/host_seam.py's resolve_hosts is its twin)."},
     {NULL},
 };
 

@@ -15,7 +15,8 @@ in place, issue 18), so on Linux both are made in C (agent/_seam.c: ``Recorder``
 ``HostWork``; ~3.5-4 us of CPU per op in place where this module's Python takes ~7-8,
 bench/collective_cost.py); this module's :class:`Recorder` and :class:`HostWork` are the
 same by the same rules, used where the C seam was not built, and the reference the tests
-hold it to. The sender thread turns the lists into wire records (:func:`resolve_host`).
+hold it to. The sender thread turns the lists into wire records (:func:`resolve_hosts`, a
+step's records in one C call where the seam was built).
 
 The Work is held only through a weak reference: the engine decides how long a Work lives, and
 a Work keeps its tensors alive (holding it would raise the memory the user sees, e.g. a
@@ -175,8 +176,17 @@ def resolve_host(rec: list[Any], step_start_ns: int) -> Collective | None:
 
 
 def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | None:
-    """Every record as :func:`resolve_host` would, in one comprehension (no call per record:
-    a ZeRO-3 step has hundreds), when all are host records that ended; else None."""
+    """Every record as :func:`resolve_host` would, when all are host records that ended; else
+    None. In C where the seam was built (agent/_seam.c ``resolve_hosts``: the sender thread
+    resolves a ZeRO-3 step's hundreds of records, ~2-3 us each in this module's Python as the
+    thread runs cold); :func:`resolve_hosts_python` is its twin."""
+    if NATIVE is not None:
+        return _seam.resolve_hosts(records, step_start_ns, Collective)
+    return resolve_hosts_python(records, step_start_ns)
+
+
+def resolve_hosts_python(records: list[Any], step_start_ns: int) -> list[Collective] | None:
+    """:func:`resolve_hosts` in one comprehension (no call per record)."""
     # Inside wait() the op finished; a few us of wait() overhead after completion are not
     # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
     # One pass: an op in flight (its end None) or a CollectiveRecord (not a list) raises

@@ -159,6 +159,7 @@ class PendingReport:
 
     __slots__ = (
         "_device",
+        "_every",
         "_failed",
         "_resolved",
         "age",
@@ -180,6 +181,8 @@ class PendingReport:
         self.report: StepReport | None = None
         """Built by ``finish`` (sender thread) once the step can be reported."""
         self._resolved: list[Collective | None] = []
+        self._every: list[Collective] | None = None
+        """The records resolved in one call when all had ended on the host (no None in it)."""
         self._failed: set[int] = set()
         self._device = False
 
@@ -194,12 +197,15 @@ class PendingReport:
                 return False
             device = False  # the device never reached its marks: fall back to the host axis
         collectives = self._collectives(device, block)
-        if not force and (not scalars or None in collectives):
+        # The common case, every op ended on the host and resolved in one call, needs no look
+        # at each of a ZeRO-3 step's hundreds of records (issue 18).
+        every = self._every if collectives is self._every else None
+        if not force and (not scalars or (every is None and None in collectives)):
             return False
         r = self.report = self.facts.report(self.axis)
         duration, phases, spans = self.axis.resolve(device)
         r.duration_s, r.phases, r.phase_spans = duration, phases, spans
-        r.collectives = [c for c in collectives if c is not None]
+        r.collectives = every if every is not None else [c for c in collectives if c is not None]
         r.collectives_unfinished = len(self.records) - len(r.collectives)
         r.loss, r.grad_norm = self.loss.value, self.grad_norm.value
         return True
@@ -209,7 +215,7 @@ class PendingReport:
         if not self._resolved:  # first look: every op ended and on the host (the common case)
             every = resolve_hosts(self.records, start_ns)
             if every is not None:
-                self._resolved = every  # type: ignore[assignment]
+                self._resolved = self._every = every  # type: ignore[assignment]
                 return every  # type: ignore[return-value]
         event: Any = self.axis.start_event if device else None
         if len(self._resolved) != len(self.records) or device != self._device:

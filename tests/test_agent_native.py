@@ -193,3 +193,46 @@ def test_an_agents_tracker_and_its_recorder_are_collected(seam: str) -> None:
     del tracker
     gc.collect()
     assert gone() is None
+
+
+def records(rng: Any, n: int, step_start: int) -> list[list[Any]]:
+    """Host records as the recorder makes them, with the corner cases: an end before its
+    start (clock order), exposed longer than the op (wait() overhead), huge sizes."""
+    out = []
+    for i in range(n):
+        start = step_start + rng.randrange(-(10**6), 10**9)
+        end = start + rng.choice([0, -5, rng.randrange(1, 10**8)])
+        exposed = rng.choice([0, rng.randrange(0, 2 * 10**8)])
+        op = rng.choice(["all_gather", "reduce_scatter", "all_reduce"])
+        nbytes = rng.choice([1, 2**40, rng.randrange(1, 10**9)])
+        out.append(
+            [op, nbytes, rng.choice([1, 2, 8]), i % 3 == 0, f"L{i}", start, end, exposed, None]
+        )
+    return out
+
+
+def test_the_senders_resolution_is_the_same_in_c_and_in_python() -> None:
+    """The sender's bulk resolution of a step's host records (agent/_seam.c ``resolve_hosts``)
+    against its Python twin, field for field; and the same None when a record is in flight
+    or is not a host record."""
+    import random
+
+    from zeroscope.agent.host_seam import resolve_hosts_python
+    from zeroscope.agent.schema import Collective
+
+    make("C")  # skips off Linux, fails where the seam was not built
+    resolve_c = host_seam._seam.resolve_hosts
+    rng = random.Random(18)
+    step_start = 10**12
+    for n in (0, 1, 195):
+        recs = records(rng, n, step_start)
+        python = resolve_hosts_python(recs, step_start)
+        assert python is not None
+        assert resolve_c(recs, step_start, Collective) == python
+    recs = records(rng, 5, step_start)
+    recs[3][END] = None  # in flight
+    assert resolve_c(recs, step_start, Collective) is None
+    assert resolve_hosts_python(recs, step_start) is None
+    recs[3] = object()  # a device record (agent/comm.py's CollectiveRecord), not a list
+    assert resolve_c(recs, step_start, Collective) is None
+    assert resolve_hosts_python(recs, step_start) is None

@@ -285,8 +285,10 @@ def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
 
     try:
         tel.sampler._wake = 60.0  # the timer ticks once a minute from its next sleep on
-        time.sleep(0.6)  # longer than the sleep it is in (0.5 s at most)
-        step()  # the first step end wakes the sender
+        # Longer than the sleep it is in (0.5 s at most), whose drain restarts the interval,
+        # and than that interval.
+        time.sleep(0.6 + WAKE_INTERVAL_S)
+        step()  # the first step end since wakes the sender
         wait_sent([1])
         step()  # within WAKE_INTERVAL_S of that wake-up: handed over, nobody woken
         time.sleep(0.05)
