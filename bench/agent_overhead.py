@@ -7,7 +7,7 @@ off, off-again, the order rotated every round so no mode always follows a switch
 noise hits all alike; the figure is the median over rounds of the on/off ratio, printed beside
 the off-again/off ratio of the same run (an A/A control: the noise floor of this machine).
 The agent's own threads (its sender, ZeroMQ's I/O threads) run when they run, as in a real
-run (reports leave in batches at most every 0.25 s, often during an "off" step): their CPU
+run (reports leave in batches at most every 0.5 s, often during an "off" step): their CPU
 time is read per thread (bench/thread_cpu.py) and taken out of every block, and each "on" step
 is charged their CPU per step over a stretch of consecutive "on" steps measured first (a real
 run's rate: interleaved, they would also pay heartbeats and timer wake-ups for three times the
@@ -198,7 +198,7 @@ def _threads_per_step(step: Any, live: Any, threads: Any, steps: int) -> float:
 
 def _sent(live: Any, timeout: float = 5.0) -> None:
     """Wait until the agent's sender thread has sent what the measured steps handed it, so
-    its CPU time for them is counted (it sends at most every 0.25 s when not woken)."""
+    its CPU time for them is counted (it sends at most every 0.5 s when not woken)."""
     deadline = time.monotonic() + timeout
     while live._outbox.queued and time.monotonic() < deadline:
         time.sleep(0.02)
