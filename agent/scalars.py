@@ -52,7 +52,10 @@ class DeferredScalar:
             host = self.host
             if host is not None:  # a CPU tensor kept as it was given
                 self.host = None
-                self.value = _first(host) if host._version == self.version else None
+                try:
+                    self.value = _first(host) if host._version == self.version else None
+                except Exception:  # unreadable (a meta tensor): missing, and the report goes
+                    self.value = None
             return True
         if block:
             self.event.synchronize()  # only at close, when the loop is over

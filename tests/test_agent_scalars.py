@@ -46,6 +46,12 @@ def test_a_tensor_in_a_graph_is_read_at_once_and_not_held() -> None:
     assert held() is None  # the graph it roots is the caller's to free
 
 
+def test_an_unreadable_tensor_is_missing_and_never_raises() -> None:
+    kept = DeferredScalar(torch.empty((), device="meta"))  # no value to read, ever
+    assert kept.ready()
+    assert kept.value is None
+
+
 def test_many_elements_and_plain_numbers() -> None:
     norms = torch.tensor([0.5, 9.0])
     kept, number = DeferredScalar(norms), DeferredScalar(7)
