@@ -17,7 +17,7 @@ work of a small step. So the training thread wakes the sender at most every
 killed by SIGKILL, the OOM killer's way, loses at most the report in hand), and shorter steps
 leave in batches, at most ``WAKE_INTERVAL_S`` plus one step after they end (a killed rank
 then loses at most that much: the reports of its last ~0.5 s). Reports left when the loop
-stops (an evaluation, a hang) go at the sender's next tick, ``DRAIN_INTERVAL_S``.
+stops (an evaluation, a hang) go at the sender's next tick, within ``2 * DRAIN_INTERVAL_S``.
 
 Nothing handed over is lost silently: the queue holds at most ``MAX_QUEUED`` items; when the
 sender falls that far behind (a stalled thread), the oldest item is dropped and counted, and the
@@ -41,7 +41,9 @@ from .timeline import StepAxis, StepTimeline
 
 DRAIN_INTERVAL_S = 0.5
 """How often the sender thread looks for reports on its own (those the training thread did not
-wake it for, and those still waiting for their collectives or device events)."""
+wake it for, and those still waiting for their collectives or device events); twice that after
+a step end woke it (agent/sampler.py: the next step end is due within ``WAKE_INTERVAL_S``, and
+the two must not take turns waking it)."""
 
 WAKE_INTERVAL_S = 0.5
 """The training thread wakes the sender at most this often (see the module docstring): 0.1 s
@@ -115,9 +117,6 @@ class Outbox:
         (at close, the loop is over) sends everything, waiting for the device if needed.
         ``wait_s``: the most to wait for the sender thread's turn (default: forever, or
         CLOSE_WAIT_S with ``block``)."""
-        # A drain for any reason (the sender's own timer too) restarts the wake interval: the
-        # timer and the step ends then take turns instead of each waking the sender as often.
-        self._woken_ns = perf_counter_ns()
         # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
         if wait_s is None:
             wait_s = CLOSE_WAIT_S if block else -1

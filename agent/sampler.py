@@ -142,10 +142,16 @@ class Sampler:
         nvml = _Nvml(self._device_index, self._device_uuid)
         next_sample = time.monotonic() + self.interval
         flag, stop = self._wake_flag, self._stop
+        stretch = 1
         while True:
-            flag.wait(self._wake)
+            woken = flag.wait(self._wake * stretch)
             if stop.is_set():
                 break
+            # Woken by a step end, the next one is due within the outbox's wake interval (as
+            # long as this timer's): the timer then waits twice as long, so that it and the
+            # step ends do not take turns waking this thread (issue 18); it ticks again at its
+            # own pace once the step ends stop (an evaluation, a hang).
+            stretch = 2 if woken and flag is not stop else 1
             now = time.monotonic()
             if now >= next_sample:  # first: its heartbeat leaves with this wake-up's batch
                 next_sample += self.interval

@@ -285,10 +285,8 @@ def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
 
     try:
         tel.sampler._wake = 60.0  # the timer ticks once a minute from its next sleep on
-        # Longer than the sleep it is in (0.5 s at most), whose drain restarts the interval,
-        # and than that interval.
-        time.sleep(0.6 + WAKE_INTERVAL_S)
-        step()  # the first step end since wakes the sender
+        time.sleep(0.6)  # longer than the sleep it is in (0.5 s at most)
+        step()  # the first step end wakes the sender
         wait_sent([1])
         step()  # within WAKE_INTERVAL_S of that wake-up: handed over, nobody woken
         time.sleep(0.05)
@@ -300,6 +298,59 @@ def test_step_ends_wake_the_sender_at_most_every_wake_interval() -> None:
         assert [b for b in batches if b] == [[1], [2, 3]]  # one publisher send per wake-up
     finally:
         tel.close()
+
+
+def test_a_long_steps_report_leaves_as_it_ends_though_the_timer_ran_meanwhile() -> None:
+    """The sender's own timer running in the middle of a step does not hold that step's
+    report back: its end wakes the sender once the last step-end wake-up is WAKE_INTERVAL_S
+    old, whatever the timer did since (a rank killed by SIGKILL loses at most the report in
+    hand)."""
+    sink = Sink()
+    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    sent = lambda: [m.step for m in sink.sent if isinstance(m, StepReport)]  # noqa: E731
+    try:
+        tel.sampler._wake = 0.1  # the timer runs several times within the step below
+        time.sleep(0.6)  # the thread is in its 0.1 s sleeps now
+        tel.step_end(memory=MemoryBytes())
+        deadline = time.monotonic() + 10.0
+        while sent() != [1] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sent() == [1]
+        time.sleep(WAKE_INTERVAL_S)  # a long step: the timer drains (nothing) meanwhile
+        tel.sampler._wake = 60.0  # from its next sleep on, only a step end wakes it
+        time.sleep(0.25)  # past the sleep it is in (0.2 s at most)
+        tel.step_end(memory=MemoryBytes())
+        while sent() != [1, 2] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sent() == [1, 2]
+    finally:
+        tel.close()
+
+
+def test_short_steps_wake_the_sender_about_once_per_wake_interval() -> None:
+    """Steps ending every 30 ms for 3 s: the step ends wake the sender at most every
+    WAKE_INTERVAL_S, and its own timer (as long) waits twice that after such a wake-up, so the
+    two do not take turns: ~6 wake-ups, where taking turns made ~12 (issue 18: the timer,
+    started as the last wake-up's drain ended, mostly fires before the next due step end)."""
+    sink = Sink()
+    tel = LiveTelemetry(sink, sample_interval=WAKE_INTERVAL_S)  # type: ignore[arg-type]
+    drains = [0]
+    drain = tel._outbox.drain
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        drains[0] += 1
+        drain(*args, **kwargs)
+
+    tel.sampler._drain = counted
+    try:
+        start = time.monotonic()
+        while time.monotonic() - start < 3.0:
+            tel.step_end(memory=MemoryBytes())
+            time.sleep(0.03)
+        elapsed = time.monotonic() - start
+    finally:
+        tel.close()
+    assert 1 <= drains[0] <= elapsed / WAKE_INTERVAL_S + 2, (drains[0], elapsed)
 
 
 def test_nothing_blocks_and_nothing_is_lost_silently_when_the_collector_is_gone() -> None:
