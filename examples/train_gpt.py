@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -98,6 +99,14 @@ class Head(nn.Module):
         return self.head(self.ln(x))
 
 
+def say(line: str) -> None:
+    """One line in one write: the job shares its terminal with zeroscope's own step lines, and
+    print() on an unbuffered stdout writes the text and its newline apart, so another
+    process's line could land between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
@@ -134,7 +143,7 @@ def train_pipeline(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> 
     for step in range(args.steps):
         loss = engine.train_batch(stream)
         if dist.get_rank() == 0 and (step % 20 == 0 or step == args.steps - 1):
-            print(f"[train_gpt] step {step} loss {loss.item():.4f}", flush=True)
+            say(f"[train_gpt] step {step} loss {loss.item():.4f}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -187,7 +196,7 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
         if rank == 0 and (step % 20 == 0 or step == args.steps - 1):
-            print(f"[train_gpt] step {step} loss {loss.item():.4f}", flush=True)
+            say(f"[train_gpt] step {step} loss {loss.item():.4f}")
 
     dist.destroy_process_group()
 
