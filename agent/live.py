@@ -301,17 +301,8 @@ class LiveTelemetry(Telemetry):
         # On the host once step 1 has begun, ``self.collective`` is the tracker's recorder
         # itself (``_fast_collective``): this method runs for the first op, and on CUDA.
         t0 = now_ns()
-        if self._device_event is None:
-            tracked = self._collectives.recorder(
-                work,
-                op=op,
-                nbytes=nbytes,
-                group_size=group_size,
-                prefetched=prefetched,
-                label=label,
-            )
-        else:
-            tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+        tracked = self._collectives.track(work, op, nbytes, group_size, prefetched, label, t0)
+        if self._device_event is not None:  # the host recorder counts its own time
             self.cost.collective_ns += now_ns() - t0  # counted (cost.collectives) at step end
         if not self._started:
             self._begin(t0)
