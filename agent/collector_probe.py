@@ -5,7 +5,7 @@ Node K > 0 of a multi-node ``zeroscope run`` has no collector and no view: its r
 but whoever watches node K's console must hear it too, or it reads as working. So the launcher
 opens one connection of its own, exactly as its ranks do (same address, same token, claiming to
 be node K's launcher), and watches the handshake: the collector answers a wrong token with an
-error at once (zeroscope/gate.py), and an address that never completes a handshake is reported
+error at once (zeroscope/collector/gate.py), and an address that never completes a handshake is reported
 after ``UNREACHABLE_S``. The probe sends no message and runs in the launcher, beside the job:
 the training neither waits for it nor sees it, and any failure of the probe only silences it.
 """

@@ -291,7 +291,7 @@ def spawn_ranks(target: Any, args: Any, timeout: float) -> tuple[list[Any], dict
     import socket
     import time
 
-    from zeroscope.collector import Collector
+    from zeroscope.collector.server import Collector
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ warm-up and dropped. Step time is taken between two barriers (the slower rank's)
 - step peak MiB: growth of the peak RSS over a measured step above the RSS before it (VmHWM
   after, /proc/self/clear_refs resetting the peak); glibc mmaps allocations over 64 KiB
   (MALLOC_MMAP_THRESHOLD_) so freed tensors leave the resident set at once.
-- zeroscope rows: model state P+G+O as the engine reports it beside zeroscope.formulas.
+- zeroscope rows: model state P+G+O as the engine reports it beside zeroscope.state.formulas.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def psi_of(shape: dict[str, int]) -> int:
 
 
 def formula_bytes(psi: int, stage: str, world: int) -> int:
-    from zeroscope.formulas import model_state_bytes
+    from zeroscope.state.formulas import model_state_bytes
 
     offload = "cpu" if stage.endswith("+offload") else "none"
     m = model_state_bytes(
@@ -296,7 +296,7 @@ def table(
         "AdamW, clip 1.0; same weights and batches for all (equal last losses check it). "
         "held = resident-set (GPU: allocated) growth from building the contender through its "
         "warm-up round; step peak = peak growth over one step above the level before it; "
-        "P+G+O = the engine's own exact report (host parts included) beside zeroscope.formulas. "
+        "P+G+O = the engine's own exact report (host parts included) beside zeroscope.state.formulas. "
         f"'par' = within {tolerance * 100:.0f}% (the A/A control's distance from 1, at least 3%)."
     )
     return t

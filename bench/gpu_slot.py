@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from zeroscope.agent.live import LiveTelemetry
     from zeroscope.agent.publish import Publisher
     from zeroscope.agent.schema import StepReport
-    from zeroscope.collector import Collector, wait_for
+    from zeroscope.collector.server import Collector, wait_for
     from zeroscope.engine.process_group import Comm, init_distributed, pick_device
 
     dry = args.dry_run or not torch.cuda.is_available()

@@ -75,10 +75,10 @@ def bench_core(payloads: list[bytes], records: int, trace: Path) -> tuple[float,
     """(records per wall second, records per CPU second of this thread)."""
     import zmq
 
-    from zeroscope.collector import Collector
+    from zeroscope.collector.server import Collector
 
     col = Collector(record=trace)
-    from zeroscope.trace import TraceWriter
+    from zeroscope.store.trace import TraceWriter
 
     col.trace = TraceWriter(trace)
     ctx = zmq.Context()
@@ -122,7 +122,7 @@ def _sender(address: str, payloads: list[bytes], out: mp.Queue) -> None:
 
 
 def bench_socket(payloads: list[bytes], records: int, trace: Path) -> tuple[float, int, int, int]:
-    from zeroscope.collector import Collector, wait_for
+    from zeroscope.collector.server import Collector, wait_for
 
     with Collector(record=trace) as col:
         q: mp.Queue = mp.get_context("spawn").Queue()

@@ -157,7 +157,7 @@ def build_trace(path: Path, ranks: int, reports: int) -> None:
     (the writer's per-row path would take minutes for 10^6 rows)."""
     import msgspec
 
-    from zeroscope.trace import TraceWriter
+    from zeroscope.store.trace import TraceWriter
 
     steps = reports // ranks
     shape = RunShape(ranks=ranks, steps=1, collectives=False)
@@ -207,7 +207,7 @@ def build_trace(path: Path, ranks: int, reports: int) -> None:
 
 def bench_seek(ranks: int, reports: int, seeks: int) -> dict[str, Any]:
     """Median/max seek wall and CPU time, state rebuild time and the process's peak RSS."""
-    from zeroscope.trace import TraceReader
+    from zeroscope.store.trace import TraceReader
     from zeroscope.tui.feed import ReplayFeed
 
     CACHE.mkdir(exist_ok=True)

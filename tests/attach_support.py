@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zeroscope.agent.schema import Event, Hello, StepReport, decode
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "jobs"

@@ -2,7 +2,7 @@
 
 Deterministic for a given seed (no clocks): snapshot tests, state tests and benches all read
 the same run. Shape: stage 3 with CPU optimizer offload and fp16 dynamic loss scaling on
-``ranks`` ranks; P/G/O bytes follow zeroscope.formulas so the Memory screen's "predicted" and
+``ranks`` ranks; P/G/O bytes follow zeroscope.state.formulas so the Memory screen's "predicted" and
 "measured" agree; one rank turns into a straggler (computes 45 % longer; the others wait for it
 in their collectives, so every rank's step time is the same); the loss scale overflows at start-up (as
 fp16 runs do) and once more later; one rank's publisher drops a few messages.
@@ -28,7 +28,7 @@ from zeroscope.agent.schema import (
     StepReport,
     Transfer,
 )
-from zeroscope.formulas import model_state_bytes
+from zeroscope.state.formulas import model_state_bytes
 
 BASE_NS = 1_750_000_000_000_000_000
 """Fixed wall clock origin (no time.time() in fixtures: snapshots must be reproducible)."""
@@ -262,7 +262,7 @@ class MemoryTrace:
 def write_trace(path: object, messages: list[Message]) -> None:
     """Record ``messages`` as a real SQLite trace, the way the collector does."""
     from zeroscope.agent import schema
-    from zeroscope.trace import TraceWriter
+    from zeroscope.store.trace import TraceWriter
 
     writer = TraceWriter(
         str(path), job_id=next((m.job_id for m in messages if isinstance(m, Hello)), "")

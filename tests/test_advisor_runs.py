@@ -37,11 +37,11 @@ import pytest
 
 from tests.distributed import run_ranks
 from zeroscope.agent.schema import Bye
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.commands.summary import state_of
-from zeroscope.formulas import model_state_bytes
 from zeroscope.state.advice import advise
 from zeroscope.state.advice.facts import Facts
+from zeroscope.state.formulas import model_state_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -19,7 +19,7 @@ from zeroscope.agent import api
 from zeroscope.agent.cadence import ActivationCadence
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.schema import Bye, Event, Hello, MemoryBytes, Message, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from tests.distributed import connected_publisher
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.sampler import pci_bus_id
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, Message, ParamCounts, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 
 
 def test_allocator_and_nvml_readings_follow_the_hello_device(

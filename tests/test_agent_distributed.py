@@ -20,8 +20,8 @@ from torch import nn
 
 from tests.distributed import free_port, run_ranks
 from zeroscope.agent.schema import Bye, Event, MemoryBytes, StepReport
-from zeroscope.collector import Collector, wait_for
-from zeroscope.trace import TraceReader
+from zeroscope.collector.server import Collector, wait_for
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 B, D, H = 4, 8, 16
@@ -183,7 +183,7 @@ def test_two_ranks_trace_matches_the_loop(tmp_path: Path) -> None:
 
 COLLECTOR = """
 import sys, time
-from zeroscope.collector import Collector
+from zeroscope.collector.server import Collector
 c = Collector(port=int(sys.argv[1]), record=sys.argv[2]).start()
 print(c.ingest_address, flush=True)
 while True:

@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.distributed import run_ranks
 from zeroscope.agent.schema import Bye, Hello, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ from typing import Any
 from tests.distributed import run_ranks
 from tests.models import TinyGPT, batches
 from zeroscope.agent.schema import Bye, Event, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.commands.export import chrome_events
 from zeroscope.commands.summary import summarize
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 
 STEPS = 6
 CONFIG = {

@@ -18,7 +18,7 @@ from zeroscope.agent.schema import (
     ParamCounts,
     StepReport,
 )
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 
 pytestmark = pytest.mark.gpu
 

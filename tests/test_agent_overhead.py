@@ -230,7 +230,7 @@ def test_reports_and_events_are_encoded_off_the_training_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from zeroscope.agent import publish
-    from zeroscope.collector import Collector, wait_for
+    from zeroscope.collector.server import Collector, wait_for
 
     encoded: list[tuple[str, int]] = []
     real_encode = publish.encode

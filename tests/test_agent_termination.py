@@ -20,7 +20,7 @@ from tests.distributed import free_port
 from zeroscope.agent import api
 from zeroscope.agent.schema import Bye, Message
 from zeroscope.agent.termination import STOP_CODE
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.state.alerts import interrupted
 
 ROOT = Path(__file__).resolve().parent.parent

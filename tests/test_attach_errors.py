@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from tests.sshd import Sshd, sshd_available, start_sshd
-from zeroscope import discovery
 from zeroscope.cli import main as cli_main
-from zeroscope.ssh import SshTarget, free_port
+from zeroscope.remote import discovery
+from zeroscope.remote.ssh import SshTarget, free_port
 
 pytestmark = [
     pytest.mark.ssh,
@@ -145,7 +145,7 @@ def test_target_forms() -> None:
 
 
 def test_remote_command_quoting() -> None:
-    from zeroscope.ssh import remote_command
+    from zeroscope.remote.ssh import remote_command
 
     assert (
         remote_command(["~/venv/bin/zeroscope", "jobs", "--json"])

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from tests.sshd import Sshd, sshd_available, start_sshd
-from zeroscope.ssh import free_port
-from zeroscope.trace import TraceReader
+from zeroscope.remote.ssh import free_port
+from zeroscope.store.trace import TraceReader
 
 pytestmark = [
     pytest.mark.ssh,

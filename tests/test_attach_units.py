@@ -21,7 +21,7 @@ import torch.distributed as dist
 from tests.distributed import free_port
 from zeroscope.agent.activations import ActivationCounter
 from zeroscope.agent.attach import BOOTSTRAP_DIR, pythonpath_with_bootstrap
-from zeroscope.launch import job_environment
+from zeroscope.run.launch import job_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +142,7 @@ def test_the_attach_bootstrap_and_the_as_deepspeed_alias_both_load(tmp_path: Pat
     chaining to the alias's (engine/deepspeed/boot), which chains to the job's own. The alias
     wins the import (the real DeepSpeed is installed here) and the attach installs no DeepSpeed
     reader on the bundled engine, which reports for itself."""
-    from zeroscope.as_deepspeed import alias_environment, boot_folder
+    from zeroscope.run.as_deepspeed import alias_environment, boot_folder
 
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -14,9 +14,9 @@ import zmq
 from zeroscope.agent import schema
 from zeroscope.agent.publish import EARLY_HOLD, MAX_BATCH, Publisher, set_credentials
 from zeroscope.agent.schema import Hello, Message, StepReport
-from zeroscope.collector import Collector, wait_for
-from zeroscope.sources import LiveSource
-from zeroscope.trace import TraceReader
+from zeroscope.collector.server import Collector, wait_for
+from zeroscope.store.sources import LiveSource
+from zeroscope.store.trace import TraceReader
 
 
 def hello(rank: int = 0) -> Hello:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from zeroscope.agent import schema
 from zeroscope.agent.publish import set_credentials
-from zeroscope.collector import Collector, wait_for
-from zeroscope.trace import TraceReader
+from zeroscope.collector.server import Collector, wait_for
+from zeroscope.store.trace import TraceReader
 
 from .test_schema import sample_messages
 
@@ -53,7 +53,7 @@ def test_hundred_thousand_mutations_are_all_counted(tmp_path: Path) -> None:
     rng = random.Random(1234)
     col = Collector(record=tmp_path / "fuzz.zst")
     col.trace = None  # drive ingest() directly: same code path as the socket loop
-    from zeroscope.trace import TraceWriter
+    from zeroscope.store.trace import TraceWriter
 
     col.trace = TraceWriter(tmp_path / "fuzz.zst", commit_rows=50_000)
     accepted = []

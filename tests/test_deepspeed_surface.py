@@ -207,7 +207,7 @@ def _probe(tmp_path: Path, *, alias: bool, hide_real: bool) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "ZEROSCOPE_AS_DEEPSPEED"}
     env["DS_ACCELERATOR"] = "cpu"
     if alias:
-        from zeroscope.as_deepspeed import alias_environment
+        from zeroscope.run.as_deepspeed import alias_environment
 
         env = alias_environment({**env, "PYTHONPATH": os.pathsep.join(paths)})
     else:

@@ -12,8 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from zeroscope import discovery
 from zeroscope.cli import main as cli_main
+from zeroscope.remote import discovery
 
 
 @pytest.fixture

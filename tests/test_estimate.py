@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from zeroscope import formulas
 from zeroscope.cli import main
-from zeroscope.state import bandwidth
+from zeroscope.state import bandwidth, formulas
 
 PSI = 7.5e9
 

@@ -20,9 +20,9 @@ from tests.models import TinyGPT, batches
 from zeroscope.agent.api import set_telemetry
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.schema import Bye, Event, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.engine.api import initialize
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 
 
 @pytest.fixture(autouse=True)

@@ -19,14 +19,14 @@ import pytest
 import zmq
 
 from tests.fixtures import write_trace
-from zeroscope import collector as collector_module
 from zeroscope.agent import schema
 from zeroscope.agent.publish import set_credentials
 from zeroscope.agent.schema import SCHEMA_VERSION, Collective, Hello, Message, StepReport
-from zeroscope.collector import Collector, wait_for
-from zeroscope.sources import LiveSource, TraceSource
+from zeroscope.collector import server as collector_module
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.store.sources import LiveSource, TraceSource
 
 
 def report(rank: int, step: int, wall_ns: int = 0, duration_s: float = 0.1) -> StepReport:

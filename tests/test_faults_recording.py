@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zeroscope.agent.schema import StepReport
 from zeroscope.cli import main
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 4
@@ -30,8 +30,8 @@ KILLER = r"""
 import json, os, random, signal, sys, time
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Collective, Hello, MemoryBytes, StepReport
-from zeroscope.collector import Collector
-from zeroscope.trace import TraceWriter
+from zeroscope.collector.server import Collector
+from zeroscope.store.trace import TraceWriter
 
 folder, kills, ranks, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(seed)

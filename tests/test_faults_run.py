@@ -27,8 +27,8 @@ import pytest
 
 from tests.distributed import free_port
 from tests.test_agent_distributed import last_step, start_collector
-from zeroscope.collector import wait_for
-from zeroscope.trace import TraceReader
+from zeroscope.collector.server import wait_for
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "agent_only_train.py"

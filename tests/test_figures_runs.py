@@ -32,16 +32,16 @@ from torch import nn
 from tests.distributed import run_ranks
 from tests.models import TinyGPT, batches
 from zeroscope.agent.schema import Bye, Message, StepReport
-from zeroscope.collector import Collector, wait_for
+from zeroscope.collector.server import Collector, wait_for
 from zeroscope.commands.export import chrome_events
 from zeroscope.commands.replay import replay_headless
 from zeroscope.commands.summary import summarize
-from zeroscope.sources import TraceSource
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.state.prediction import predicted_traffic
 from zeroscope.state.report import run_report
-from zeroscope.trace import TraceReader
+from zeroscope.store.sources import TraceSource
+from zeroscope.store.trace import TraceReader
 
 pytestmark = pytest.mark.slow
 

@@ -231,7 +231,7 @@ def _count_syncs(engine: Any, steps: int) -> list[int]:
 def test_the_live_agent_adds_no_device_synchronization(nccl_world1: None) -> None:
     from tests.distributed import connected_publisher
     from zeroscope.agent.live import LiveTelemetry
-    from zeroscope.collector import Collector
+    from zeroscope.collector.server import Collector
 
     cfg = ds_config(2, "bf16")
     torch.manual_seed(0)

@@ -13,8 +13,8 @@ import pytest
 
 from tests.distributed import free_port
 from zeroscope.agent.schema import SCHEMA_VERSION, Bye, Hello
-from zeroscope.job_end import JobEnd, Outcome, RankExit, classify
-from zeroscope.job_errors import ErrorScanner, RankError
+from zeroscope.run.job_end import JobEnd, Outcome, RankExit, classify
+from zeroscope.run.job_errors import ErrorScanner, RankError
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import summary_lines
 

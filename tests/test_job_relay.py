@@ -9,8 +9,8 @@ import os
 import threading
 from pathlib import Path
 
-from zeroscope.job_errors import ErrorScanner
-from zeroscope.job_relay import OutputRelay
+from zeroscope.run.job_errors import ErrorScanner
+from zeroscope.run.job_relay import OutputRelay
 
 TRACEBACK = (
     b"[rank0]: Traceback (most recent call last):\n"

@@ -62,12 +62,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "zeroscope.tui",
         "zeroscope.commands",
         "zeroscope.collector",
-        "zeroscope.sources",
-        "zeroscope.trace",
+        "zeroscope.store.sources",
+        "zeroscope.store.trace",
         "zmq",
         "torch",
     ),
-    "zeroscope/tui": (*VIEWER, "zeroscope.formulas", "zeroscope.state.bandwidth"),
+    "zeroscope/tui": (*VIEWER, "zeroscope.state.formulas", "zeroscope.state.bandwidth"),
 }
 """Path (a folder, or one file) -> module prefixes no file there may import. A file obeys
 every entry whose path contains it."""
@@ -75,7 +75,7 @@ every entry whose path contains it."""
 EXEMPT: dict[str, tuple[str, ...]] = {
     # A worker node's launcher checks the collector's door exactly as its ranks will knock: it
     # is launcher-side, not viewer-side (it shows nothing), and imports only the probe.
-    "zeroscope/multinode.py": ("zeroscope.agent.collector_probe",),
+    "zeroscope/remote/multinode.py": ("zeroscope.agent.collector_probe",),
 }
 """File -> imports it may make despite FORBIDDEN, each with its reason above."""
 
@@ -159,7 +159,7 @@ def test_scan_catches_a_deliberate_violation() -> None:
         ("zeroscope/state/_probe.py", "from textual.widget import Widget\n"),
         ("zeroscope/state/_probe.py", "import torch\n"),
         ("zeroscope/state/_probe.py", "from zeroscope.engine import config\n"),
-        ("zeroscope/tui/_probe.py", "from zeroscope.formulas import model_state_bytes\n"),
+        ("zeroscope/tui/_probe.py", "from zeroscope.state.formulas import model_state_bytes\n"),
         ("zeroscope/tui/_probe.py", "from zeroscope.agent.api import telemetry\n"),
     ],
 )

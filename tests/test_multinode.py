@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from zeroscope.multinode import (
+from zeroscope.remote.multinode import (
     advertised_address,
     local_ingest_address,
     plan_collector,
     read_token_file,
 )
-from zeroscope.ssh import free_port
-from zeroscope.trace import TraceReader
+from zeroscope.remote.ssh import free_port
+from zeroscope.store.trace import TraceReader
 
 JOB = Path(__file__).parent / "jobs" / "paced_job.py"
 STEP_LINE = re.compile(r"^step\s+(\d+)\s.*ranks (\d+)")
@@ -143,7 +143,7 @@ def test_run_flags_without_static_rendezvous_are_refused(monkeypatch: pytest.Mon
     from argparse import Namespace
 
     monkeypatch.setenv("ZEROSCOPE_TOKEN", "t")
-    from zeroscope.multinode import plan_from_run_args
+    from zeroscope.remote.multinode import plan_from_run_args
 
     base = dict(nnodes="2", master_port=None, port=0)
     with pytest.raises(ValueError, match="needs --node-rank and --master-addr"):

@@ -199,7 +199,7 @@ def test_live_agent_carries_the_layout_in_hello_and_the_pipeline_in_its_step() -
     from tests.distributed import connected_publisher
     from zeroscope.agent.live import LiveTelemetry
     from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
-    from zeroscope.collector import Collector, wait_for
+    from zeroscope.collector.server import Collector, wait_for
 
     got: list[Message] = []
     col = Collector()

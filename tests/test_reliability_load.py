@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from zeroscope.sources import LiveSource
-from zeroscope.trace import TraceReader
+from zeroscope.store.sources import LiveSource
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 1024
@@ -40,9 +40,9 @@ HISTORY = 32 * 1024 * 1024
 
 COLLECTOR = r"""
 import json, sys
-from zeroscope import collector
+from zeroscope.collector import server as collector
 collector.INGEST_HWM = int(sys.argv[3])
-from zeroscope.collector import Collector
+from zeroscope.collector.server import Collector
 c = Collector(record=sys.argv[1], history_bytes=int(sys.argv[2])).start()
 print(json.dumps({"ingest": c.ingest_address, "viewer": c.viewer_address}), flush=True)
 for line in sys.stdin:

@@ -18,12 +18,12 @@ from zeroscope.agent.collector_probe import CollectorProbe
 from zeroscope.agent.publish import Publisher, set_credentials
 from zeroscope.agent.schema import Admission, Hello, SenderClaim, StepReport
 from zeroscope.cli import main as cli_main
-from zeroscope.collector import Collector, wait_for
-from zeroscope.ssh import free_port
+from zeroscope.collector.server import Collector, wait_for
+from zeroscope.remote.ssh import free_port
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.lines import summary_lines
 from zeroscope.state.roster import headcount, node_of, rank_ranges
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 from zeroscope.tui.feed import ReplayFeed
 from zeroscope.tui.header import header_segments
 
@@ -227,7 +227,7 @@ def test_a_sender_without_credentials_fails_the_handshake_and_is_counted() -> No
 
 def test_admission_records_survive_history_trimming() -> None:
     """A viewer joining after the history was trimmed still learns who was refused."""
-    from zeroscope.sources import LiveSource
+    from zeroscope.store.sources import LiveSource
 
     col = Collector(token=b"t", history_bytes=2000)
     with col:

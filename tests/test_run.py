@@ -13,7 +13,7 @@ import pytest
 
 from tests.fixtures import synthetic_run, write_trace
 from zeroscope.cli import main
-from zeroscope.launch import job_environment
+from zeroscope.run.launch import job_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "agent_only_train.py"

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.scripts.failing_train import MESSAGE
-from zeroscope.trace import TraceReader
+from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILING = ROOT / "tests" / "scripts" / "failing_train.py"

@@ -11,7 +11,7 @@ from torch.distributed.run import get_args_parser
 
 from tests.test_run import _zeroscope
 from zeroscope.cli import main
-from zeroscope.launch import TORCHRUN_MODULE, TORCHRUN_OPTIONS, torchrun_argv
+from zeroscope.run.launch import TORCHRUN_MODULE, TORCHRUN_OPTIONS, torchrun_argv
 
 
 def _torch_options() -> dict[frozenset[str], bool]:
@@ -99,7 +99,7 @@ def test_a_module_or_a_program_is_not_looked_for_as_a_file(
     assert main(["run", "--headless", "no/such/train.py"]) == 2
     assert "no such training script" in capsys.readouterr().err
     # ... but -m names a module and --no-python a program: torchrun resolves those.
-    from zeroscope.launch import runs_a_file
+    from zeroscope.run.launch import runs_a_file
 
     parser = _run_parser()
     assert not runs_a_file(parser.parse_args(["run", "-m", "pkg.train"]))

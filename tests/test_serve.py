@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from zeroscope import discovery
 from zeroscope.agent.publish import set_credentials
 from zeroscope.agent.schema import MAX_MESSAGE_BYTES, SCHEMA_VERSION, Hello, encode
 from zeroscope.cli import main as cli_main
-from zeroscope.trace import TraceReader
+from zeroscope.remote import discovery
+from zeroscope.store.trace import TraceReader
 
 
 def _serve(home: Path, *argv: str) -> subprocess.Popen[str]:

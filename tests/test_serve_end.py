@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.test_serve import _serve
-from zeroscope import discovery
 from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import SCHEMA_VERSION, Bye, Hello
+from zeroscope.remote import discovery
 
 
 def test_serve_without_a_command_ends_when_every_rank_said_bye(

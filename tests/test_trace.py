@@ -14,7 +14,7 @@ import pytest
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Event, Hello, MemoryBytes, StepReport
-from zeroscope.trace import TraceError, TraceReader, TraceWriter
+from zeroscope.store.trace import TraceError, TraceReader, TraceWriter
 
 
 def hello(rank: int) -> Hello:
@@ -116,7 +116,7 @@ WRITER = """
 import sys, time
 from zeroscope.agent import schema
 from zeroscope.agent.schema import StepReport
-from zeroscope.trace import TraceWriter
+from zeroscope.store.trace import TraceWriter
 w = TraceWriter(sys.argv[1], commit_interval=0.0)
 step = 0
 while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeroscope.agent.schema import Event, Hello, StepReport
-from zeroscope.sources import TraceSource
+from zeroscope.store.sources import TraceSource
 
 from .test_trace import write
 

@@ -18,7 +18,7 @@ from zeroscope.agent.schema import (
     Transfer,
 )
 from zeroscope.cli import main
-from zeroscope.trace import TraceWriter
+from zeroscope.store.trace import TraceWriter
 
 
 def build(path: Path) -> None:

@@ -3,7 +3,7 @@ screen while the view is up (not only after quitting), the rank that raised flag
 and the one torchrun stopped ``killed`` (not ``comm``), the job named before any rank reports,
 and a view of a finished job no longer saying LIVE.
 
-The job is a real :class:`zeroscope.job.Job` (supervision, output relay, error scanner) around a
+The job is a real :class:`zeroscope.run.job.Job` (supervision, output relay, error scanner) around a
 stand-in for torchrun: a Python process that prints a rank's traceback as torch prints it and
 writes torchrun's outcome file, so no process group is needed."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from tests.fixtures import RunShape, synthetic_run
 from tests.test_tui import screen_text, sync
 from zeroscope.agent.schema import Bye
-from zeroscope.job import Job
-from zeroscope.launch import QueueSource
+from zeroscope.run.job import Job
+from zeroscope.run.launch import QueueSource
 from zeroscope.state import ClusterState
 from zeroscope.state.alerts import AlertRules
 from zeroscope.tui.app import ZeroscopeApp
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ERROR = "ConfigError: unknown key 'reduce_bucket_sise' (did you mean 'reduce_bucket_size'?)"
 TORCHRUN_STANDIN = f"""
 import os, signal, sys, time
-from zeroscope.job_end import OUTCOME_ENV, Outcome, RankExit
-from zeroscope.supervision import announce_ready
+from zeroscope.run.job_end import OUTCOME_ENV, Outcome, RankExit
+from zeroscope.run.supervision import announce_ready
 
 def finish(*_):
     exits = (RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-15))
@@ -108,8 +108,8 @@ async def test_the_first_failure_is_on_screen_and_the_ranks_flagged_by_how_they_
 
 @sync
 async def test_the_error_fits_an_80_column_screen() -> None:
-    from zeroscope.job import end_alerts
-    from zeroscope.job_end import JobEnd
+    from zeroscope.run.job import end_alerts
+    from zeroscope.run.job_end import JobEnd
 
     class Failed:
         returncode = 1

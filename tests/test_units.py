@@ -9,8 +9,8 @@ import pytest
 
 from tests.fixtures import RunShape, synthetic_run, write_trace
 from zeroscope.cli import main
-from zeroscope.formulas import model_state_bytes
 from zeroscope.state import ClusterState, units
+from zeroscope.state.formulas import model_state_bytes
 from zeroscope.state.lines import step_line
 
 

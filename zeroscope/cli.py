@@ -118,7 +118,7 @@ def _main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a trace found damaged part-way through a verb's reading
-        from zeroscope.trace import TraceError
+        from zeroscope.store.trace import TraceError
 
         if not isinstance(exc, TraceError):
             raise

@@ -5,7 +5,7 @@ ds_config file (preflight: what DeepSpeed will refuse or ignore at ``--world-siz
 default; ``--json`` prints a list of ``{"rule", "evidence", "change", "saves_bytes", "saves_ms",
 "confidence", ...}`` sorted by gain, then the rules that could not judge (``"change": null``,
 ``"missing"``: what they lacked). ``--verify -- CMD`` runs the job (as ``zeroscope run`` takes
-it) with the top change applied and prints predicted against measured (zeroscope/advice_trial.py).
+it) with the top change applied and prints predicted against measured (zeroscope/run/advice_trial.py).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         return _preflight(args)
     from zeroscope.commands.summary import state_of
     from zeroscope.state.advice import advise
-    from zeroscope.trace import TraceError
+    from zeroscope.store.trace import TraceError
 
     try:
         state, _ = state_of(args.target)
@@ -179,8 +179,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace, state: Any, advisory: Any) -> int:
-    from zeroscope.advice_trial import TrialError, run_trial
     from zeroscope.cli import CliError
+    from zeroscope.run.advice_trial import TrialError, run_trial
 
     cmd = args.command
     candidates = [
@@ -208,8 +208,8 @@ def _verify(args: argparse.Namespace, state: Any, advisory: Any) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from zeroscope.advice_trial import TrialError, read_config
     from zeroscope.cli import CliError
+    from zeroscope.run.advice_trial import TrialError, read_config
     from zeroscope.state.advice import Advisory, preflight
 
     if args.world_size is None or args.world_size < 1:

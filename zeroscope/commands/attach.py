@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 from types import FrameType
 
 from zeroscope.cli import CliError
-from zeroscope.discovery import JobRecord
-from zeroscope.ssh import SshClient, SshError, SshTarget
+from zeroscope.remote.discovery import JobRecord
+from zeroscope.remote.ssh import SshClient, SshError, SshTarget
 
 HELP = "open the live view on a job on another machine, over SSH"
 
@@ -146,7 +146,7 @@ def _attach(args: argparse.Namespace) -> int:
             f"job {job.job_id} on {target.host}: tunnel "
             f"{tunnel.local_address(job.viewer_port)} (ssh pid {tunnel.pid})"
         )
-        from zeroscope.ssh_watch import watch_job
+        from zeroscope.remote.ssh_watch import watch_job
 
         return watch_job(
             client=client,

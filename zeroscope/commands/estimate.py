@@ -1,4 +1,4 @@
-"""``zeroscope estimate``: model-state memory per rank by the ZeRO formulas (zeroscope.formulas).
+"""``zeroscope estimate``: model-state memory per rank by the ZeRO formulas (zeroscope.state.formulas).
 
 Prints one row per stage (or only ``--stage``), the same figures the Memory screen shows as
 "predicted", so an estimate made before a run can be held against what the run measures.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from zeroscope.formulas import ModelStateBytes, comm_bytes_per_step, model_state_bytes
 from zeroscope.state import units
+from zeroscope.state.formulas import ModelStateBytes, comm_bytes_per_step, model_state_bytes
 
 HELP = "model-state memory per rank by the ZeRO formulas"
 

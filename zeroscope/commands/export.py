@@ -82,7 +82,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
     from zeroscope.state import ClusterState
     from zeroscope.state.bandwidth import busbw, volume
     from zeroscope.state.report import run_report
-    from zeroscope.trace import TraceReader
+    from zeroscope.store.trace import TraceReader
 
     out: list[dict[str, Any]] = []
     state = ClusterState()
@@ -231,7 +231,7 @@ def _start_at_zero(events: list[dict[str, Any]]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
-    from zeroscope.trace import TraceError
+    from zeroscope.store.trace import TraceError
 
     figures: dict[str, Any] = {}
     try:

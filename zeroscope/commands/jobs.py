@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from zeroscope import discovery
+from zeroscope.remote import discovery
 
 HELP = "list the collectors running on this machine"
 

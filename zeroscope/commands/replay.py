@@ -1,6 +1,6 @@
 """``zeroscope replay TRACE``: the live view on a recorded trace (pause, step, seek, speed).
 
-The trace is read through zeroscope.sources.TraceSource and fed to the very ClusterState and
+The trace is read through zeroscope.store.sources.TraceSource and fed to the very ClusterState and
 screens the live view uses. ``--headless`` prints the same per-step lines and summary as
 ``zeroscope run --headless`` did while recording, which is how a trace is checked end to end.
 """
@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zeroscope.sources import TraceSource
+    from zeroscope.store.sources import TraceSource
 
 HELP = "open the live view on a recorded trace"
 
@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
-    from zeroscope.sources import TraceSource
-    from zeroscope.trace import TraceError
+    from zeroscope.store.sources import TraceSource
+    from zeroscope.store.trace import TraceError
 
     try:
         source = TraceSource(args.trace)

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from zeroscope.interrupts import Interrupts
-from zeroscope.launch import (
+from zeroscope.run.interrupts import Interrupts
+from zeroscope.run.launch import (
     Job,
     QueueSource,
     add_torchrun_arguments,
@@ -51,14 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
-    from zeroscope.collector import Collector
+    from zeroscope.collector.server import Collector
 
     script = Path(args.script)
     if runs_a_file(args) and not script.is_file():
         raise CliError(f"no such training script: {args.script}")
-    # Multi-node and discovery (ssh helper, issue #8; zeroscope/multinode.py, docs/remote.md):
+    # Multi-node and discovery (ssh helper, issue #8; zeroscope/remote/multinode.py, docs/remote.md):
     # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
-    from zeroscope import discovery, multinode
+    from zeroscope.remote import discovery, multinode
 
     try:
         plan = multinode.plan_from_run_args(args)
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     argv = torchrun_argv(args, str(script), args.script_args)
     base: dict[str, str] = dict(os.environ)
     if args.as_deepspeed:
-        from zeroscope.as_deepspeed import alias_environment
+        from zeroscope.run.as_deepspeed import alias_environment
 
         base = alias_environment(base)
     if not plan.hosts_collector:
@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
 
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
     """One line per completed step while the job runs, then the summary. (Ctrl-C and SIGTERM
-    stop the job: zeroscope.job.Interrupts, installed by main.)"""
+    stop the job: zeroscope.run.job.Interrupts, installed by main.)"""
     while job.returncode is None:
         _print_steps(state, source.poll(0.2))
     _drain(state, source)

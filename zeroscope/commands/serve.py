@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zeroscope import discovery
 from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.cli import CliError
-from zeroscope.job_over import ByeCounter
-from zeroscope.multinode import (
+from zeroscope.remote import discovery
+from zeroscope.remote.job_over import ByeCounter
+from zeroscope.remote.multinode import (
     COLLECTOR_ENV,
     JOB_ID_ENV,
     TOKEN_ENV,
@@ -127,7 +127,7 @@ def _start_collector(
     job_id: str = "",
     listener: Any = None,
 ) -> Any:
-    from zeroscope.collector import Collector  # imported here: zmq only when serving
+    from zeroscope.collector.server import Collector  # imported here: zmq only when serving
 
     try:
         collector = Collector(

@@ -31,7 +31,7 @@ def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
     """(ClusterState after the whole trace, facts of the trace file itself). Raises
     TraceError for a bad file."""
     from zeroscope.state import ClusterState
-    from zeroscope.trace import TraceReader
+    from zeroscope.store.trace import TraceReader
 
     state = ClusterState()
     with TraceReader(path) as reader:
@@ -74,7 +74,7 @@ def _pipeline_run(path: Path, hellos: list[Any]) -> Any:
     only for a job that reported a pipeline layout."""
     from zeroscope.agent.schema import StepReport
     from zeroscope.state.mesh import PipelineRun
-    from zeroscope.trace import TraceReader
+    from zeroscope.store.trace import TraceReader
 
     run = PipelineRun(hellos)
     if run.layouts:
@@ -166,7 +166,7 @@ def _missing_lines(missing: list[dict]) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
-    from zeroscope.trace import TraceError
+    from zeroscope.store.trace import TraceError
 
     try:
         summary = summarize(args.trace)

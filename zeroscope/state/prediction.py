@@ -1,7 +1,7 @@
 """What the job's config *should* cost per rank: model-state memory and communication volume per
 optimizer step, beside which the Memory and Comm screens set what was measured.
 
-Memory is the ZeRO paper's accounting (zeroscope.formulas.model_state_bytes). Communication is
+Memory is the ZeRO paper's accounting (zeroscope.state.formulas.model_state_bytes). Communication is
 the engine's real traffic model, not only the paper's 2Ψ / 3Ψ: with Ψ elements (padded as the
 engine pads them, ``ParamCounts.padded_total``), p bytes per element, g micro-batches per step
 (gradient accumulation), volumes in the bandwidth.volume convention (all-reduce counts 2S):
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zeroscope.formulas import (
+from zeroscope.state.formulas import (
     ModelStateBytes,
     comm_bytes_per_step,
     model_state_bytes,

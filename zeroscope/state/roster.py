@@ -3,7 +3,7 @@
 A cluster view that quietly shows half the cluster is worse than none, so every rank the job has
 and the view lacks is named. The world size is the largest any Hello announced (or, when no rank
 got through at all, what refused senders claimed). A rank has reported once any message of it was
-accepted. For each rank that has not, the collector's ``Admission`` records (zeroscope/gate.py)
+accepted. For each rank that has not, the collector's ``Admission`` records (zeroscope/collector/gate.py)
 say what its door saw, most telling first:
 
 1. records that claim the rank itself: its handshake refused for a wrong token (with the address

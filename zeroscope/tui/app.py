@@ -18,7 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from zeroscope.job_over import all_ranks_said_bye
+from zeroscope.remote.job_over import all_ranks_said_bye
 from zeroscope.state import Alert, ClusterState
 from zeroscope.state.advice import Advisory, advise
 from zeroscope.state.history import StepSeries
@@ -42,7 +42,7 @@ class Feed(Protocol):
 
 
 class JobHandle(Protocol):
-    """What the view needs of the job (zeroscope.job.Job). Optional, read with getattr:
+    """What the view needs of the job (zeroscope.run.job.Job). Optional, read with getattr:
     ``alerts() -> list[Alert]`` (its failure, shown first) and ``final_code() -> int | None``
     (the job's own exit code once known, which torchrun's may not be)."""
 

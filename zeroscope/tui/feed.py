@@ -59,7 +59,7 @@ class LiveFeed:
 
 
 class Trace(Protocol):
-    """What the feed needs of zeroscope.trace.TraceReader."""
+    """What the feed needs of zeroscope.store.trace.TraceReader."""
 
     def steps(self) -> tuple[int, int] | None: ...
     def hellos(self) -> list: ...

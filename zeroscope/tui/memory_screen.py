@@ -1,5 +1,5 @@
 """Memory: what the ZeRO formulas predict for this config against what each rank holds, part by
-part. The prediction is zeroscope.state.prediction (zeroscope.formulas, the same formulas
+part. The prediction is zeroscope.state.prediction (zeroscope.state.formulas, the same formulas
 ``zeroscope estimate`` prints)."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
 FLAG_WORDS = {
     # Most telling first: how a rank ended outranks how it was doing (a rank that raised had
     # its comm exposed too, but "comm" would hide why it stopped).
-    "raised": "raised",  # the job's first failure: its own exception (zeroscope.job)
+    "raised": "raised",  # the job's first failure: its own exception (zeroscope.run.job)
     "killed": "killed",  # a signal: torchrun stopping it after another rank failed, or SIGKILL
     "lost": "died",
     "exited": "exited",

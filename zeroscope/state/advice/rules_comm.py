@@ -11,8 +11,8 @@ import math
 import statistics
 
 from zeroscope.agent.schema import Collective
-from zeroscope.formulas import param_bytes
 from zeroscope.state.bandwidth import bus_factor
+from zeroscope.state.formulas import param_bytes
 
 from .facts import Facts
 from .model import Advice, Change, Finding, Thresholds, ms, nbytes

@@ -1,7 +1,7 @@
 """Rules that trade memory: the ZeRO stage (1), activation checkpointing and the micro-batch
 ceiling (6), offload (7), ``zero.Init`` (9) and 16-bit saves at stage 3 (10).
 
-Model-state bytes at another stage come from the ZeRO formulas (zeroscope.formulas, the ones the
+Model-state bytes at another stage come from the ZeRO formulas (zeroscope.state.formulas, the ones the
 engine's accounting is tested against); everything else is measured.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from zeroscope.formulas import ModelStateBytes, model_state_bytes, param_bytes
+from zeroscope.state.formulas import ModelStateBytes, model_state_bytes, param_bytes
 
 from .facts import Facts, hockney
 from .model import Advice, Change, Finding, NotJudged, Thresholds, ms, nbytes

@@ -2,7 +2,7 @@
 
 Installed before the job starts, so a Ctrl-C at any moment counts, even one that lands while
 torchrun is being started (it is passed on once the job exists). The handler only records and
-signals (:meth:`zeroscope.job.Job.interrupt` is quick): slow work in a signal handler is what
+signals (:meth:`zeroscope.run.job.Job.interrupt` is quick): slow work in a signal handler is what
 made CPython 3.11's ``SimpleQueue.get(timeout)`` wait for ever (see launch.QueueSource).
 """
 
@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .job import Job
+    from zeroscope.run.job import Job
 
 
 class Interrupts:

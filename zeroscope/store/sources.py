@@ -16,9 +16,8 @@ import zmq
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
-
-from . import collector_protocol as proto
-from .trace import TraceReader
+from zeroscope.collector import protocol as proto
+from zeroscope.store.trace import TraceReader
 
 RESYNC_INTERVAL = 1.0
 """A live source with nothing new asks the collector for anything it missed this often (cheap:
@@ -37,7 +36,7 @@ class Source(Protocol):
 class LiveSource:
     """Snapshot then live updates from a collector's viewer address; survives restarts.
 
-    The Clone pattern (zguide ch. 5) with gap repair: see :mod:`zeroscope.collector_protocol`.
+    The Clone pattern (zguide ch. 5) with gap repair: see :mod:`zeroscope.collector.protocol`.
     """
 
     def __init__(

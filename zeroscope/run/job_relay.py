@@ -6,7 +6,7 @@ The job's stdout and stderr come to zeroscope through two pipes, read on two thr
   comes, so ``tail -f`` follows it and nothing the job printed is lost;
 - headless, stdout is passed to zeroscope's stdout as it comes (progress bars included), and
   stderr line by line, minus the ranks' tracebacks and torchrun's shutdown chatter
-  (:class:`~zeroscope.job_errors.ErrorScanner`): the end of the run prints the first failing
+  (:class:`~zeroscope.run.job_errors.ErrorScanner`): the end of the run prints the first failing
   rank's own error line once, instead of one traceback per rank;
 - under the TUI nothing is forwarded (the TUI owns the terminal) but the errors are still read,
   so the view can show the first one as soon as it appears.
@@ -23,7 +23,7 @@ import select
 import threading
 from typing import BinaryIO
 
-from .job_errors import ErrorScanner
+from zeroscope.run.job_errors import ErrorScanner
 
 MAX_PENDING = 1 << 20
 """Bytes of one unfinished line held back before it is passed on as it is."""

@@ -14,14 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from zeroscope import collector_protocol as proto
 from zeroscope.agent.schema import Message
-from zeroscope.discovery import JobRecord
-from zeroscope.job_over import all_ranks_said_bye
-from zeroscope.sources import LiveSource
-from zeroscope.ssh import SshClient, SshError, Tunnel
+from zeroscope.collector import protocol as proto
+from zeroscope.remote.discovery import JobRecord
+from zeroscope.remote.job_over import all_ranks_said_bye
+from zeroscope.remote.ssh import SshClient, SshError, Tunnel
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.store.sources import LiveSource
 
 Status = Callable[[str], None]
 

@@ -1,8 +1,8 @@
 """How a job ended, in one exit code and a few plain sentences.
 
 Three witnesses, each partial: torchrun knows every failed rank's exit code or signal (it writes
-them to the outcome file, :mod:`zeroscope.torchrun_main`); the job's output holds each rank's own
-exception line, in the order they appeared (:mod:`zeroscope.job_errors`); zeroscope knows when it
+them to the outcome file, :mod:`zeroscope.run.torchrun_main`); the job's output holds each rank's own
+exception line, in the order they appeared (:mod:`zeroscope.run.job_errors`); zeroscope knows when it
 stopped the job itself. The rules:
 
 - a stop on request (Ctrl-C, ``q`` then stop, SIGTERM) is said as such and exits 128 + signal
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from .job_errors import RankError
+from zeroscope.run.job_errors import RankError
 
 OUTCOME_ENV = "ZEROSCOPE_OUTCOME_FILE"
 """Where the supervised torchrun writes its :class:`Outcome` (JSON)."""

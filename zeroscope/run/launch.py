@@ -1,8 +1,8 @@
 """Launching a job under torchrun with the collector's address in its environment.
 
 We do not re-implement a spawner: the job runs torchrun's own code (``torch.distributed.run``'s
-parser and ``run()``, inside :mod:`zeroscope.torchrun_main`) with the user's own torchrun flags,
-so rendezvous, restarts and signal handling are torchrun's. :class:`~zeroscope.job.Job` starts
+parser and ``run()``, inside :mod:`zeroscope.run.torchrun_main`) with the user's own torchrun flags,
+so rendezvous, restarts and signal handling are torchrun's. :class:`~zeroscope.run.job.Job` starts
 it in its own session, supervised (it dies with zeroscope), and reads its output.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from zeroscope.agent.attach import pythonpath_with_bootstrap
 from zeroscope.agent.schema import Message
-from zeroscope.job import Job as Job  # where run and the tests have always found it
+from zeroscope.run.job import Job as Job  # where run and the tests have always found it
 
 COLLECTOR_ENV = "ZEROSCOPE_COLLECTOR"
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
@@ -59,7 +59,7 @@ TORCHRUN_OPTIONS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("--shutdown-timeout", "--shutdown_timeout"), True),
     (("--virtual-local-rank", "--virtual_local_rank"), False),
 )
-TORCHRUN_MODULE = "zeroscope.torchrun_main"
+TORCHRUN_MODULE = "zeroscope.run.torchrun_main"
 """torchrun's own ``run()``, supervised: it dies with zeroscope and reports how the ranks ended."""
 
 
@@ -101,7 +101,7 @@ def runs_a_file(args: argparse.Namespace) -> bool:
 
 
 def torchrun_argv(args: argparse.Namespace, script: str, script_args: list[str]) -> list[str]:
-    """``python -m zeroscope.torchrun_main [torchrun flags] script [args]`` for this
+    """``python -m zeroscope.run.torchrun_main [torchrun flags] script [args]`` for this
     interpreter; torchrun's own parser reads the flags."""
     argv = [sys.executable, "-m", TORCHRUN_MODULE]
     for names, takes_value in TORCHRUN_OPTIONS:

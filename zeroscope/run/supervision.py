@@ -9,7 +9,7 @@ with echo off. A watchdog pipe closes both holes without signals or timing:
   starts (``pass_fds``; the write end is close-on-exec, so no other child holds it). The kernel
   closes the write end whenever zeroscope dies, however it dies, so the reader sees end-of-file
   at that moment (no race at start-up either: a pipe whose writer is already gone reads EOF);
-- the reader, a thread in :mod:`zeroscope.torchrun_main`, then writes the escapes that leave the
+- the reader, a thread in :mod:`zeroscope.run.torchrun_main`, then writes the escapes that leave the
   alternate screen, restores the terminal modes zeroscope had before its TUI started, and sends
   its own process SIGTERM, which torchrun handles by stopping its workers (SIGTERM, then SIGKILL
   after its shutdown timeout) before it exits.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .discovery import new_job_id, new_token, write_private
+from zeroscope.remote.discovery import new_job_id, new_token, write_private
 
 TOKEN_ENV = "ZEROSCOPE_TOKEN"
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
@@ -211,7 +211,7 @@ def nnodes_of(args: object) -> int:
 
 
 class WorkerJob(Protocol):
-    """What :func:`run_worker_node` needs of zeroscope.launch.Job."""
+    """What :func:`run_worker_node` needs of zeroscope.run.launch.Job."""
 
     @property
     def returncode(self) -> int | None: ...

@@ -22,7 +22,7 @@ from typing import IO, Literal
 
 import msgspec
 
-from .discovery import JobRecord
+from zeroscope.remote.discovery import JobRecord
 
 SshFailure = Literal["unreachable", "auth", "hostkey", "not_installed", "remote", "tunnel"]
 

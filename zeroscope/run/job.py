@@ -1,14 +1,14 @@
 """The job ``zeroscope run`` launched: supervised torchrun, its output, its stop and its end.
 
-- torchrun runs as :mod:`zeroscope.torchrun_main` in its own session (a TUI owning the terminal
-  never hands it a stray Ctrl-C) with the watchdog pipe of :mod:`zeroscope.supervision`, so it
+- torchrun runs as :mod:`zeroscope.run.torchrun_main` in its own session (a TUI owning the terminal
+  never hands it a stray Ctrl-C) with the watchdog pipe of :mod:`zeroscope.run.supervision`, so it
   and its ranks die with zeroscope, even after ``kill -9``;
-- its output goes through :class:`~zeroscope.job_relay.OutputRelay`: all of it to the log,
+- its output goes through :class:`~zeroscope.run.job_relay.OutputRelay`: all of it to the log,
   the ranks' tracebacks read for their error lines;
 - a stop on request is remembered, so the end says "stopped" and exits 128 + signal whatever
   torchrun and the ranks made of it; the first stop is SIGINT to torchrun alone (it passes it
   once to each worker's own session), the second kills torchrun and every process under it;
-- :meth:`Job.end` classifies the end (:mod:`zeroscope.job_end`).
+- :meth:`Job.end` classifies the end (:mod:`zeroscope.run.job_end`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from typing import BinaryIO
 
 import psutil
 
+from zeroscope.run.job_end import OUTCOME_ENV, JobEnd, Outcome, classify
+from zeroscope.run.job_errors import ErrorScanner
+from zeroscope.run.job_relay import OutputRelay
+from zeroscope.run.supervision import Watchdog
 from zeroscope.state import Alert
-
-from .job_end import OUTCOME_ENV, JobEnd, Outcome, classify
-from .job_errors import ErrorScanner
-from .job_relay import OutputRelay
-from .supervision import Watchdog
 
 OUTPUT_DRAIN_S = 2.0
 """After torchrun exits, how long to wait for the last of its output."""
@@ -221,7 +220,7 @@ class Job:
         return classify(returncode, self.outcome(), errors, self.stopped, self.stop_code).code
 
     def exit_code(self) -> int:
-        """The job's exit code (see :mod:`zeroscope.job_end`)."""
+        """The job's exit code (see :mod:`zeroscope.run.job_end`)."""
         return self.end().code
 
     def alerts(self) -> list[Alert]:

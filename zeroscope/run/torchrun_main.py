@@ -1,14 +1,14 @@
-"""``python -m zeroscope.torchrun_main [torchrun flags] script [args]``: torchrun, supervised.
+"""``python -m zeroscope.run.torchrun_main [torchrun flags] script [args]``: torchrun, supervised.
 
 This is ``torch.distributed.run`` itself (its parser, its ``run()``: rendezvous, restarts and
 signal handling stay torchrun's), with three things around it that ``zeroscope run`` needs:
 
-- it dies with zeroscope: a watchdog thread (:mod:`zeroscope.supervision`) notices zeroscope's
+- it dies with zeroscope: a watchdog thread (:mod:`zeroscope.run.supervision`) notices zeroscope's
   end even after ``kill -9``, gives the terminal back, and stops torchrun (SIGTERM, which
   torchrun turns into stopping its workers);
 - it says how the ranks ended: torchrun's ``ChildFailedError`` knows every failed rank's exit
   code or signal, and which ones torchrun itself terminated; that goes to the outcome file
-  (:mod:`zeroscope.job_end`) instead of a traceback and a banner on the terminal;
+  (:mod:`zeroscope.run.job_end`) instead of a traceback and a banner on the terminal;
 - a stop on request (SIGINT/SIGTERM) ends quietly with 128 + the signal, as a shell reports it.
 
 Any other torchrun error (a bad flag, a rendezvous timeout) is torchrun's to print, unchanged.
@@ -21,8 +21,8 @@ import signal
 import sys
 from types import FrameType
 
-from zeroscope.job_end import OUTCOME_ENV, Outcome, RankExit
-from zeroscope.supervision import announce_ready, watch_parent
+from zeroscope.run.job_end import OUTCOME_ENV, Outcome, RankExit
+from zeroscope.run.supervision import announce_ready, watch_parent
 
 
 class _StoppedEarly(Exception):

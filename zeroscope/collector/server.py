@@ -5,9 +5,9 @@ One background thread owns three ZeroMQ sockets:
 - ingest, a PULL bound to ``bind_host:port`` (127.0.0.1 by default; a non-loopback bind needs a
   per-job token): frames ``[token, msgpack, ...]`` (one or more messages; an agent sends what
   one wake-up of its sender found as one) from the agents' publishers, each connection
-  authenticated in its handshake by :mod:`zeroscope.gate` (which also says who was turned away);
+  authenticated in its handshake by :mod:`zeroscope.collector.gate` (which also says who was turned away);
 - a PUB and a ROUTER bound on 127.0.0.1 for viewers (snapshot + live updates, see
-  :mod:`zeroscope.collector_protocol`). Viewers on another machine come through ``ssh -L``.
+  :mod:`zeroscope.collector.protocol`). Viewers on another machine come through ``ssh -L``.
 
 Each accepted message is numbered, kept in memory for late joiners, appended to the SQLite trace
 (when recording), published, and handed to in-process listeners, in arrival order. Every received
@@ -31,10 +31,9 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
-
-from . import collector_protocol as proto
-from .gate import HANDSHAKE_FAILURES, Gate, frame_origin
-from .trace import TraceWriter
+from zeroscope.collector import protocol as proto
+from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
+from zeroscope.store.trace import TraceWriter
 
 Listener = Callable[[Message], None]
 
