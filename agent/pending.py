@@ -16,6 +16,7 @@ from typing import Any
 
 from .activations import BlockSplit
 from .host_seam import resolve_host, resolve_hosts
+from .loss_scale import LossScaleReading
 from .scalars import DeferredScalar
 from .schema import (
     Collective,
@@ -136,6 +137,9 @@ class StepFacts:
         if self.device is not None:
             mem.device_allocated, mem.device_reserved, mem.device_peak = self.device
         lr, loss_scale, overflow, skipped, samples, host = self.figures
+        if isinstance(loss_scale, LossScaleReading):  # read here, on the sender thread
+            overflow = skipped = loss_scale.overflow
+            loss_scale = loss_scale.scale
         return StepReport(
             rank=self.rank,
             step=self.step,
@@ -191,6 +195,9 @@ class PendingReport:
         ``block`` at close, or too old); False = keep waiting."""
         force = block or self.age > MAX_DEFER_STEPS
         scalars = self.loss.ready(block) and self.grad_norm.ready(block)
+        scale = self.facts.figures[1]
+        if isinstance(scale, LossScaleReading):
+            scalars = scale.ready(block) and scalars
         device = self.axis.device
         if device and not self.axis.ready(block):
             if not force:
