@@ -1,7 +1,7 @@
 """What the bootstrap calls: post-import hooks that install the attach piece by piece.
 
 - ``torch.distributed`` finished importing (after the whole of ``torch``): ProcessGroup
-  collective wrappers, global optimizer hooks, DDP and FSDP2 readers.
+  collective wrappers, global optimizer hooks, loss scalers, DDP and FSDP2 readers.
 - ``deepspeed`` finished importing: the DeepSpeedEngine reader (unless ``deepspeed`` is the
   bundled engine under an import alias, which reports through the agent API itself).
 - ``transformers.trainer`` finished importing: the Trainer callback.
@@ -32,10 +32,11 @@ def _stand_down() -> None:
 def _torch_ready(_: ModuleType) -> None:
     if _claimed:
         return
-    from . import collectives, ddp, fsdp2, torch_loop
+    from . import collectives, ddp, fsdp2, grad_scaler, torch_loop
 
     collectives.install()
     torch_loop.install()
+    grad_scaler.install()
     ddp.install()
     fsdp2.install()
 

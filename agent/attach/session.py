@@ -4,9 +4,9 @@ Engines are found as they are built (a DeepSpeedEngine, an FSDP2 module, a DDP w
 Trainer, or a plain torch optimizer stepping). Each has an :class:`EngineReader`; the most
 specific one found is the one whose state is reported (DeepSpeed > FSDP2 > DDP > optimizer).
 Step boundaries come from one *step source*, the most specific seen: DeepSpeed's
-``engine.step()`` at an accumulation boundary, else the Trainer's ``on_step_end``, else the
-first torch optimizer's ``step()``. Sources of lower rank stay silent, so a step is never
-counted twice.
+``engine.step()`` at an accumulation boundary, else the Trainer's ``on_step_end``, else a
+loss scaler's ``update()`` (:mod:`.grad_scaler`), else the first torch optimizer's
+``step()``. Sources of lower rank stay silent, so a step is never counted twice.
 
 Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on steps 1-3 and then
 every ``ZEROSCOPE_MEMORY_EVERY``-th step (default 10): P and O after the optimizer step, G just
@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamC
 from . import collectives, patches
 from .census import Census
 
-STEP_SOURCES = {"optimizer": 0, "hf-trainer": 1, "deepspeed": 2}
+STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
 MEMORY_EVERY_DEFAULT = 10
 
