@@ -1,13 +1,14 @@
 """A step's dynamic loss scale, read on the sender thread: for a scaler that keeps its scale and
 its inf/nan flags in tensors (``torch.amp.GradScaler``, FSDP's ``ShardedGradScaler``).
 
-Reading those tensors on the training thread would sync a device (``.item()`` on CUDA), or cost
-the loop a few microseconds per value on a CPU (agent/scalars.py). So a step hands over a
-:class:`LossScaleReading` as its ``loss_scale`` figure: copies of the scale in effect for the
-step's backward and of the scale after the scaler's update, and whether the step was skipped
-(known on the host when the scaler decided it there, else its ``found_inf`` tensors). The
-sender thread waits for them like for the loss (agent/pending.py), fills in ``loss_scale``,
-``overflow`` and ``skipped``, and sends the events DeepSpeed jobs give (agent/outbox.py):
+Reading those tensors on the training thread would sync a device (``.item()`` on CUDA). So a
+step hands over a :class:`LossScaleReading` as its ``loss_scale`` figure: the scale in effect
+for the step's backward and the scale after the scaler's update (each a
+:class:`~.scalars.DeferredScalar`: on CUDA a non-blocking copy to the host), and whether the
+step was skipped (known on the host when the scaler decided it there, else its ``found_inf``
+tensors). The sender thread waits for them like for the loss (agent/pending.py), fills in
+``loss_scale``, ``overflow`` and ``skipped``, and sends the events DeepSpeed jobs give
+(agent/outbox.py):
 ``overflow`` (value: the scale that overflowed), ``scale_change`` (value: the new scale) and
 ``scale_at_minimum`` (an overflow that left the scale where it was: the scaler cannot lower it).
 """
@@ -21,11 +22,10 @@ from .schema import Event
 
 
 class LossScaleReading:
-    """See the module docstring. The scales are taken as
-    :class:`DeferredScalar` when they were current (a copy of a CPU tensor the scaler updates in
-    place; a CUDA tensor's copy is queued behind the kernels that wrote it, before the update).
-    ``skipped``: a bool known on the host, or the step's summed ``found_inf`` (nonzero =
-    skipped)."""
+    """See the module docstring. The scales are taken as :class:`DeferredScalar` when they were
+    current (a CUDA tensor's copy is queued behind the kernels that wrote it, before the
+    scaler's next in-place update). ``skipped``: a bool known on the host, or the step's summed
+    ``found_inf`` (nonzero = skipped)."""
 
     __slots__ = ("after", "before", "skipped")
 

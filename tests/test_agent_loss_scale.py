@@ -1,7 +1,8 @@
-"""A torch loss scaler's step, read by the agent's sender thread (agent/loss_scale.py): the
-scale and inf/nan flag tensors are copied on the training thread, never read there, and the
-report and its loss-scale events come out of the sender's drain. Answers: a real
-``torch.amp.GradScaler("cpu")``'s own ``get_scale()`` and ``found_inf``, read by the test."""
+"""A torch loss scaler's step, finished by the agent's sender thread (agent/loss_scale.py):
+the training thread hands over the scale before and after and the skip flag (a value, or a
+tensor the sender reads), and the report and its loss-scale events come out of the sender's
+drain. Answers: a real ``torch.amp.GradScaler("cpu")``'s own ``get_scale()`` and
+``found_inf``, read by the test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.test_agent_timeline import Sink
 from zeroscope.agent.attach.grad_scaler import snapshot
 from zeroscope.agent.live import LiveTelemetry
 from zeroscope.agent.loss_scale import LossScaleReading
+from zeroscope.agent.scalars import DeferredScalar
 from zeroscope.agent.schema import Event, MemoryBytes, StepReport
 
 
@@ -37,7 +39,6 @@ def _drain(readings: list[LossScaleReading]) -> tuple[list[StepReport], list[Eve
     try:
         for reading in readings:
             tel.step_end(memory=MemoryBytes(), loss_scale=reading)
-            assert reading.after.value is None  # nothing read on the training thread
         tel.drain()
     finally:
         tel.close()
@@ -45,7 +46,7 @@ def _drain(readings: list[LossScaleReading]) -> tuple[list[StepReport], list[Eve
     return reports, [m for m in sink.sent if isinstance(m, Event)]
 
 
-def test_copies_survive_the_scalers_in_place_update() -> None:
+def test_a_snapshot_survives_the_scalers_in_place_update() -> None:
     scale = torch.tensor(1024.0)
     kept = snapshot(scale)
     scale.mul_(0.5)  # what update() does to its CPU scale
@@ -88,8 +89,11 @@ def test_an_overflow_that_cannot_lower_the_scale_is_at_minimum() -> None:
     assert [(e.event, e.value) for e in events] == [("overflow", 8.0), ("scale_at_minimum", 8.0)]
 
 
-def test_a_skip_known_on_the_host_needs_no_flag_tensor() -> None:
-    reading = LossScaleReading(snapshot(torch.tensor(4.0)), snapshot(torch.tensor(2.0)), True)
+def test_tensors_handed_over_are_read_by_the_sender_and_a_host_skip_needs_no_flag() -> None:
+    reading = LossScaleReading(
+        DeferredScalar(torch.tensor(4.0)), DeferredScalar(torch.tensor(2.0)), True
+    )
+    assert reading.before.value is None and reading.after.value is None  # not read yet
     reports, events = _drain([reading])
     assert [(r.loss_scale, r.overflow) for r in reports] == [(2.0, True)]
     assert [e.event for e in events] == ["overflow", "scale_change"]

@@ -8,6 +8,8 @@ of the losses it handed to ``scaler.scale()``, the scale after ``update()``, and
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.attach_support import (
@@ -19,6 +21,8 @@ from tests.attach_support import (
     run_zeroscope,
     segments,
 )
+from zeroscope.state import ClusterState
+from zeroscope.store.trace import TraceReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -52,6 +56,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "plain": read_outputs(tmp / "plain"),
         "zs": read_outputs(tmp / "zs"),
         "trace": trace,
+        "trace_path": tmp / "t.zstrace",
         "stdout": done.stdout,
         "steps": {rank: segments(trace[rank].steps, [r[3] for r in RUNS]) for rank in range(N)},
     }
@@ -120,3 +125,42 @@ def test_engines_named(runs: dict) -> None:
     for rank in range(N):
         engines = [h.engine for h in runs["trace"][rank].hellos]
         assert engines[0] == "ddp" and engines[-1] == "fsdp2"
+
+
+def test_the_loss_scale_screen_shows_the_scalers_history(runs: dict) -> None:
+    """fp32 parameters under fp16 autocast (the Hello says fp32): the screen still draws the
+    scale the scaler reported, the skipped count and the events."""
+    from zeroscope.tui.app import ZeroscopeApp
+    from zeroscope.tui.loss_scale_screen import LossScaleScreen
+
+    state = ClusterState()
+    with TraceReader(runs["trace_path"]) as reader:
+        state.ingest_all(list(reader.messages()))
+    own = runs["zs"][0]["runs"][-1]  # the last run (FSDP2) is the one the state is on
+    total = sum(r[3] for r in RUNS)
+    skipped = sum(o["skipped"] for run in runs["zs"][0]["runs"] for o in run)
+
+    async def look() -> str:
+        app = ZeroscopeApp(state)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await pilot.press("l")
+            assert isinstance(app.screen, LossScaleScreen)
+            return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+    text = asyncio.run(look())
+    assert f"{skipped} of {total} steps skipped" in text
+    assert "no loss scaling" not in text
+    assert f"gradient overflow at loss scale {own[-2]['scale']:g}: step skipped" in text
+
+
+def test_summary_and_export_carry_every_overflow(runs: dict) -> None:
+    from zeroscope.commands.export import chrome_events
+    from zeroscope.commands.summary import summarize
+
+    skipped = [sum(o["skipped"] for run in runs["zs"][r]["runs"] for o in run) for r in range(N)]
+    rows = summarize(runs["trace_path"])["ranks"]
+    assert [row["overflows"] for row in sorted(rows, key=lambda row: row["rank"])] == skipped
+    instants = [e for e in chrome_events(runs["trace_path"]) if e.get("ph") == "i"]
+    for rank in range(N):
+        overflows = [e for e in instants if e["pid"] == rank and e["name"] == "overflow"]
+        assert len(overflows) == skipped[rank]
