@@ -286,7 +286,7 @@ def _fp16_run(scales: list[float], overflow: list[bool], step_s: float) -> Facts
                 schema.StepReport(
                     rank=rank,
                     step=i + 1,
-                    wall_ns=(i + 1) * 10**9,
+                    wall_ns=int((i + 1) * step_s * 1e9),
                     duration_s=step_s,
                     loss_scale=scale,
                     overflow=over,
