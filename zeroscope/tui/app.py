@@ -208,7 +208,7 @@ class ZeroscopeApp(App[str]):
     def advice_pointer(self) -> str | None:
         """The alerts strip's line pointing to the Advice screen (None when there is none)."""
         advisory = self.advisory()
-        top = advisory.top
+        top = advisory.headline
         if top is None:
             return None
         more = f" (+{len(advisory.advice) - 1} more)" if len(advisory.advice) > 1 else ""
