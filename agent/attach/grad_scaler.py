@@ -173,10 +173,12 @@ def _wrap(cls: type) -> None:
             if watched is None:
                 return step(self, optimizer, *args, **kwargs)
             _inside.append(watched)
+            s = SESSION
+            s.enter("optimizer")
             try:
-                with SESSION.phase("optimizer"):
-                    out = step(self, optimizer, *args, **kwargs)
+                out = step(self, optimizer, *args, **kwargs)
             finally:
+                s.exit("optimizer")
                 _inside.clear()
             try:
                 _stepped(self, watched)
