@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from zeroscope.run import console
 from zeroscope.run.interrupts import Interrupts
 from zeroscope.run.launch import (
     Job,
@@ -141,6 +142,7 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
     stop the job: zeroscope.run.job.Interrupts, installed by main.)"""
     while job.returncode is None:
         _print_steps(state, source.poll(0.2))
+        console.flush_due()  # lines that waited for a job's unfinished line
     _drain(state, source)
     for agg in state.flush():
         say(step_line(agg))
@@ -150,18 +152,19 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
 def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
     said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
-    end = job.end(said)
+    end = job.end(said)  # the job's output has ended: no line of it is left to finish
+    console.flush_due(force=True)
     for line in [*summary_lines(state, trace), *silent_job_notice(state), *end.sentences(job.log)]:
-        say(line)
-    say(f"job exit code {end.code}")
+        say(line, wait=False)
+    say(f"job exit code {end.code}", wait=False)
     return end.code
 
 
-def say(line: str) -> None:
-    """print, to a stdout that may have gone away (``| head``): the job is not stopped for
-    that, only the printing."""
+def say(line: str, *, wait: bool = True) -> None:
+    """print, on a line of its own (zeroscope.run.console), to a stdout that may have gone
+    away (``| head``): the job is not stopped for that, only the printing."""
     try:
-        print(line, flush=True)
+        console.own_line(sys.stdout, line, wait=wait)
     except BrokenPipeError:
         from zeroscope.cli import quiet_stdout
 
