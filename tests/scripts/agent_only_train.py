@@ -37,7 +37,12 @@ def main() -> None:
         help="rank 0 prints after each step, pausing this long: an unfinished 'LOSS' line "
         "(odd steps) or a progress bar ending in '\\r' (even steps)",
     )
+    parser.add_argument(
+        "--ignore-sigint", action="store_true", help="go on training through SIGINT"
+    )
     args = parser.parse_args()
+    if args.ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()

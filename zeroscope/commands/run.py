@@ -115,7 +115,11 @@ def main(args: argparse.Namespace) -> int:
     job: Job | None = None
 
     def hang_up(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # terminal closed: unwind, and stop the job below
+        # Terminal closed: unwind, and stop the job below. Once: the shell forwards its own
+        # SIGHUP to its jobs, and a second one raised inside the stop cut it short (zeroscope
+        # died, the watchdog's SIGTERM met torchrun mid-shutdown and it left its ranks alive).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGHUP, hang_up)
     log = str(trace.with_suffix(".log"))  # all of the job's output, whatever the terminal shows
