@@ -116,6 +116,24 @@ def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) ->
     assert f"job {job_id} " in table.stdout.splitlines()[0]
 
 
+def test_an_error_raised_before_the_process_group_reaches_the_terminal(tmp_path: Path) -> None:
+    """Bad arguments fail before ``init_process_group``: torch has not prefixed the traceback
+    with ``[rankN]:`` yet. Its error line is the end's, as plain torchrun would show it, not
+    "exited with code 1 without a traceback" and a hint that zeroscope's hook was not loaded."""
+    script = tmp_path / "bad_args.py"
+    script.write_text('raise ValueError("--lr must be positive, got -1")\n')
+    # One rank: two ranks' unprefixed tracebacks on one pipe interleave line by line, and
+    # then which lines belong to which traceback is a guess (the prefix is what tells them).
+    run = _zeroscope("run", "--headless", "--nproc-per-node", "1", str(script), cwd=tmp_path)
+    error = "ValueError: --lr must be positive, got -1"
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert any(ln.startswith("rank ") and ln.endswith(f"(exit code 1): {error}") for ln in lines)
+    assert (run.stdout + run.stderr).count(error) == 1, run.stdout + run.stderr
+    assert "without a traceback" not in run.stdout and "sitecustomize" not in run.stdout
+    assert lines[-1] == "job exit code 1"
+
+
 @pytest.mark.parametrize("when", ["torchrun starting", "ranks training"])
 def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> None:
     proc = _start_training(tmp_path)

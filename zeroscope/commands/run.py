@@ -158,7 +158,10 @@ def _finish(job: Job, state: ClusterState, trace: str) -> int:
     said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
     end = job.end(said)  # the job's output has ended: no line of it is left to finish
     console.flush_due(force=True)
-    for line in [*summary_lines(state, trace), *silent_job_notice(state), *end.sentences(job.log)]:
+    # A rank that failed with its own error before reporting explains the silence itself.
+    explained = end.rank is not None and not (end.error or "").startswith("exited with code")
+    silent = [] if explained else silent_job_notice(state)
+    for line in [*summary_lines(state, trace), *silent, *end.sentences(job.log)]:
         say(line, wait=False)
     say(f"job exit code {end.code}", wait=False)
     return end.code
