@@ -8,7 +8,7 @@ lines, ``summary``, ``export`` and ``replay`` only format what it returns.
 """
 
 from . import bandwidth, units
-from .alerts import Alert, AlertRules
+from .alerts import Alert, AlertRules, Level
 from .cluster import ClusterState, StepAggregate
 from .rank import OpTotals, RankState, StepSummary
 from .stragglers import Finding, Standing
@@ -20,6 +20,7 @@ __all__ = [
     "ClusterState",
     "ClusterTotals",
     "Finding",
+    "Level",
     "OpTotals",
     "RankState",
     "RankTotals",
