@@ -127,6 +127,20 @@ def test_export_chrome_is_loadable_trace_event_json(tmp_path: Path) -> None:
     assert [e["name"] for e in events if e["ph"] == "i"] == ["overflow"]
 
 
+def test_export_to_dash_writes_stdout_and_no_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o -`` is stdout, as for every Unix tool (it wrote a file named ``-``)."""
+    path = tmp_path / "s.zst"
+    build(path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(path), "-o", "-"]) == 0
+    to_file = tmp_path / "file.json"
+    assert main(["export", str(path), "-o", str(to_file)]) == 0
+    assert not (tmp_path / "-").exists()
+    assert json.loads(capsys.readouterr().out) == json.loads(to_file.read_text())
+
+
 def test_bad_trace_is_a_one_line_cli_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
