@@ -45,8 +45,11 @@ def test_levels_at_their_boundaries() -> None:
 
 def test_heat_levels_absolute_and_relative() -> None:
     rules = AlertRules()
-    # Slowness bands at 1.05 / 1.15 / 1.3 (absolute).
-    assert rules.heat_levels("slowness", [1.0, 1.1, 1.2, 1.4, None]) == [0, 1, 2, 3, None]
+    # Slowness bands on the table's scale, 1.05 / 1.2, then 1.3 (absolute).
+    assert rules.heat_levels("slowness", [1.0, 1.1, 1.25, 1.4, None]) == [0, 1, 2, 3, None]
+    assert rules.heat_levels("slowness", [1.15, 1.2]) == [1, 1]  # warn on the table too
+    # Exposed share in thirds of the exposed alert's 30 %.
+    assert rules.heat_levels("exposed", [0.05, 0.15, 0.25, 0.35]) == [0, 1, 2, 3]
     # Memory as a share of the largest rank's: 50 %, 80 %, 90 %, 100 % of 10.
     assert rules.heat_levels("memory", [5.0, 8.0, 9.0, 10.0]) == [0, 1, 2, 3]
     assert rules.heat_levels("step", [0.0, 0.0]) == [0, 0]  # nothing measured above 0

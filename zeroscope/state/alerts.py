@@ -4,7 +4,7 @@ at 1024 ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .roster import headcount, missing_summary
@@ -60,17 +60,22 @@ class AlertRules:
     """Measured / predicted communication volume within 1 ± this is the traffic model met."""
     memory_tolerance: float = 0.10
     """A model-state part measured more than this fraction off the formulas' prediction is bad."""
-    heat_bands: dict[str, tuple[float, float, float]] = field(
-        default_factory=lambda: {
-            "slowness": (1.05, 1.15, 1.3),
-            "exposed": (0.1, 0.2, 0.3),
-            "memory": (0.7, 0.85, 0.95),
-            "step": (0.7, 0.85, 0.95),
-        }
-    )
-    """The heatmap's four colour bands per metric (band 0 at or below the first cut, band 3
-    above the last): slowness (x the others' median) and exposed share are absolute; memory and
-    step time are shares of the largest rank's."""
+    slowness_severe: float = 1.30
+    """The heatmap's hottest slowness band starts here (its cooler cuts are slowness_warn and
+    slowness_bad: the table and the heatmap read one scale)."""
+    relative_bands: tuple[float, float, float] = (0.7, 0.85, 0.95)
+    """The heatmap's cuts for memory and step time, as shares of the largest rank's."""
+
+    def heat_cuts(self, metric: str) -> tuple[float, float, float]:
+        """The heatmap's three cuts for ``metric`` (band 0 at or below the first, band 3 above
+        the last): slowness on the table's scale; exposed share in thirds of the exposed alert's
+        threshold; memory and step time relative to the largest rank's."""
+        if metric == "slowness":
+            return (self.slowness_warn, self.slowness_bad, self.slowness_severe)
+        if metric == "exposed":
+            third = self.exposed_max / 3
+            return (third, 2 * third, self.exposed_max)
+        return self.relative_bands
 
     def slowness_level(self, slowness: float | None) -> Level:
         if slowness is None:
@@ -109,7 +114,7 @@ class AlertRules:
         """The heatmap band (0-3) of each rank's ``metric``; None where NA. Memory and step
         are judged as a share of the largest rank's value."""
         top = max((v for v in values if v is not None), default=0.0)
-        cuts = self.heat_bands[metric]
+        cuts = self.heat_cuts(metric)
         out: list[int | None] = []
         for value in values:
             if value is not None and metric not in ("slowness", "exposed"):
@@ -120,7 +125,7 @@ class AlertRules:
     def thresholds(self) -> list[str]:
         """The judgements' thresholds in words, for the help screen: the numbers the colours
         follow, from this one place."""
-        heat = self.heat_bands
+        heat = {m: self.heat_cuts(m) for m in HEAT_METRICS}
         return [
             f"slow         yellow > {self.slowness_warn:.2f}x, red > {self.slowness_bad:.2f}x "
             "the other ranks' median",

@@ -38,7 +38,7 @@ def style_of(band: int | None) -> str:
 
 def legend(rules: AlertRules, metric: str) -> Text:
     """What each colour means for ``metric``: the heatmap's colour legend."""
-    cuts = rules.heat_bands[metric]
+    cuts = rules.heat_cuts(metric)
     if metric == "slowness":
         marks = [f"{c:.2f}x" for c in cuts]
     elif metric == "exposed":
