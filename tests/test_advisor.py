@@ -291,7 +291,7 @@ def _fp16_run(scales: list[float], overflow: list[bool], step_s: float) -> Facts
                 schema.StepReport(
                     rank=rank,
                     step=i + 1,
-                    wall_ns=(i + 1) * 10**9,
+                    wall_ns=int((i + 1) * step_s * 1e9),
                     duration_s=step_s,
                     loss_scale=scale,
                     overflow=over,
@@ -324,3 +324,26 @@ def test_a_memory_saving_reads_as_a_minus_in_decimal_units() -> None:
     facts = SimpleNamespace(capacity=10_000_000, used=3_020_000, capacity_text="given")
     ok, text = fits(facts, -1_000_000, Thresholds())  # type: ignore[arg-type]
     assert ok and text.startswith("peak use 3.0MB - 1.0MB = 2.0MB of 10.0MB")
+
+
+def test_negligible_advice_is_listed_but_not_headlined() -> None:
+    from zeroscope.state.advice import HEADLINE_MIN_GAIN, Advisory
+
+    def priced(gain: float) -> Advice:
+        return Advice(
+            rule="x",
+            title="t",
+            evidence=("e",),
+            change=Change(),
+            formula="f",
+            confidence="high",
+            gain=gain,
+        )
+
+    tiny = priced(0.04 / 17)  # the demo's: 0.04 ms of a 17 ms step
+    assert tiny.gain < HEADLINE_MIN_GAIN
+    assert Advisory([tiny]).headline is None and Advisory([tiny]).top is tiny
+    worth = priced(2.0 / 17)
+    assert Advisory([worth, tiny]).headline is worth
+    unpriced = priced(float("-inf"))
+    assert Advisory([unpriced]).headline is unpriced

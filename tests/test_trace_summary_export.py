@@ -82,8 +82,9 @@ def test_summary_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert r0["overflows"] == 1
     total = out["total"]
     assert total["steps"] == 2 and total["comm_bytes_per_step"] == 8 * 10**6  # sum over ranks
-    # The cluster's step is its slowest rank's; its exposed share the least-exposed rank's.
-    assert total["mean_step_s"] == pytest.approx(0.2) and total["overflows"] == 1
+    # The cluster's time per step is its step ends' period (1 s apart here), so it agrees with
+    # steps/s; its exposed share is the least-exposed rank's wait over the slowest rank's step.
+    assert total["mean_step_s"] == pytest.approx(1.0) and total["overflows"] == 1
     assert total["exposed_percent"] == pytest.approx(0.5)
     assert out["job_id"] == "synthetic" and out["world_size"] == 2 and out["events"] == 1
     # Step ends 1 s apart; no rank reported samples: NA, never 0.
