@@ -173,9 +173,12 @@ class LoggedOp:
             if work is not None and not work.is_completed():
                 return None  # still in flight: the report waits (agent/pending.py)
             rec[END] = _now()
-            # From the agent's sender thread: the training thread's wait() may pop it meanwhile.
-            if self._waiting.get(rec[KEY]) is rec:
-                self._waiting.pop(rec[KEY], None)
+        # Resolved: no wait() or future will stamp it again. Whoever stamped its end (this
+        # call, or the backend's thread through its future's callback after the boundary took
+        # it unfinished), it leaves ``waiting`` now, or it would stay there for ever. From the
+        # agent's sender thread: the training thread's wait() may pop it meanwhile.
+        if self._waiting.get(rec[KEY]) is rec:
+            self._waiting.pop(rec[KEY], None)
         duration = max(rec[END] - rec[ISSUE], 0)
         return Collective(
             op=rec[OP],

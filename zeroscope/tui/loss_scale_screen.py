@@ -23,8 +23,6 @@ from .pane import Pane
 MAX_ROWS = 9
 """Data rows of the chart at most (the frame and the step labels add three)."""
 
-SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
-
 
 class LossScaleScreen(StateScreen):
     def __init__(self) -> None:
@@ -68,11 +66,11 @@ class LossScaleScreen(StateScreen):
         return text
 
     def _events(self, width: int) -> Text:
-        events = [e for e in self.state.events if e.event in SCALE_EVENTS]
+        events = self.state.scale_events()
         if not events:
             return Text("no overflow or scale events", style="dim")
         text = Text()
-        for i, e in enumerate(reversed(events[-200:])):
+        for i, e in enumerate(events):
             if i:
                 text.append("\n")
             style = (
