@@ -233,7 +233,7 @@ def agent_overhead(size: dict, device: Any, agent: Any, rounds: int) -> dict[str
 def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # before the process group exists
     os.environ["ZEROSCOPE_WORLD1_COLLECTIVES"] = "1"
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(name, None)  # one rank: the engine makes its own group
 
     import torch
