@@ -19,7 +19,8 @@ Each collective is tracked from issue (when the engine hands us its async Work) 
 
 A synchronous op (``work`` None: ``async_op=False`` returned nothing) finished before
 ``collective()`` was called: it is recorded (bytes, op, issue instant) with no time, 0 s, which
-the viewer's bus bandwidth leaves out; its handle's ``wait()`` returns at once.
+the viewer's bus bandwidth leaves out; its handle's ``wait()`` returns at once. So is an op
+issued while the stream captures a CUDA graph (agent/capture.py), whose own Work is returned.
 
 Exposed time on CPU is host time spent inside ``wait()``. Unlike DeepSpeed's comms logger we
 never synchronize the device to time an op (that would destroy the overlap we measure), and the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .capture import capturing
 from .cost import SeamCost, now_ns
 from .host_seam import END, make_recorder, stamp_host
 from .schema import Collective, CollectiveOp
@@ -270,6 +272,9 @@ class CollectiveTracker:
         referenced (timed by its future's callback; None, a synchronous op, among them)."""
         if work is None:
             return self._synchronous(op, nbytes, group_size, prefetched, label, start)
+        if self.cuda and capturing():  # recorded into a CUDA graph, not run: no events
+            self._synchronous(op, nbytes, group_size, prefetched, label, start)
+            return work
         rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
         if self.cuda:
             rec.cuda_events = [_cuda_event(), None, None]
