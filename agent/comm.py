@@ -193,11 +193,19 @@ class SyncDone:
 SYNC_DONE = SyncDone()
 
 
+EVENT_DEVICE: list[int | None] = [None]
+"""The GPU whose current stream every agent event goes on: the Hello's (set by the live agent's
+``bind_device``/``hello``), not the current device, which an agent-API user who passes
+``device="cuda:N"`` may never set (events on GPU 0's idle stream read ~0 s, and ``elapsed_time``
+between two devices' events fails). None: the current device."""
+
+
 def _cuda_event() -> Any:
     import torch
 
     ev = torch.cuda.Event(enable_timing=True)
-    ev.record()
+    index = EVENT_DEVICE[0]
+    ev.record(None if index is None else torch.cuda.current_stream(index))
     return ev
 
 

@@ -27,7 +27,7 @@ from . import capture
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import CollectiveTracker, _cuda_event
+from .comm import EVENT_DEVICE, CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
@@ -155,6 +155,7 @@ class LiveTelemetry(Telemetry):
             index = torch.device(device).index
             index = torch.cuda.current_device() if index is None else index
             self.device_index = index
+            EVENT_DEVICE[0] = index  # every event on the Hello's device (agent/comm.py)
             uuid = pci_bus = None
             with contextlib.suppress(Exception):
                 props = torch.cuda.get_device_properties(index)
