@@ -150,7 +150,7 @@ class OffloadStrategy:
 
     # -- the step -----------------------------------------------------------------------------
 
-    def _write_param(self, shard: int, start: int, master: torch.Tensor) -> None:
+    def _write_param(self, shard: int, start: int, master: torch.Tensor) -> Any:
         params_on_host = self.params is not None
         if self.views is None:  # NVMe parameters: staged on the host, one file write at the end
             assert self.params is not None
@@ -163,6 +163,7 @@ class OffloadStrategy:
         elif not self.store.on_host and params_on_host:
             direction = "d2h"
         self.copier.copy(direction, dst, master)
+        return self.copier.last_event  # until it completes, a device copy may read ``master``
 
     def optimizer_step(self, grads: list[torch.Tensor], hyper: HyperOf) -> None:
         """Adam where O lives, then the 16-bit parameters where P lives (module docstring)."""
