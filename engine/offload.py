@@ -178,9 +178,15 @@ class OffloadStrategy:
         if self.params is not None:
             self.params.begin_write()
         self.store.step(grads, hyper, self._write_param)
-        self.copier.flush()  # the parameters are written before the next forward reads them
         if self.params is not None:
+            self.copier.flush()  # the host reads what the copies wrote (files, host shards)
             self.params.end_write()
+        else:
+            # Parameters on the device: no host sync. The next forward's kernels run on the
+            # stream the copies went on, after them; page-locked sources are guarded by events
+            # (staging, the NVMe pool), and the host masters are next written after the next
+            # step's gradient flush, which completes after these copies on the same stream.
+            self.copier.poll()
 
     def publish_params(self) -> None:
         if hasattr(self.inner, "partition"):
