@@ -1,5 +1,5 @@
 """Which GPU a rank takes and how its process group is bound, checked on the CPU by replacing
-torch's CUDA queries at the boundary (issue 22, item 2).
+torch's CUDA queries at the boundary.
 
 More local ranks than the GPUs they all see (the README's 2-rank ``make demo`` on a 1-GPU box)
 stop every rank before any work with one line (``TooFewGpus``): sharing a GPU round-robin made NCCL
