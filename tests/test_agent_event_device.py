@@ -64,9 +64,10 @@ def test_every_event_goes_on_the_hellos_device_stream(monkeypatch: pytest.Monkey
         dev.completed = 10.0
         tel.step_end(memory=MemoryBytes())
         (first, _) = sink.reports()
+        errors = tel.errors
     finally:
         tel.close()
-    assert tel.errors == 0 and len(made) >= 6  # probe, 2 phase marks, 3 collective, step end
+    assert errors == 0 and len(made) >= 6  # probe, 2 phase marks, 3 collective, step end
     assert {e.stream for e in made} == {("stream", 1)}
     assert first.phases.forward == pytest.approx(0.2)
     (c,) = first.collectives

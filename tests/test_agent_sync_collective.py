@@ -94,8 +94,9 @@ def test_gpu_a_synchronous_nccl_op_through_the_agent() -> None:
         torch.cuda.synchronize()
         tel.step_end(memory=MemoryBytes())
         (r,) = sink.reports()
+        errors = tel.errors
     finally:
         dist.destroy_process_group()
         tel.close()
     (c,) = r.collectives
-    assert c.nbytes == 4096 and c.duration_s == 0.0 and tel.errors == 0
+    assert c.nbytes == 4096 and c.duration_s == 0.0 and errors == 0
