@@ -25,6 +25,9 @@ from zeroscope.agent.schema import MemoryBytes, Message, StepReport
 class Sink:
     """Stands in for the Publisher: keeps what would have been sent."""
 
+    reached = connected = True  # the Publisher's connection state: always up
+    refused = ""
+
     def __init__(self) -> None:
         self.sent: list[Message] = []
         self.batches: list[list[Message]] = []
