@@ -37,7 +37,10 @@ $(VENV)/.installed: pyproject.toml setup.py agent/_seam.c
 demo: setup
 	$(BIN)/zeroscope run --nproc-per-node 2 examples/train_gpt.py
 
+# The layering contracts (pyproject.toml's [tool.importlinter]) are checked by import-linter over
+# the package as installed (.ci/lint_imports.py says why it needs that).
 lint: setup
+	$(BIN)/python .ci/lint_imports.py
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy engine agent zeroscope

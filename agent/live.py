@@ -374,7 +374,7 @@ class LiveTelemetry(Telemetry):
         # counted activations, device peaks and loss tensors. The step's axis and its
         # StepReport are made by the sender thread (agent/outbox.py, StepFacts.report): each
         # line run here runs cold between the engine's kernels, ~1 us apiece on a CPU step
-        # (issue 18).
+        # (the agent's overhead budget, agent/cost.py).
         now = now_ns()
         try:
             if not self._hello_sent:

@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if runs_a_file(args) and not script.is_file():
         raise CliError(f"no such training script: {args.script}")
-    # Multi-node and discovery (ssh helper, issue #8; zeroscope/remote/multinode.py, docs/remote.md):
+    # Multi-node and discovery (ssh helper; zeroscope/remote/multinode.py, docs/remote.md):
     # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
     from zeroscope.remote import discovery, multinode
 
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"cannot create the trace folder {trace.parent}: {exc.strerror}") from None
     if trace.exists():
         raise CliError(f"trace {trace} already exists; pick another --record path")
-    discovery.create_private(trace)  # 0600 before SQLite opens it (issue #8)
+    discovery.create_private(trace)  # 0600 before SQLite opens it
     token = plan.token  # always: on a shared login node loopback is reachable by all users
     bind = args.bind if args.bind != "127.0.0.1" else plan.bind_host
     try:

@@ -289,7 +289,7 @@ class ZeroscopeApp(App[str]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(replay=self.replay is not None))
+            self.push_screen(HelpScreen(replay=self.replay is not None, rules=self.state.rules))
 
     def action_quit_app(self) -> None:
         if self.job is not None and self.job.returncode is None:
@@ -330,7 +330,7 @@ class ZeroscopeApp(App[str]):
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """zeroscope's own commands only: its screens, its ranks, replay's controls, help and
         quit. Textual's generic entries (themes, screenshots, maximize) are left out: they do
-        not help read a training job and crowd the list (issue 19)."""
+        not help read a training job and crowd the list."""
         yield SystemCommand("Help: keys", "every key and what the columns mean", self.action_help)
         yield SystemCommand(
             "Quit", "leave zeroscope (asks while the job runs)", self.action_quit_app

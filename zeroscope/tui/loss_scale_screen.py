@@ -13,6 +13,7 @@ from textual.widgets import Footer
 from textual_plotext.plot import Plot
 
 from zeroscope.state import units
+from zeroscope.state.history import skipped_steps
 
 from .base import StateScreen
 from .header import ClusterHeader
@@ -60,7 +61,7 @@ class LossScaleScreen(StateScreen):
         text = legend_text(chart, width)
         text.append("\n")
         text.append_text(build(self._plot, chart, width, rows + 3))
-        skipped = sum(1 for a in steps if a.skipped)
+        skipped = skipped_steps(steps)
         text.append(f"\nnow {units.scale(scales[-1])}; {skipped} of {len(steps)} steps skipped")
         return text
 
