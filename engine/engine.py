@@ -168,7 +168,12 @@ class ZeroEngine(EngineAccessors, EngineCalls):
                 g.mul_(coef)
         # 4. Adam on the fp32 masters, then the parameters
         offloaded_step = getattr(self.strategy, "optimizer_step", None)
-        if offloaded_step is not None:  # offload (engine/offload.py): Adam where O lives
+        other = self.optimizer.shard_optimizer
+        if other is not None:  # a torch optimizer other than Adam(W), on the fp32 shards
+            shards = self.strategy.shards
+            groups = [self.optimizer.param_groups[s.group] for s in shards]
+            other.step([s.master for s in shards], grads32, groups)
+        elif offloaded_step is not None:  # offload (engine/offload.py): Adam where O lives
             offloaded_step(grads32, self.optimizer.hyper)
         else:
             for shard, g in zip(self.strategy.shards, grads32):
@@ -176,6 +181,8 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         del grads32
         self.strategy.publish_params()
         memory = self.strategy.memory()
+        if other is not None:  # its state is the shard optimizer's, not the Adam moments
+            memory.optim = (memory.optim or 0) + other.nbytes
         self.strategy.zero_grads()
         # 5. scaler, schedule, report
         self.scaler.update(False)
@@ -245,7 +252,8 @@ class ZeroEngine(EngineAccessors, EngineCalls):
     ) -> None:
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
-        loss = self._loss_sum  # already divided by the accumulation steps, micro-batch by micro-batch
+        # already divided by the accumulation steps, micro-batch by micro-batch
+        loss = self._loss_sum
         self._loss_sum = None
         fp16 = self._config.precision == "fp16"
         self.reporter.step_end(
