@@ -111,8 +111,10 @@ class Cell:
             "steps_per_print": 10**9,
             "zero_optimization": zero,
         }
-        if self.optimizer.startswith("client-"):
+        if self.optimizer != "AdamW":  # DeepSpeed's ZeRO refuses other optimizers without it
             cfg["zero_allow_untested_optimizer"] = True
+        if self.optimizer.startswith("client-"):
+            pass
         elif self.optimizer == "AdamW":
             cfg["optimizer"] = {"type": "AdamW", "params": params}
         else:
