@@ -23,10 +23,11 @@ from typing import Any
 import msgspec
 import torch
 
+from . import capture
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import CollectiveTracker, _cuda_event
+from .comm import EVENT_DEVICE, CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
@@ -53,6 +54,12 @@ from .schema import (
 )
 from .termination import TerminationBye
 from .timeline import RawMark, StepAxis
+
+RECONNECT_WAIT_S = 3.0
+"""At the end of a run whose collector was lost mid-run (never one that was never reached, nor
+one that refused us): how long the last reports wait for ZeroMQ to redial a collector that
+came back (its reconnect backoff tops out at 1 s, agent/publish.py); a restarted collector
+then records the run to its last step. Bounded, at exit only: the loop never waits for it."""
 
 
 class LiveTelemetry(Telemetry):
@@ -154,6 +161,7 @@ class LiveTelemetry(Telemetry):
             index = torch.device(device).index
             index = torch.cuda.current_device() if index is None else index
             self.device_index = index
+            EVENT_DEVICE[0] = index  # every event on the Hello's device (agent/comm.py)
             uuid = pci_bus = None
             with contextlib.suppress(Exception):
                 props = torch.cuda.get_device_properties(index)
@@ -234,11 +242,15 @@ class LiveTelemetry(Telemetry):
         return PhaseScope(self, name)
 
     def _use_device_events(self, make: Any) -> None:
-        """Mark each phase and step end with an event from ``make`` (CUDA), or not (None)."""
-        self._device_event = make
+        """Mark each phase and step end with an event from ``make`` (CUDA), or not (None);
+        never while the stream is capturing a CUDA graph (agent/capture.py)."""
+        self._device_event = None if make is None else capture.watched(make, self._say_capture)
         self._collectives.cuda = make is not None
         self._fast_collective(self._started)
         self._plain = self._plain_step(self.step)
+
+    def _say_capture(self) -> None:
+        self.event("info", capture.SAID)
 
     def _plain_step(self, step: int) -> bool:
         """Whether ``step``'s phases take the lean path: on the host (no device events or
@@ -368,7 +380,7 @@ class LiveTelemetry(Telemetry):
         # counted activations, device peaks and loss tensors. The step's axis and its
         # StepReport are made by the sender thread (agent/outbox.py, StepFacts.report): each
         # line run here runs cold between the engine's kernels, ~1 us apiece on a CPU step
-        # (issue 18).
+        # (the agent's overhead budget, agent/cost.py).
         now = now_ns()
         try:
             if not self._hello_sent:
@@ -379,6 +391,9 @@ class LiveTelemetry(Telemetry):
                 self._last_activations = (self._activations.take_peak(), self.step)
                 self._last_blocks = self._activations.take_blocks()
             make = self._device_event
+            end_event = None if make is None else make()
+            if end_event is None and make is not None:  # inside a CUDA graph capture: the
+                loss = grad_norm = None  # tensors hold nothing yet, and no copy may be enqueued
             marks, self._marks = self._marks, []
             transfers, self._transfers = self._transfers, []
             pipeline, self._pipeline = self._pipeline, None
@@ -394,7 +409,7 @@ class LiveTelemetry(Telemetry):
                     self.step,
                     time.time_ns(),
                     now,
-                    None if make is None else make(),
+                    end_event,
                     marks,
                     records,
                     # A copy: the caller may reuse its MemoryBytes; the sender fills it in.
@@ -455,6 +470,13 @@ class LiveTelemetry(Telemetry):
         self.closed = True
         try:
             self.sampler.stop(0.2 if hurry else 2.0)
+            pub = self.publisher
+            pub.poll_connection()  # the sampler may not have seen the last events yet
+            if not hurry and pub.reached and not pub.connected and not pub.refused:
+                # The collector went away mid-run (restarted, or its host rebooted): its
+                # successor may be up already, ZeroMQ redialling on its backoff. The last
+                # reports and the Bye go only over a live connection, so give it a moment.
+                pub.wait_connected(RECONNECT_WAIT_S)
             with contextlib.suppress(Exception):
                 if hurry:
                     self._outbox.drain(block=False, wait_s=0.2)
