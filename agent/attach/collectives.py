@@ -46,13 +46,26 @@ MAX_IN_FLIGHT = 10_000
 is dropped and counted in ``abandoned``."""
 
 # Record fields (a plain list per op: cheapest to build on the training thread).
-OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY = range(9)
+OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY, CUDA, MEASURED = range(11)
+"""``CUDA``: the op's tensors are on a GPU, where ``wait()`` returns once the op is enqueued on
+the device, so no host clock here measures it (its clock is ``none``). ``MEASURED``: the end
+was seen by the host (``wait()`` returned, or the work's future ran), not stamped at a step
+boundary."""
 
 
 def _bytes(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return x.nbytes
     return sum(_bytes(t) for t in x)
+
+
+def _is_cuda(x: Any) -> bool:
+    """Whether the first tensor in ``x`` (a tensor or nested lists of them) is on a GPU."""
+    while not isinstance(x, torch.Tensor):
+        if not x:
+            return False
+        x = x[0]
+    return x.is_cuda
 
 
 def _first(args: tuple) -> int:
@@ -104,12 +117,14 @@ class CollectiveLog(CollectiveTracker):
         self.recorded = 0
         self.abandoned = 0
 
-    def add(self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any) -> None:
+    def add(
+        self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any, cuda: bool
+    ) -> None:
         records = self.records
         if len(records) >= MAX_IN_FLIGHT:  # nobody takes them (no step boundary seen yet)
             self.abandoned += len(records) // 2
             del records[: len(records) // 2]
-        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0]
+        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0, cuda, False]
         if work is not None:
             rec[REF] = weakref.ref(work)
             rec[KEY] = key = id(work)
@@ -176,6 +191,21 @@ class LoggedOp:
             # From the agent's sender thread: the training thread's wait() may pop it meanwhile.
             if self._waiting.get(rec[KEY]) is rec:
                 self._waiting.pop(rec[KEY], None)
+        # Host-timed only where the host saw the op end on CPU tensors (gloo: wait() returns
+        # when the op has run). On a GPU, wait() and the future return at enqueue; and an end
+        # stamped at the step boundary is the boundary's time: neither is a measurement.
+        if rec[CUDA] or not rec[MEASURED]:
+            return Collective(
+                op=rec[OP],
+                nbytes=rec[NBYTES],
+                group_size=rec[GROUP],
+                start_s=(rec[ISSUE] - step_start_ns) / 1e9,
+                duration_s=0.0,
+                exposed_s=0.0,
+                label=rec[LABEL],
+                clock="none",
+                exposed_measured=False,
+            )
         duration = max(rec[END] - rec[ISSUE], 0)
         return Collective(
             op=rec[OP],
@@ -185,6 +215,8 @@ class LoggedOp:
             duration_s=duration / 1e9,
             exposed_s=min(rec[EXPOSED], duration) / 1e9,
             label=rec[LABEL],
+            clock="host",
+            exposed_measured=True,
         )
 
 
@@ -205,7 +237,8 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
         issue = _now()
         work = original(self, *args, **kwargs)
         try:
-            log.add(op, size_of(args), self.size(), issue, work)
+            tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
+            log.add(op, size_of(tensors), self.size(), issue, work, _is_cuda(tensors[0]))
         except Exception:
             log.errors += 1
         return work
@@ -221,6 +254,8 @@ def _wrap_wait() -> Any:
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = waiting.pop(id(self), None)
+        if rec is not None and rec[REF]() is not self:
+            rec = None  # a dead op's address reused by this work: not its record
         if rec is None:
             return original(self, *args, **kwargs)
         t0 = _now()
@@ -229,6 +264,7 @@ def _wrap_wait() -> Any:
         finally:
             t1 = _now()
             rec[EXPOSED] += t1 - t0
+            rec[MEASURED] = True
             if not rec[END] or t1 < rec[END]:
                 rec[END] = t1
 
@@ -250,6 +286,7 @@ def stamp_end(rec: list[Any] | None) -> None:
     """``rec`` completed now (called from a future callback, on the backend's thread)."""
     if rec is not None:
         t = _now()
+        rec[MEASURED] = True
         if not rec[END] or t < rec[END]:
             rec[END] = t
 
