@@ -38,6 +38,7 @@ from zeroscope.agent.comm import CollectiveTracker
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 from . import patches
+from .flight_recorder import READER as RECORDER
 
 _now = time.perf_counter_ns
 
@@ -155,7 +156,11 @@ class CollectiveLog(CollectiveTracker):
             if rec[END] and waiting.get(rec[KEY]) is rec:
                 del waiting[rec[KEY]]
             out.append(LoggedOp(rec, waiting))
-        return out + super().take_all()
+        out += super().take_all()
+        mark = RECORDER.mark() if RECORDER.groups else None
+        if mark is not None:
+            out.append(mark)  # last: the pending report expands it on the sender thread
+        return out
 
     def clear(self) -> None:
         self.records = []
@@ -230,12 +235,25 @@ _lock = threading.Lock()
 def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int]) -> Any:
     original = getattr(ProcessGroup, name)
     log = LOG
+    groups = RECORDER.groups
 
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not log.recording:
             return original(self, *args, **kwargs)
         issue = _now()
-        work = original(self, *args, **kwargs)
+        if groups:  # the Flight Recorder is read: claim this call's entries as ours
+            try:
+                before = self._get_sequence_number_for_group()
+            except Exception:
+                before = None
+            work = original(self, *args, **kwargs)
+            if before is not None:
+                try:
+                    RECORDER.claim(self, before)
+                except Exception:
+                    log.errors += 1
+        else:
+            work = original(self, *args, **kwargs)
         try:
             tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
             log.add(op, size_of(tensors), self.size(), issue, work, _is_cuda(tensors[0]))
