@@ -472,3 +472,38 @@ def test_a_plain_loop_ends_steps_at_optimizer_step_with_its_own_collectives() ->
         psi = 8 * 4 + 4
         # SGD's momentum buffer exists from the first step (created inside it)
         assert result["memory"] == [(4 * psi, 4 * psi, 4 * psi)] * 3
+
+
+def test_a_part_whose_install_fails_half_way_leaves_nothing_behind_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A torch internal moved under one part of the attach: what that part had patched before
+    it failed is put back (the class is as torch made it), and the run's console says once
+    what is lost; the other parts' patches stay."""
+    from zeroscope.agent.attach import patches
+    from zeroscope.agent.attach.install import guarded
+
+    class Target:
+        def kept(self) -> str:
+            return "torch's"
+
+        def first(self) -> str:
+            return "torch's"
+
+    original = Target.__dict__["first"]
+    other = guarded("an earlier part", lambda: patches.replace(Target, "kept", lambda s: "ours"))
+
+    def half_way() -> None:
+        patches.replace(Target, "first", lambda self: "ours")
+        raise AttributeError("'FSDPState' has no attribute '_pre_forward'")
+
+    try:
+        assert other and not guarded("a drifted part", half_way)
+        assert Target.__dict__["first"] is original and Target().first() == "torch's"
+        assert Target().kept() == "ours"  # the earlier part stays installed
+        assert not guarded("a drifted part", half_way)
+        err = capsys.readouterr().err
+        assert err.count("a drifted part: not seen") == 1 and "_pre_forward" in err
+    finally:
+        patches.restore_all()
+    assert Target().kept() == "torch's"
