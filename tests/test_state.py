@@ -200,3 +200,24 @@ def test_old_traces_decode_as_host_timed() -> None:
     old = msgspec.msgpack.encode(["all_reduce", 64, 2, 0.0, 0.5, 0.25, False, "x"])
     c = msgspec.msgpack.decode(old, type=Collective)
     assert (c.clock, c.exposed_measured, c.duration_s, c.label) == ("host", True, 0.5, "x")
+
+
+def test_unaligned_ranks_time_per_step_agrees_with_steps_per_s() -> None:
+    """DDP-shaped ranks whose step ends are not aligned: rank 0 alternates 30/40 ms steps, rank 1
+    40/30 ms, each rank's own steps tiling its clock. Each rank's mean is 35 ms and so is the
+    period of the step ends; the slowest rank of every step is 40 ms, which the summary used to
+    print beside 1/35 ms steps/s."""
+    state = ClusterState()
+    ends = {0: BASE_NS, 1: BASE_NS}
+    for step in range(1, 42):
+        for rank in (0, 1):
+            dur = 0.030 if (step + rank) % 2 else 0.040
+            ends[rank] += int(dur * 1e9)
+            state.ingest(StepReport(rank=rank, step=step, wall_ns=ends[rank], duration_s=dur))
+    state.flush()
+    t = state.totals
+    assert t.steps_per_s is not None and t.mean_step_s is not None
+    assert t.mean_step_s == pytest.approx(1 / t.steps_per_s)
+    assert t.mean_step_s == pytest.approx(0.035, rel=0.02)
+    for rank in (0, 1):
+        assert state.ranks[rank].totals.mean_step_s == pytest.approx(0.035, rel=0.02)

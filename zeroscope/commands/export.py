@@ -36,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", type=Path, help="trace file written by zeroscope run/serve")
     parser.add_argument("--format", choices=["chrome"], default="chrome", help="output format")
     parser.add_argument(
-        "-o", "--output", type=Path, default=None, help="output file (default: stdout)"
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="output file (default, or '-': stdout)",
     )
 
 
@@ -247,7 +251,7 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise CliError(str(exc)) from None
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"figures": figures}}
-    if args.output is None:
+    if args.output is None or str(args.output) == "-":
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:

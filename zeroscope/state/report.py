@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 TOTAL_AGGREGATION = {
     "steps": "cluster: complete steps",
-    "mean_step_s": "cluster: mean over steady steps of the slowest rank's step time",
+    "mean_step_s": "cluster: the steady steps' period (span of step ends / steps) = 1 / steps_per_s",
     "params_peak": "max over ranks",
     "grads_peak": "max over ranks",
     "optim_peak": "max over ranks",

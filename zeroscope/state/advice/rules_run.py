@@ -5,6 +5,7 @@ ds_config file is in preflight.py)."""
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from .facts import Facts
@@ -40,7 +41,7 @@ def fp16(f: Facts, t: Thresholds) -> Finding | None:
     scales = [a.loss_scale for a in f.state.complete_steps() if a.loss_scale]
     floor = bool(scales) and scales[-1] <= c.min_loss_scale and skipped > 0
     if not (at_min or floor) and (skipped < 2 or share < t.skipped_min):
-        return None
+        return startup_storm(f, t, first, step)
     waste = share * step
     evidence = [
         f"{skipped} of {total} steps skipped for overflow from step {first} on"
@@ -88,6 +89,43 @@ def fp16(f: Facts, t: Thresholds) -> Finding | None:
         confidence="high" if f.state.device in ("", "cpu") else "medium",
         severity="error" if at_min or floor else "advice",
         saves_ms=waste * 1e3,
+        ms_metric="skipped_ms",
+    )
+
+
+def startup_storm(f: Facts, t: Thresholds, first: int | None, step: float) -> Finding | None:
+    """Rule 5, at start-up: every step before the first applied one overflowed while the loss
+    scale came down from 2^initial_scale_power. A few such steps are the scaler calibrating; many
+    are a run paying whole steps for a start too high. Priced once per run: the skipped steps'
+    time, and the change is the power the scale settled at (a start there skips none)."""
+    c = f.config
+    steps = f.state.complete_steps()
+    if c is None or first is None:
+        return None
+    lead = [a for a in steps if a.step < first]
+    if len(lead) < t.startup_skipped_min:
+        return None
+    settled = next((a.loss_scale for a in steps if a.step == first), None)
+    if not settled or settled <= 0:
+        return NotJudged(LOSS_RULE, "no loss scale reported at the first applied step")
+    power = max(math.floor(math.log2(settled)), 0)
+    lost = len(lead) * step
+    per_step = lost / len(steps)
+    return Advice(
+        rule=LOSS_RULE,
+        title=f"start-up overflow storm: start the loss scale at 2^{power}",
+        evidence=(
+            f"steps {lead[0].step}-{lead[-1].step}: {len(lead)} of {len(steps)} steps skipped "
+            f"for overflow before the first applied step ({first})",
+            f"the loss scale settled at {settled:g} = 2^{math.log2(settled):g} from "
+            f"initial_scale_power {c.initial_scale_power}; step {ms(step)}",
+        ),
+        change=Change({"fp16.initial_scale_power": power}),
+        formula=f"lost = skipped start-up steps * step = {len(lead)} * {ms(step)} = {ms(lost)} "
+        f"once per run; saves_ms = {ms(lost)} / {len(steps)} steps = {ms(per_step)} a step "
+        "over this run",
+        confidence="high",
+        saves_ms=per_step * 1e3,
         ms_metric="skipped_ms",
     )
 
