@@ -211,12 +211,7 @@ class FlightRecorderReader:
         """Stop reading (said once by the session: what is lost and why)."""
         self.off_reason = reason
         self.groups.clear()
-        try:
-            from .session import SESSION
-
-            SESSION.lost("collectives run below Python (DDP's reducer)", reason)
-        except Exception:
-            self.errors += 1
+        _say("collectives run below Python (DDP's reducer)", reason)
 
     def claim(self, group: Any, before: int) -> None:
         """Training thread, after a wrapped call on a watched group: the entries it made are
@@ -250,6 +245,7 @@ class FlightRecorderReader:
             self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
             return out
         offset = time.perf_counter_ns() - time.time_ns()
+        lost_before = self.lost
         found: dict[str, set[int]] = {}
         for entry in entries:
             name = str(entry.get("process_group", [""])[0])
@@ -275,6 +271,12 @@ class FlightRecorderReader:
                     self.lost += 1
                 g.claimed.discard(seq)
             g.taken = top
+        if self.lost and not lost_before:
+            _say(
+                "some collectives run below Python (DDP's reducer)",
+                f"torch's Flight Recorder ring ({os.environ.get(BUFFER_ENV)} entries) was "
+                f"overwritten before a read; set {BUFFER_ENV} higher",
+            )
         out.sort(key=lambda op: op._issue_ns)
         return out
 
@@ -290,6 +292,16 @@ class FlightRecorderReader:
                 top[name] = max(top.get(name, -1), int(e.get("collective_seq_id", 0)))
             self._cache, self._cache_top = entries, top
         return self._cache
+
+
+def _say(part: str, reason: str) -> None:
+    """Once per part: what the reader lost and why (the session's console line and Log event)."""
+    try:
+        from .session import SESSION
+
+        SESSION.lost(part, reason)
+    except Exception:
+        pass
 
 
 def _dump() -> bytes:
