@@ -2,10 +2,13 @@
 methods, wrapped at class level.
 
 DeepSpeed caches ``torch.distributed`` functions at start-up, FSDP2 calls the ``*_single``
-methods, DDP's comm hooks call ``dist.all_reduce``: all of them end in a Python call of a
-``ProcessGroup`` method, so wrapping the class catches every group, including groups created
-before the wrap. Each call costs the training thread two clock reads, a size computation and
-one list append; nothing is timed per op beyond that:
+methods, a script's own DDP comm hook calls ``dist.all_reduce``: all of them end in a Python
+call of a ``ProcessGroup`` method, so wrapping the class catches every group, including groups
+created before the wrap. (DDP's built-in reducer calls the backend from C++, below this: its
+all-reduces are read from torch's Flight Recorder, :mod:`.flight_recorder`.) Each call costs
+the training thread two clock reads, a size computation and one list append (and, on a group
+the recorder reader watches, two reads of its sequence number); nothing is timed per op beyond
+that:
 
 - completion: the end of ``Work.wait()`` (also wrapped at class level; the time spent inside
   it is the *exposed* time), or the work's future when a consumer asked for it
@@ -13,8 +16,11 @@ one list append; nothing is timed per op beyond that:
   whichever comes first. No future callback is attached to ops nobody asked a future of (that
   per-op callback, a GIL hand-off on the backend's thread, is what issue 18 budgets away).
   An op nobody waited on is resolved at the step boundary, in bulk: complete then (or its
-  work object gone) means it ended by that boundary, which is the time recorded; one still
-  running is left to the step's pending report (agent/pending.py), which keeps it in its step.
+  work object gone) means it ended by that boundary; one still running is left to the step's
+  pending report (agent/pending.py), which keeps it in its step. No clock saw such an op end,
+  so its clock is ``none`` (bytes exact, duration and exposed NA); nor is an op on GPU tensors
+  timed here (``wait()`` returns at enqueue there): clock ``none`` too. Only an op on CPU
+  tensors whose end the host saw is clock ``host``.
 - bytes follow nccl-tests (``agent/schema.py``): the full gathered size for all-gather and
   reduce-scatter, the buffer for all-reduce and broadcast.
 
@@ -290,12 +296,6 @@ def _wrap_wait() -> Any:
     return wait
 
 
-def future_of(work: Any) -> Any:
-    """``work``'s future, not through the wrapper: for a caller that stamps completion in the
-    callback it attaches anyway (the DDP comm hook's: no second callback per bucket)."""
-    return _raw_get_future[0](work)
-
-
 def _stamp_when_done(rec: list[Any], _: Any) -> None:
     stamp_end(rec)
 
@@ -309,18 +309,14 @@ def stamp_end(rec: list[Any] | None) -> None:
             rec[END] = t
 
 
-_raw_get_future: list[Any] = [Work.get_future]
-
-
 def _wrap_get_future() -> Any:
     original = Work.get_future
-    _raw_get_future[0] = original
     waiting = LOG.waiting
 
     def get_future(self: Any, *args: Any, **kwargs: Any) -> Any:
         future = original(self, *args, **kwargs)
         rec = waiting.get(id(self))
-        if rec is not None:
+        if rec is not None and rec[REF]() is self:  # not a dead op's reused address
             try:
                 future.then(functools.partial(_stamp_when_done, rec))
             except Exception:
