@@ -24,9 +24,8 @@ counts exact; duration, busbw and exposed NA). Where torch measured a duration w
 clock. Exposed time is never measured here. Entries the ring overwrote before a read are
 counted in ``lost``, never guessed.
 
-The dump holds the interpreter lock while torch builds it (about 20 us per entry in the ring
-on a loaded CPU): the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group
-is watched.
+The dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
+the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group is watched.
 """
 
 from __future__ import annotations
@@ -40,9 +39,11 @@ from zeroscope.agent.schema import Collective, CollectiveOp
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
-DEFAULT_BUFFER = 256
-"""Entries in torch's ring: more than a step's unseen collectives between two reads of a job
-with one DDP model (tens of buckets), few enough that a dump costs the process a few ms."""
+DEFAULT_BUFFER = 64
+"""Entries in torch's ring: more than the unseen collectives between two reads of a job with
+one DDP model (a few buckets per step, a read per batch of reports), few enough that a dump,
+which walks the whole ring, stays cheap (bench/attach_overhead.py: 256 entries cost DDP 6.5-10
+ms of CPU per step on a loaded 2-core machine, 64 entries 0.3-2.7 ms)."""
 
 OPS: dict[str, CollectiveOp] = {
     "all_reduce": "all_reduce",
