@@ -507,3 +507,28 @@ def test_a_part_whose_install_fails_half_way_leaves_nothing_behind_and_says_so(
     finally:
         patches.restore_all()
     assert Target().kept() == "torch's"
+
+
+def test_an_op_its_future_completes_after_the_boundary_leaves_the_waiting_list() -> None:
+    """An op the step boundary took unfinished, then completed through its future's callback
+    (the backend's thread: it may run after ``future.wait()`` returned), is resolved by the
+    pending report and must leave ``waiting`` then: nothing else would ever remove it (it
+    stayed, and the wrappers' test saw ``log.waiting`` non-empty on a loaded machine)."""
+    from zeroscope.agent.attach import collectives
+
+    class SlowWork:
+        done = False
+
+        def is_completed(self) -> bool:
+            return self.done
+
+    log = collectives.CollectiveLog()
+    work = SlowWork()
+    issue = collectives._now()
+    log.add("all_reduce", 64, 2, issue, work, False)
+    (op,) = log.take_all()
+    assert id(work) in log.waiting  # unfinished at the boundary: still awaited
+    collectives.stamp_end(log.waiting[id(work)])  # its future's callback, on gloo's thread
+    work.done = True
+    assert op.resolve(issue) is not None
+    assert not log.waiting

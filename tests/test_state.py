@@ -221,3 +221,28 @@ def test_unaligned_ranks_time_per_step_agrees_with_steps_per_s() -> None:
     assert t.mean_step_s == pytest.approx(0.035, rel=0.02)
     for rank in (0, 1):
         assert state.ranks[rank].totals.mean_step_s == pytest.approx(0.035, rel=0.02)
+
+
+def test_scale_events_are_newest_step_first_whatever_their_arrival() -> None:
+    """Ranks' events arrive interleaved (rank 1's step-3 overflow after rank 0's step-5 scale
+    change): the loss-scale list, titled newest first, is in step order, ranks in order."""
+    state = ClusterState()
+    arrivals = [
+        (0, 2, "overflow"),
+        (0, 5, "scale_change"),
+        (1, 3, "overflow"),
+        (1, 5, "overflow"),
+        (0, 4, "checkpoint"),
+        (0, 3, "overflow"),
+    ]
+    for rank, step, kind in arrivals:
+        state.ingest(Event(rank=rank, step=step, wall_ns=0, event=kind))  # type: ignore[arg-type]
+    got = [(e.step, e.rank, e.event) for e in state.scale_events()]
+    assert got == [
+        (5, 0, "scale_change"),
+        (5, 1, "overflow"),
+        (3, 0, "overflow"),
+        (3, 1, "overflow"),
+        (2, 0, "overflow"),
+    ]
+    assert len(state.scale_events(limit=2)) == 2

@@ -84,16 +84,14 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
     With ``figures`` (a dict), the run report of zeroscope.state.report is put in it."""
     from zeroscope.agent.schema import Event, StepReport
     from zeroscope.state import ClusterState
-    from zeroscope.state.bandwidth import collective_busbw, duration_of, exposed_of, volume
-    from zeroscope.state.report import run_report
+    from zeroscope.state.report import collective_figures, run_report
+    from zeroscope.store.feed import feed_trace
     from zeroscope.store.trace import TraceReader
 
     out: list[dict[str, Any]] = []
     state = ClusterState()
     with TraceReader(path) as reader:
         hellos = {h.rank: h for h in reader.hellos()}
-        for h in hellos.values():
-            state.ingest(h)
         origin: int | None = None
         lanes: dict[tuple[int, int], _Lanes] = {}
         named: set[tuple[int, int]] = set()
@@ -117,8 +115,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
             out.append(
                 {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
             )
-        for msg in reader.messages():
-            state.ingest(msg)
+        for msg, _ in feed_trace(reader, state):
             if not isinstance(msg, (Event, StepReport)):
                 continue
             if origin is None:
@@ -161,12 +158,12 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                 # A collective no clock measured is an instant at its issue: no duration, and
                 # NA (null) for its busbw and exposed time.
                 s = start_us + c.start_s * 1e6
-                duration = duration_of(c)
+                fig = collective_figures(c)
+                duration = fig["duration_s"]
                 dur_us = 0.0 if duration is None else duration * 1e6
                 lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + dur_us)
                 thread(pid, _TID_COMM + lane, f"collectives {lane}")
-                bw = collective_busbw(c)
-                exposed = exposed_of(c)
+                bw, exposed = fig["busbw_bytes_s"], fig["exposed_s"]
                 event: dict[str, Any] = {
                     "ph": "X" if duration is not None else "i",
                     "name": c.op + (f" {c.label}" if c.label else ""),
@@ -175,7 +172,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                     "ts": s,
                     "args": {
                         "bytes": c.nbytes,
-                        "volume_bytes": volume(c.op, c.nbytes),
+                        "volume_bytes": fig["volume_bytes"],
                         "group_size": c.group_size,
                         "exposed_ms": None if exposed is None else exposed * 1e3,
                         "busbw_GBps": None if bw is None else bw / 1e9,
@@ -221,7 +218,6 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                     "args": {k: v for k, v in counters.items() if v is not None},
                 }
             )
-        state.flush()
     if figures is not None:
         figures.update(run_report(state))
     _start_at_zero(out)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport
 
-from .bandwidth import bus_factor, busbw_of, timed, volume
+from .bandwidth import busbw_of, timed, volume, wire_bytes
 from .totals import RankTotals
 
 HISTORY_STEPS = 512
@@ -222,7 +222,7 @@ def summarize(report: StepReport) -> StepSummary:
         if totals is None:
             totals = ops[op] = OpTotals()
         v = volume(op, int(nbytes))
-        bus = timed_bytes * bus_factor(op, max(1, size))
+        bus = wire_bytes(op, timed_bytes, size)
         totals.count += int(count)
         totals.nbytes += int(nbytes)
         totals.volume += v

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .bandwidth import busbw_of
+from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volume
 
 if TYPE_CHECKING:
+    from zeroscope.agent.schema import Collective
+
     from .cluster import ClusterState
     from .rank import RankState
 
@@ -30,6 +32,18 @@ TOTAL_AGGREGATION = {
     "overflows": "cluster: steps with an overflow on any rank",
 }
 """How the ``all`` row of the summary combines the ranks, column by column."""
+
+
+def collective_figures(c: Collective) -> dict[str, Any]:
+    """One collective's figures as ``export`` shows them on its slice: the paper's volume
+    (bytes), its duration and exposed time (s) and busbw (bytes/s, nccl-tests convention):
+    each None (NA) when not measurable or when no clock measured it (``Collective.clock``)."""
+    return {
+        "volume_bytes": volume(c.op, c.nbytes),
+        "duration_s": duration_of(c),
+        "exposed_s": exposed_of(c),
+        "busbw_bytes_s": collective_busbw(c),
+    }
 
 
 def _percent(fraction: float | None) -> float | None:

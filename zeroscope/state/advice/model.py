@@ -165,3 +165,5 @@ class Thresholds:
     """Rule 6: activations above this share of P+G+O+A dominate the peak."""
     bubble_excess: float = 0.05
     """Rule 12: a measured bubble this far above the 1F1B bound."""
+    stage_imbalance: float = 1.2
+    """Rule 12: the slowest stage's compute above this multiple of the mean stage's."""

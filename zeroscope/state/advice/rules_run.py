@@ -8,6 +8,8 @@ import itertools
 import math
 from typing import Any
 
+from zeroscope.state.pipeline import imbalance, mean_bubble, one_f_one_b_bound
+
 from .facts import Facts
 from .model import Advice, Change, Finding, NotJudged, Thresholds, ms
 
@@ -186,11 +188,6 @@ def batch_triad(f: Facts, t: Thresholds) -> Finding | None:
     )
 
 
-def one_f_one_b(stages: int, microbatches: int) -> float:
-    """The 1F1B (and GPipe) bubble fraction (p - 1) / (m + p - 1), balanced stages."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 def pipeline(f: Facts, t: Thresholds) -> Finding | None:
     """Rule 12: a pipeline bubble above the 1F1B bound, or unbalanced stages. Reads the
     pipeline telemetry (Hello.parallel, StepReport.pipeline) where this schema has it."""
@@ -218,14 +215,15 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
     if not rows:
         return NotJudged("pipeline", "no rank reported its pipeline step (StepReport.pipeline)")
     span = max(s for _, _, s, _ in rows)
-    bubble = max(0.0, 1 - sum(b for *_, b in rows) / len(rows) / span)
-    bound = one_f_one_b(stages, micro)
+    bubble = mean_bubble(span, (b for *_, b in rows)) or 0.0  # span > 0: never NA here
+    bound = one_f_one_b_bound(stages, micro) or 0.0  # stages > 1, micro >= 1: never NA
     by_stage: dict[int, list[float]] = {}
     for _, pp, _, busy in rows:
         by_stage.setdefault(pp, []).append(busy)
     loads = {pp: sum(v) / len(v) for pp, v in by_stage.items()}
     mean_load = sum(loads.values()) / len(loads)
     slowest = max(loads, key=lambda k: loads[k])
+    ratio = imbalance(loads.values())
     step = f.latest.step if f.latest else "?"
     evidence = (
         f"step {step}: bubble {bubble:.0%} of a {ms(span)} pipeline step vs the 1F1B bound "
@@ -234,7 +232,7 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
         + ", ".join(f"stage {pp} {ms(v)}" for pp, v in sorted(loads.items()))
         + f"; slowest stage {slowest}",
     )
-    if mean_load > 0 and loads[slowest] / mean_load > 1.2:
+    if ratio is not None and ratio > t.stage_imbalance:
         saves = loads[slowest] - mean_load
         return Advice(
             rule="pipeline",
@@ -251,7 +249,7 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
             ms_metric="step_ms",
         )
     if bubble > bound + t.bubble_excess or bound > 0.25:
-        after = one_f_one_b(stages, 2 * micro)
+        after = one_f_one_b_bound(stages, 2 * micro) or 0.0
         saves = (bubble - after) * span
         return Advice(
             rule="pipeline",
