@@ -35,7 +35,9 @@ class OpTotals:
     exposed_s: float = 0.0
     """Sum of the time the loop waited for them [s]."""
     bus_bytes: float = 0.0
-    """Sum of S x the nccl-tests bus factor of each *timed* collective's group size [bytes]."""
+    """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes], over
+    the collectives with a time (clock not ``none``, and more than 0 s: a synchronous op handed
+    to the agent after it ran has 0 s; bytes with no time would inflate the bandwidth)."""
     untimed: int = 0
     """Collectives no clock measured (``Collective.clock`` none): in count, bytes and volume,
     never in seconds, busbw or exposed."""
@@ -182,9 +184,9 @@ def fingerprint(report: StepReport) -> int:
 
 def summarize(report: StepReport) -> StepSummary:
     """Fold one StepReport into the figures the views need."""
-    # Per (op, group size): count, S, time, exposed; volume and bus bytes are linear in S, so
-    # they are applied once per group rather than per collective (1024 ranks x hundreds of
-    # collectives per report arrive at the collector).
+    # Per (op, group size): count, S, time, exposed, untimed, unexposed, S of the timed ones;
+    # volume and bus bytes are linear in S, so they are applied once per group rather than per
+    # collective (1024 ranks x hundreds of collectives per report arrive at the collector).
     # A collective no clock measured (clock "none") adds to count and bytes only: its bytes go
     # to the volume but not to the busbw numerator, so busbw stays time-weighted over timed ops.
     groups: dict[tuple[str, int], list[float]] = {}
@@ -197,7 +199,8 @@ def summarize(report: StepReport) -> StepSummary:
         g[1] += c.nbytes
         if timed(c):
             g[2] += c.duration_s
-            g[6] += c.nbytes
+            if c.duration_s > 0.0:
+                g[6] += c.nbytes
             if c.exposed_measured:
                 g[3] += c.exposed_s
             else:
