@@ -180,7 +180,13 @@ class PendingReport:
         self.facts = facts
         self.loss, self.grad_norm = facts.loss, facts.grad_norm
         self.axis = axis
-        self.records = facts.records
+        self.records = records = facts.records
+        expand = getattr(records[-1], "expand", None) if records else None
+        if expand is not None:  # a step end's mark in a recorder read here, off the loop
+            try:
+                self.records = records[:-1] + expand()
+            except Exception:
+                self.records = records[:-1]
         self.age = 0
         """Step ends since this one."""
         self.report: StepReport | None = None

@@ -9,8 +9,10 @@ engine's wrapped methods and reader (memory counted on its schedule), one StepRe
 published to a real collector, the sampler thread. "Off" has every patch removed.
 
 - ``--engine ddp``: two identical DDP models; the "on" one was built with the attach installed
-  (it carries the attach's comm hook), the "off" one without. An MLP of ``--layers`` x
-  ``--width`` with 1 MB buckets.
+  (its group watched in torch's Flight Recorder, which the agent's sender thread reads; DDP's
+  reducer runs as it is), the "off" one without. The recorder itself is process-wide (set
+  before the groups exist), so both modes record into it: its per-collective cost is not in
+  the ratio, its reads are. An MLP of ``--layers`` x ``--width`` with 1 MB buckets.
 - ``--engine deepspeed``: one ZeRO-3 engine (every parameter sharded, none persistent, so each
   step issues a gather per layer in forward and backward and a reduce-scatter per bucket),
   toggled between modes: the many-collective case.

@@ -93,6 +93,8 @@ class AttachSession:
         self._grads: tuple[int, int] = (0, 0)
         self._memory = MemoryBytes()
         self._layout: Any = None
+        self._lost: dict[str, str] = {}
+        """Parts of the attach that turned themselves off, and why (each said once)."""
         try:
             self._every = max(1, int(os.environ.get(MEMORY_EVERY_ENV, MEMORY_EVERY_DEFAULT)))
         except ValueError:
@@ -142,6 +144,22 @@ class AttachSession:
             tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
         api.set_telemetry(tel)
         self.tel = tel
+        for part, reason in self._lost.items():
+            tel.event("info", f"zeroscope lost {part}: {reason}")
+
+    def lost(self, part: str, reason: str) -> None:
+        """A part of the attach turned itself off (a private torch API moved, a recorder is
+        off): the job goes on untouched; said once, on the run's console and, once the agent
+        runs, on the Log screen."""
+        if part in self._lost:
+            return
+        self._lost[part] = reason
+        notice(f"{part}: not seen ({reason}); the job runs on unchanged")
+        if self.tel is not None and not self.passive:
+            try:
+                self.tel.event("info", f"zeroscope lost {part}: {reason}")
+            except Exception:
+                self.errors += 1
 
     def stand_down(self) -> None:
         """The job reports through the agent API itself: undo every patch, report nothing.
