@@ -1,0 +1,89 @@
+"""Frozen parameters in the bundled engine's accounting, one process (no torchrun).
+
+A LoRA-style model (a frozen base, small trainable adapters) under each stage and precision:
+P must be the bytes of every parameter the rank holds, frozen or not, and the frozen share is
+reported beside it; G and O follow the trainable parameters only. Oracles: the model's own
+parameter list (numel x element size per dtype) and Adam's state (fp32 m and v, plus an fp32
+master in 16-bit training). One rank: no padding, no partition, so the sums are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.recorder import RecordingTelemetry
+from zeroscope.agent.api import set_telemetry
+from zeroscope.engine.api import initialize
+from zeroscope.state.formulas import model_state_bytes, optimizer_bytes
+
+
+class LoraLinear(torch.nn.Module):
+    """A frozen ``base`` plus a trainable rank-``r`` update ``B @ A`` (LoRA's shape, by hand)."""
+
+    def __init__(self, width: int, r: int) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(width, width)
+        self.base.requires_grad_(False)
+        self.lora_a = torch.nn.Parameter(torch.randn(r, width) * 0.1)
+        self.lora_b = torch.nn.Parameter(torch.randn(width, r) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.lora_a.t() @ self.lora_b.t()
+
+
+def lora_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(LoraLinear(24, 2), torch.nn.GELU(), LoraLinear(24, 2))
+
+
+@pytest.fixture(autouse=True)
+def recorder() -> Iterator[RecordingTelemetry]:
+    rec = RecordingTelemetry()
+    set_telemetry(rec)
+    yield rec
+    set_telemetry(None)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_p_holds_frozen_parameters_g_and_o_only_trainable(
+    recorder: RecordingTelemetry, stage: int, precision: str
+) -> None:
+    cfg: dict = {
+        "train_batch_size": 4,
+        # No persistent parameters at stage 3: every rank holds exactly its shard of each.
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    }
+    if precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    model = lora_model()
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    engine, *_ = initialize(model=model, config=cfg)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x = torch.randn(4, 24, generator=data)
+        loss = engine(x.to(next(engine.module.parameters()).dtype)).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    b = 4 if precision == "fp32" else 2
+    if stage < 3:  # the model's own list, after the engine's cast (stage 3: placeholders)
+        held = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert held == b * (frozen + trainable)
+    m = recorder.steps[-1].memory
+    assert m.frozen_params == b * frozen
+    assert m.params == b * (frozen + trainable)
+    assert m.grads == b * trainable
+    assert m.optim == optimizer_bytes(precision) * trainable
+    predicted = model_state_bytes(frozen + trainable, 1, stage, precision, trainable=trainable)
+    assert (m.params, m.grads, m.optim) == (predicted.params, predicted.grads, predicted.optim)
+    params = recorder.hellos[-1]["params"]
+    assert (params.total, params.trainable, params.frozen) == (
+        frozen + trainable,
+        trainable,
+        frozen,
+    )
