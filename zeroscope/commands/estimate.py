@@ -30,6 +30,26 @@ def _count(text: str) -> float:
     return value
 
 
+def _trainable(text: str) -> tuple[bool, float]:
+    """``--trainable``: (is a share, value). A share of Ψ is below 1 (0.03, 3e-2) or written
+    1.0; anything else is a count, written as ``--params`` takes it (3584, 20M)."""
+    value = _count(text)
+    return value < 1 or (value == 1 and "." in text), value
+
+
+def trainable_count(psi: float, trainable: tuple[bool, float] | None) -> float:
+    """Trainable parameters from ``--trainable``; all of Ψ without it."""
+    if trainable is None:
+        return psi
+    share, value = trainable
+    count = value * psi if share else value
+    if count > psi:
+        from zeroscope.cli import CliError
+
+        raise CliError(f"--trainable {count:.4g} is more than --params {psi:.4g}")
+    return count
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -51,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--offload-param", choices=["none", "cpu", "nvme"], default="none", help="stage 3 only"
     )
     parser.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16")
+    parser.add_argument(
+        "--trainable",
+        type=_trainable,
+        help="parameters the optimizer steps (LoRA, partial fine-tuning): a share of Ψ such "
+        "as 0.03, or a count such as 3584 or 20M (default: all). P holds every parameter, "
+        "G and O only the trainable ones",
+    )
 
 
 def placement(
@@ -74,8 +101,10 @@ def main(args: argparse.Namespace) -> int:
     if args.offload_param != "none" and args.stage not in (None, 3):
         raise CliError(f"--offload-param needs ZeRO stage 3 (got --stage {args.stage})")
     stages = [args.stage] if args.stage is not None else [0, 1, 2, 3]
+    trainable = trainable_count(args.params, getattr(args, "trainable", None))
+    share = f" ({trainable:.4g} trainable)" if trainable != args.params else ""
     print(
-        f"model states per rank of {args.params:.4g} parameters on {args.ranks} ranks, "
+        f"model states per rank of {args.params:.4g} parameters{share} on {args.ranks} ranks, "
         f"{args.precision}, offload_optimizer={args.offload}, offload_param={args.offload_param}"
     )
     print(
@@ -89,10 +118,16 @@ def main(args: argparse.Namespace) -> int:
         offload = args.offload if stage >= 1 else "none"
         offload_param = args.offload_param if stage == 3 else "none"
         m = model_state_bytes(
-            args.params, args.ranks, stage, args.precision, offload, offload_param
+            args.params,
+            args.ranks,
+            stage,
+            args.precision,
+            offload,
+            offload_param,
+            trainable=trainable,
         )
         host, nvme = placement(m, offload, offload_param)
-        comm = comm_bytes_per_step(args.params, stage, args.precision)
+        comm = comm_bytes_per_step(args.params, stage, args.precision, trainable)
         cells = (m.params, m.grads, m.optim, m.device_total, host, nvme, comm)
         print(f"{stage:>5} " + " ".join(f"{units.size(v):>9}" for v in cells))
     return 0
