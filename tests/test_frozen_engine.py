@@ -87,3 +87,55 @@ def test_p_holds_frozen_parameters_g_and_o_only_trainable(
         trainable,
         frozen,
     )
+
+
+def test_views_show_the_frozen_share_and_the_prediction_splits_psi() -> None:
+    """The issue's LoRA (3,584 trainable of 128,960, fp32, ZeRO-2, 2 ranks) as wire messages:
+    the step line, the summary and the memory prediction (zeroscope.state)."""
+    from zeroscope.agent.schema import (
+        SCHEMA_VERSION,
+        ConfigSummary,
+        Hello,
+        MemoryBytes,
+        ParamCounts,
+        StepReport,
+    )
+    from zeroscope.state import ClusterState
+    from zeroscope.state.lines import step_line, summary_lines
+    from zeroscope.state.prediction import predicted_memory
+    from zeroscope.state.report import run_report
+
+    psi, t = 128_960, 3_584
+    state = ClusterState()
+    config = ConfigSummary(stage=2, precision="fp32", dp_world_size=2)
+    for r in range(2):
+        state.ingest(
+            Hello(
+                schema_version=SCHEMA_VERSION,
+                job_id="lora",
+                rank=r,
+                world_size=2,
+                config=config,
+                params=ParamCounts(total=psi, trainable=t),
+            )
+        )
+    memory = MemoryBytes(params=4 * psi, grads=4 * t // 2, optim=8 * t // 2)
+    memory.frozen_params = 4 * (psi - t)
+    for step in (1, 2):
+        for r in range(2):
+            state.ingest(
+                StepReport(rank=r, step=step, wall_ns=step * 10**9, duration_s=1.0, memory=memory)
+            )
+    state.flush()
+    line = step_line(state.complete_steps()[-1])
+    assert "P 516KB (frozen 502KB) G 7.2KB O 14.3KB" in line
+    assert any("P 516KB (frozen 502KB)" in x for x in summary_lines(state))
+    report = run_report(state)
+    assert [row["frozen_params_peak"] for row in report["ranks"]] == [4 * (psi - t)] * 2
+    predicted, why = predicted_memory(state)
+    assert predicted is not None and "(3,584 trainable)" in why
+    assert (predicted.params, predicted.grads, predicted.optim) == (
+        memory.params,
+        memory.grads,
+        memory.optim,
+    )
