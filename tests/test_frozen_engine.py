@@ -10,6 +10,7 @@ master in 16-bit training). One rank: no padding, no partition, so the sums are 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -139,3 +140,21 @@ def test_views_show_the_frozen_share_and_the_prediction_splits_psi() -> None:
         memory.grads,
         memory.optim,
     )
+
+
+def test_the_advisors_stage_prices_count_frozen_parameters_in_p_only() -> None:
+    """The advisor prices another stage with the same split: a LoRA's frozen base stays in P
+    (replicated below stage 3), its G and O are the adapters'."""
+    from types import SimpleNamespace
+
+    from zeroscope.agent.schema import ConfigSummary, ParamCounts
+    from zeroscope.state.advice.rules_memory import states_at
+
+    psi, t = 128_960, 3_584
+    facts: Any = SimpleNamespace(
+        config=ConfigSummary(stage=2, precision="fp32", dp_world_size=2),
+        params=ParamCounts(total=psi, trainable=t),
+    )
+    s1, s3 = states_at(facts, 1), states_at(facts, 3)
+    assert (s1.params, s1.grads, s1.optim) == (4 * psi, 4 * t, 8 * t / 2)
+    assert (s3.params, s3.grads, s3.optim) == (4 * psi / 2, 4 * t / 2, 8 * t / 2)

@@ -11,6 +11,7 @@ micro-batches (each already divided by the accumulation steps, as the Trainer lo
 
 from __future__ import annotations
 
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -68,6 +69,7 @@ def install(module: ModuleType) -> None:
         try:
             s.frontend = "hf-trainer"
             s.claim_source("hf-trainer")
+            s.model = weakref.ref(self.model)
             self.add_callback(ZeroscopeCallback())
         except Exception:
             s.errors += 1
