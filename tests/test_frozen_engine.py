@@ -158,3 +158,32 @@ def test_the_advisors_stage_prices_count_frozen_parameters_in_p_only() -> None:
     s1, s3 = states_at(facts, 1), states_at(facts, 3)
     assert (s1.params, s1.grads, s1.optim) == (4 * psi, 4 * t, 8 * t / 2)
     assert (s3.params, s3.grads, s3.optim) == (4 * psi / 2, 4 * t / 2, 8 * t / 2)
+
+
+def test_a_plain_optimizers_reader_counts_the_trainers_frozen_parameters() -> None:
+    """Without a distributed engine the attach reads the optimizer; given the model (the HF
+    Trainer's), the parameters the optimizer does not step are frozen P."""
+    import weakref
+
+    from zeroscope.agent.attach.census import Census
+    from zeroscope.agent.attach.session import SESSION
+    from zeroscope.agent.attach.torch_loop import OptimizerReader
+
+    model = lora_model()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    frozen = sum(4 * p.numel() for p in model.parameters() if not p.requires_grad)
+    every = sum(4 * p.numel() for p in model.parameters())
+    reader = OptimizerReader(opt)
+    before = SESSION.model
+    try:
+        census = Census()
+        reader.count_state(census)
+        assert (census.device["params"], census.frozen) == (every - frozen, None)  # no model
+        SESSION.model = weakref.ref(model)
+        census = Census()
+        reader.count_state(census)
+        assert (census.device["params"], census.frozen) == (every, frozen)
+        _, counts, _ = reader.hello()
+        assert (counts.total * 4, counts.trainable * 4) == (every, every - frozen)
+    finally:
+        SESSION.model = before

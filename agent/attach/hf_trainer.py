@@ -69,8 +69,9 @@ def install(module: ModuleType) -> None:
         try:
             s.frontend = "hf-trainer"
             s.claim_source("hf-trainer")
-            s.model = weakref.ref(self.model)
             self.add_callback(ZeroscopeCallback())
+            if getattr(self, "model", None) is not None:
+                s.model = weakref.ref(self.model)
         except Exception:
             s.errors += 1
 
