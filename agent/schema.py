@@ -100,6 +100,12 @@ class ParamCounts(msgspec.Struct, omit_defaults=True):
     """Bytes of the parameters as handed to the engine, before any cast or partition: what the
     rank held whole at start-up (0 = not said)."""
 
+    @property
+    def frozen(self) -> int:
+        """Elements of frozen parameters (``requires_grad=False``, or left out of the
+        optimizer): held like the others (in P) but with no gradient or optimizer state."""
+        return max(self.total - self.trainable, 0)
+
 
 class ParallelLayout(msgspec.Struct, omit_defaults=True):
     """A rank's place in a 3D-parallel job (tensor x data x pipeline) and, with a pipeline, the
@@ -195,6 +201,10 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     peak (``max_memory_allocated``, which zeroscope never resets) rose during the step; else
     the highest ``memory_allocated`` sample taken at the step's phase boundaries (a lower
     bound)."""
+    frozen_params: int | None = None
+    """Of ``params``: bytes of frozen parameters (no gradient, no optimizer state: a LoRA
+    fine-tune's base model), as the rank holds them (whole at stages 0-2, its shard at stage
+    3); None = not said (older agents), 0 = none frozen."""
 
 
 class Phases(msgspec.Struct, omit_defaults=True):

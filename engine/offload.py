@@ -202,6 +202,10 @@ class OffloadStrategy:
         m = self.inner.memory()
         if self.params is not None and self.params.host is not None:
             m.params -= self.params.host_bytes
+        if self.params is not None:
+            # The frozen shards left the device with the others (to the host or NVMe); their
+            # full persistent copies stay.
+            m.frozen_params = getattr(self.inner, "frozen_persistent_bytes", 0)
         m.host_params = self.params.host_bytes if self.params is not None else 0
         m.host_grads = sum(g.numel() * g.element_size() for g in self.host_grads)
         m.host_optim = self.store.host_bytes

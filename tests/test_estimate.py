@@ -123,3 +123,50 @@ def test_estimate_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["estimate", "--params", "lots"])
     assert "not a parameter count" in capsys.readouterr().err
+
+
+def test_frozen_parameters_are_in_p_but_not_in_g_or_o() -> None:
+    # The LoRA: 128,960 parameters of which 3,584 trainable, fp32, 2 ranks. P holds
+    # every parameter (replicated at stages 0-2, sharded at 3); G and O only the trainable.
+    psi, t = 128_960, 3_584
+    rows = [formulas.model_state_bytes(psi, 2, s, "fp32", trainable=t) for s in range(4)]
+    assert [(m.params, m.grads, m.optim) for m in rows] == [
+        (4 * psi, 4 * t, 8 * t),
+        (4 * psi, 4 * t, 8 * t / 2),
+        (4 * psi, 4 * t / 2, 8 * t / 2),
+        (4 * psi / 2, 4 * t / 2, 8 * t / 2),
+    ]
+    off = formulas.model_state_bytes(psi, 2, 2, "fp32", offload_optimizer="cpu", trainable=t)
+    assert (off.host_grads, off.host_optim, off.params) == (4 * t / 2, 12 * t / 2, 4 * psi)
+    # All trainable is the default; more trainable than Ψ is an error.
+    assert formulas.model_state_bytes(psi, 2, 3, trainable=psi) == formulas.model_state_bytes(
+        psi, 2, 3
+    )
+    with pytest.raises(ValueError, match="trainable"):
+        formulas.model_state_bytes(10, 2, 1, trainable=11)
+    # Frozen parameters have no gradient to reduce (nor, at stages 0-2, to gather back);
+    # stage 3 still gathers them twice.
+    assert [formulas.comm_elements_per_step(10, s, trainable=2) for s in range(4)] == [
+        4,
+        4,
+        4,
+        22,
+    ]
+
+
+def test_estimate_takes_the_trainable_share_or_count(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--params", "128960", "--ranks", "2", "--precision", "fp32"]
+    assert main([*base, "--trainable", "3584"]) == 0
+    out = capsys.readouterr().out
+    assert "(3584 trainable)" in out.splitlines()[0]
+    rows = _rows(out)
+    # stage 2: P = 4 x 128,960 (the frozen base on every rank), G = 4 x 3,584 / 2,
+    # O = 8 x 3,584 / 2; stage 3: P = 4 x 128,960 / 2.
+    assert rows[2][1:4] == ["516KB", "7.2KB", "14.3KB"]
+    assert rows[3][1:4] == ["258KB", "7.2KB", "14.3KB"]
+    assert main([*base, "--trainable", "0.25"]) == 0
+    share = _rows(capsys.readouterr().out)
+    assert main([*base, "--trainable", "32240"]) == 0
+    assert share == _rows(capsys.readouterr().out)
+    assert main([*base, "--trainable", "1e6"]) == 2
+    assert "more than --params" in capsys.readouterr().err

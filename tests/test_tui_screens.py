@@ -66,6 +66,7 @@ async def test_help_explains_the_columns() -> None:
         text = " ".join(screen_text(app).split())
         assert "slow the rank's compute (step minus time waiting in collectives)" in text
         assert "expo exposed comm: share of the rank's step spent waiting in collectives" in text
+        assert "P counts frozen parameters too (LoRA); G and O only the trainable" in text
 
 
 @sync

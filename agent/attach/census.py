@@ -42,10 +42,16 @@ class Census:
         self._seen: set[tuple[str, int]] = set()
         self.device = dict.fromkeys(PARTS, 0)
         self.host = dict.fromkeys(PARTS, 0)
+        self.frozen: int | None = None
+        """Of ``device["params"]``: bytes of frozen parameters (None: the reader did not say)."""
 
-    def add(self, part: str, tensors: Iterable[Any], *, host: bool = False) -> int:
+    def add(
+        self, part: str, tensors: Iterable[Any], *, host: bool = False, frozen: bool = False
+    ) -> int:
         """Count the storages of ``tensors`` (None entries skipped) under ``part``; ``host``
-        says they are offloaded copies. Returns the bytes newly counted."""
+        says they are offloaded copies; ``frozen`` that they are parameters the optimizer
+        never steps (also tallied in :attr:`frozen` when on the device: a storage already
+        counted, such as a trainable flat buffer, is not). Returns the bytes newly counted."""
         added = 0
         seen = self._seen
         for t in tensors:
@@ -62,6 +68,8 @@ class Census:
             seen.add(key)
             added += nbytes
         (self.host if host else self.device)[part] += added
+        if frozen:
+            self.frozen = (self.frozen or 0) + (0 if host else added)
         return added
 
     def add_bytes(self, part: str, nbytes: int, *, host: bool = False) -> None:

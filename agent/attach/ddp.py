@@ -103,7 +103,10 @@ class DDPReader(EngineReader):
         ddp = self._ddp()
         if ddp is None:
             return
-        census.add("params", ddp.module.parameters())
+        params = list(ddp.module.parameters())
+        # Frozen parameters (no gradient, no optimizer state) are replicated like the others.
+        census.add("params", (p for p in params if not p.requires_grad), frozen=True)
+        census.add("params", params)
         optimizer_state(census, SESSION.primary_optimizer())
 
 

@@ -11,8 +11,11 @@ the optimizer's ``cur_scale`` before and after = ``scale_change``; an overflow a
 
 Memory, exact, from the tensors DeepSpeed holds (each storage once, :mod:`.census`):
 
+- frozen parameters (``requires_grad=False``: a LoRA fine-tune's base model) are in P like the
+  others, and reported apart as ``frozen_params``: whole in the module at stages 0-2 (DeepSpeed
+  keeps them out of its flat groups, replicated), their ``ds_tensor`` shard at stage 3.
 - stages 1 and 2 (``DeepSpeedZeroOptimizer``): P = the flat 16-bit groups
-  (``bit16_groups_flat``, padded to a multiple of 2 x world); G = the reduced gradients kept
+  (``bit16_groups_flat``, padded to a multiple of 2 x world) and the frozen parameters; G = the reduced gradients kept
   before the step (``averaged_gradients``, ``ipg_buffer``, the fp32 partitions' ``.grad`` and
   ``accumulated_grads_in_cpu`` with CPU offload); O = the fp32 master partitions
   (``single_partition_of_fp32_groups``) and the inner optimizer's state.
@@ -151,16 +154,26 @@ class DeepSpeedReader(EngineReader):
         engine, opt, stage = self._parts()
         off_opt, off_param = self._offload(engine)
         inner = getattr(opt, "optimizer", None)
+        params = list(engine.module.parameters())
+        frozen = [p for p in params if not p.requires_grad]
         if stage == 3:
-            params = list(engine.module.parameters())
-            census.add("params", (p.data for p in params if _persistent(p)))
+            trainable = [p for p in params if p.requires_grad]
+            census.add("params", (p.data for p in trainable if _persistent(p)))
             census.add("params", getattr(opt, "fp16_partitioned_groups_flat", []), host=off_param)
-            census.add("params", (getattr(p, "ds_tensor", None) for p in params), host=off_param)
+            census.add("params", (getattr(p, "ds_tensor", None) for p in trainable), host=off_param)
+            # Frozen parameters are partitioned too (each its own ds_tensor, outside the flat
+            # groups), and the persistent ones kept whole beside it.
+            census.add("params", (p.data for p in frozen if _persistent(p)), frozen=True)
+            shards = (getattr(p, "ds_tensor", None) for p in frozen)
+            census.add("params", shards, host=off_param, frozen=True)
             census.add("optim", getattr(opt, "fp32_partitioned_groups_flat", []), host=off_opt)
         elif stage in (1, 2):
             census.add("params", getattr(opt, "bit16_groups_flat", []))
+            # Frozen parameters stay whole in the module on every rank, outside the flat groups.
+            census.add("params", (p.data for p in frozen), frozen=True)
             census.add("optim", getattr(opt, "single_partition_of_fp32_groups", []), host=off_opt)
         else:
+            census.add("params", (p.data for p in frozen), frozen=True)
             census.add("params", engine.module.parameters())
             fp32 = getattr(opt, "fp32_groups_flat", None) or getattr(opt, "fp32_groups", None)
             census.add("optim", tensors_in(fp32 or []))

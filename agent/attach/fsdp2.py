@@ -8,7 +8,8 @@ reduce-scatters are ``all_gather_single`` / ``reduce_scatter_single`` calls the 
 ProcessGroup wrappers see, named by the issuing module (``FSDP layers.0``).
 
 Memory, from FSDP2's own state (each storage once): P = each FSDPParam's padded local shard
-(``_sharded_param_data``); G = the sharded gradients' local tensors (views into the
+(``_sharded_param_data``), frozen ones (``requires_grad=False``) included and also reported
+apart as ``frozen_params``; G = the sharded gradients' local tensors (views into the
 reduce-scatter output); O = the optimizer state (DTensor local shards); ``gathered_params`` =
 unsharded parameters held at the moment of the count (``reshard_after_forward=False`` keeps
 them between forward and backward). With ``CPUOffloadPolicy`` parameters, gradients and
@@ -77,8 +78,9 @@ class FSDP2Reader(EngineReader):
             optimizer=type(opt).__name__ if opt is not None else "",
         )
         total = sum(fp._orig_size.numel() for fp in params)
+        trainable = sum(fp._orig_size.numel() for fp in params if fp.sharded_param.requires_grad)
         padded = sum(fp._sharded_param_data.numel() for fp in params) * int(world)
-        counts = ParamCounts(total=total, trainable=total, padded_total=padded)
+        counts = ParamCounts(total=total, trainable=trainable, padded_total=padded)
         return config, counts, str(root._device)
 
     def layout(self) -> Any:
@@ -91,7 +93,11 @@ class FSDP2Reader(EngineReader):
     def count_state(self, census: Census) -> None:
         params = self._params()
         host = self._offloaded(params)
-        census.add("params", (fp._sharded_param_data for fp in params), host=host)
+        trainable = [fp for fp in params if fp.sharded_param.requires_grad]
+        frozen = [fp for fp in params if not fp.sharded_param.requires_grad]
+        census.add("params", (fp._sharded_param_data for fp in trainable), host=host)
+        # FSDP2 shards frozen parameters like the others: their shard is P, reported apart.
+        census.add("params", (fp._sharded_param_data for fp in frozen), host=host, frozen=True)
         if host:
             opt_census = Census()
             optimizer_state(opt_census, SESSION.primary_optimizer())

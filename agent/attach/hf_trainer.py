@@ -11,6 +11,7 @@ micro-batches (each already divided by the accumulation steps, as the Trainer lo
 
 from __future__ import annotations
 
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -69,6 +70,8 @@ def install(module: ModuleType) -> None:
             s.frontend = "hf-trainer"
             s.claim_source("hf-trainer")
             self.add_callback(ZeroscopeCallback())
+            if getattr(self, "model", None) is not None:
+                s.model = weakref.ref(self.model)
         except Exception:
             s.errors += 1
 

@@ -87,6 +87,9 @@ class AttachSession:
         self.steps = 0
         self._hello_for: tuple[int, str] | None = None
         self._optimizer: Any = None  # weakref to the primary torch optimizer
+        self.model: Any = None
+        """A weakref to the model a frontend (the HF Trainer) trains: a plain optimizer's
+        reader counts its parameters that the optimizer does not step (frozen) in P."""
         self._losses: list[Any] = []
         self._depth: dict[str, int] = {}
         self._open: dict[str, Any] = {}
@@ -289,6 +292,7 @@ class AttachSession:
                 host_params=census.host["params"],
                 host_grads=host_grads,
                 host_optim=census.host["optim"],
+                frozen_params=census.frozen,
             )
             reader.memory_extras(memory)
             self._memory = memory

@@ -60,10 +60,20 @@ class OptimizerReader(EngineReader):
     def alive(self) -> bool:
         return self._optimizer() is not None
 
+    def _frozen(self) -> list[torch.Tensor]:
+        """The known model's parameters this optimizer does not step (none without a model:
+        a bare loop's optimizer is all the reader sees)."""
+        model = SESSION.model() if SESSION.model is not None else None
+        if model is None:
+            return []
+        stepped = {id(p) for p in optimizer_params(self._optimizer())}
+        return [p for p in model.parameters() if id(p) not in stepped]
+
     def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
         opt = self._optimizer()
         params = optimizer_params(opt)
         numel = sum(local_tensor(p).numel() for p in params)
+        frozen = sum(local_tensor(p).numel() for p in self._frozen())
         first = local_tensor(params[0]) if params else torch.empty(0)
         config = ConfigSummary(
             stage=0,
@@ -71,7 +81,7 @@ class OptimizerReader(EngineReader):
             dp_world_size=world_size(),
             optimizer=type(opt).__name__,
         )
-        return config, ParamCounts(total=numel, trainable=numel), str(first.device)
+        return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 
     def layout(self) -> Any:
         return state_size(self._optimizer())
@@ -82,6 +92,8 @@ class OptimizerReader(EngineReader):
     def count_state(self, census: Census) -> None:
         opt = self._optimizer()
         census.add("params", optimizer_params(opt))
+        if SESSION.model is not None:
+            census.add("params", self._frozen(), frozen=True)
         census.add("optim", tensors_in(getattr(opt, "state", {})))
 
 

@@ -97,8 +97,12 @@ class BucketedStrategy:
         comm: Comm,
         policy: Policy,
         bucket_size: int,
+        frozen: list[torch.Tensor] | None = None,
     ) -> None:
         self.comm, self.policy = comm, policy
+        self._frozen_bytes = sum(p.numel() * p.element_size() for p in frozen or [])
+        """Parameters outside every group (never stepped) stay whole in the module: P counts
+        them. Their size is fixed once the engine has cast the model, so it is summed once."""
         self.stage = policy.stage
         # At world 1 with forced collectives (engine/process_group.py) stages 1-2 reduce-scatter, gather
         # and all-reduce the norm as they do on N ranks.
@@ -242,7 +246,8 @@ class BucketedStrategy:
             if shard.master.data_ptr() != b.flat.data_ptr() + b.start * b.flat.element_size():
                 optim += shard.master.numel() * 4
             optim += shard.state.nbytes
-        return MemoryBytes(params=params, grads=grads, optim=optim)
+        frozen = self._frozen_bytes
+        return MemoryBytes(params=params + frozen, grads=grads, optim=optim, frozen_params=frozen)
 
     def param_counts(self) -> tuple[int, int]:
         total = sum(b.layout.numel for b in self._buckets)

@@ -44,5 +44,27 @@ def make_strategy(
         offload_optimizer=zero.offload_optimizer.device != "none",
     )
     return BucketedStrategy(
-        groups=groups, comm=comm, policy=policy, bucket_size=zero.reduce_bucket_size
+        groups=groups,
+        comm=comm,
+        policy=policy,
+        bucket_size=zero.reduce_bucket_size,
+        frozen=frozen_params(module, groups),
     )
+
+
+def frozen_params(
+    module: torch.nn.Module, groups: list[list[torch.nn.Parameter]]
+) -> list[torch.Tensor]:
+    """The module's parameters the optimizer never steps (``requires_grad=False``: a LoRA
+    fine-tune's base model). Stages 0-2 leave them whole in the module on every rank, in the
+    compute dtype, as DeepSpeed does (its flat groups hold only what the optimizer steps); they
+    are memory all the same, so P counts them. Each is the rank-local tensor (a DTensor's
+    local shard under tensor parallelism)."""
+    stepped = {id(p) for group in groups for p in group}
+    out = []
+    for p in module.parameters():
+        if p.requires_grad or id(p) in stepped:
+            continue
+        local = getattr(p, "_local_tensor", None)
+        out.append(local if isinstance(local, torch.Tensor) else p)
+    return out

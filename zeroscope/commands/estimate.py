@@ -31,6 +31,26 @@ def _count(text: str) -> float:
     return value
 
 
+def _trainable(text: str) -> tuple[bool, float]:
+    """``--trainable``: (is a share, value). A share of Ψ is below 1 (0.03, 3e-2) or written
+    1.0; anything else is a count, written as ``--params`` takes it (3584, 20M)."""
+    value = _count(text)
+    return value < 1 or (value == 1 and "." in text), value
+
+
+def trainable_count(psi: float, trainable: tuple[bool, float] | None) -> float:
+    """Trainable parameters from ``--trainable``; all of Ψ without it."""
+    if trainable is None:
+        return psi
+    share, value = trainable
+    count = value * psi if share else value
+    if count > psi:
+        from zeroscope.cli import CliError
+
+        raise CliError(f"--trainable {count:.4g} is more than --params {psi:.4g}")
+    return count
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -52,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--offload-param", choices=["none", "cpu", "nvme"], default="none", help="stage 3 only"
     )
     parser.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16")
+    parser.add_argument(
+        "--trainable",
+        type=_trainable,
+        help="parameters the optimizer steps (LoRA, partial fine-tuning): a share of Ψ such "
+        "as 0.03, or a count such as 3584 or 20M (default: all). P holds every parameter, "
+        "G and O only the trainable ones",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -62,8 +89,10 @@ def main(args: argparse.Namespace) -> int:
     if args.offload_param != "none" and args.stage not in (None, 3):
         raise CliError(f"--offload-param needs ZeRO stage 3 (got --stage {args.stage})")
     stages = [args.stage] if args.stage is not None else [0, 1, 2, 3]
+    trainable = trainable_count(args.params, getattr(args, "trainable", None))
+    share = f" ({trainable:.4g} trainable)" if trainable != args.params else ""
     print(
-        f"model states per rank of {args.params:.4g} parameters on {args.ranks} ranks, "
+        f"model states per rank of {args.params:.4g} parameters{share} on {args.ranks} ranks, "
         f"{args.precision}, offload_optimizer={args.offload}, offload_param={args.offload_param}"
     )
     print(
@@ -73,7 +102,13 @@ def main(args: argparse.Namespace) -> int:
     head = ("stage", "P", "G", "O", "device", "host", "NVMe", "comm/step")
     print(" ".join(f"{h:>9}" if i else f"{h:>5}" for i, h in enumerate(head)))
     for row in stage_estimates(
-        args.params, args.ranks, stages, args.precision, args.offload, args.offload_param
+        args.params,
+        args.ranks,
+        stages,
+        args.precision,
+        args.offload,
+        args.offload_param,
+        trainable=trainable,
     ):
         m = row.memory
         cells = (m.params, m.grads, m.optim, m.device_total, row.host, row.nvme, row.comm)

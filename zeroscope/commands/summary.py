@@ -86,6 +86,13 @@ def _bytes(v: float | None) -> str:
     return units.size(v)
 
 
+def _params(v: float | None, frozen: float | None) -> str:
+    """P peak with its frozen share (zeroscope.state.units.params_size)."""
+    from zeroscope.state import units
+
+    return units.params_size(v, frozen)
+
+
 def _rate(v: float | None) -> str:
     return "NA" if v is None else f"{v / 1e9:.3f}"
 
@@ -112,7 +119,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 "all" if r["rank"] is None else str(r["rank"]),
                 str(r["steps"]),
                 "NA" if r["mean_step_s"] is None else f"{r['mean_step_s'] * 1e3:.1f}",
-                _bytes(r["params_peak"]),
+                _params(r["params_peak"], r.get("frozen_params_peak")),
                 _bytes(r["grads_peak"]),
                 _bytes(r["optim_peak"]),
                 _bytes(r["activations_peak"]),

@@ -44,14 +44,18 @@ def stage_estimates(
     precision: str,
     offload_optimizer: str,
     offload_param: str,
+    trainable: float | None = None,
 ) -> list[StageEstimate]:
     """A row per stage. Listing several stages, each offload applies only where that stage
-    allows it (the optimizer offload from stage 1, the parameter offload at stage 3)."""
+    allows it (the optimizer offload from stage 1, the parameter offload at stage 3).
+    ``trainable`` (default: all of ``psi``): the parameters with gradients and optimizer
+    state; the frozen rest is in P only (zeroscope.state.formulas.model_state_bytes)."""
     rows = []
     for stage in stages:
         offload = offload_optimizer if stage >= 1 else "none"
         param = offload_param if stage == 3 else "none"
-        m = model_state_bytes(psi, ranks, stage, precision, offload, param)
+        m = model_state_bytes(psi, ranks, stage, precision, offload, param, trainable=trainable)
         host, nvme = placement(m, offload, param)
-        rows.append(StageEstimate(stage, m, host, nvme, comm_bytes_per_step(psi, stage, precision)))
+        comm = comm_bytes_per_step(psi, stage, precision, trainable)
+        rows.append(StageEstimate(stage, m, host, nvme, comm))
     return rows

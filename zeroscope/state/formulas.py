@@ -92,6 +92,7 @@ def model_state_bytes(
     offload_optimizer: str = "none",
     offload_param: str = "none",
     persistent: float = 0.0,
+    trainable: float | None = None,
 ) -> ModelStateBytes:
     """Bytes of P, G and O one rank holds for a model of ``psi`` parameters (paper, figure 1).
 
@@ -101,18 +102,26 @@ def model_state_bytes(
     the P shard lives on the host too. ``persistent`` (stage 3): elements at or under
     stage3_param_persistence_threshold, which every rank also holds whole, beside their shard
     (as DeepSpeed keeps ``ds_tensor`` for persistent parameters too; G and O stay sharded).
+
+    ``trainable`` (default: all ``psi``): the parameters the optimizer steps. Frozen ones
+    (``psi - trainable``: a LoRA fine-tune's base model) are held like the others, so P counts
+    all ``psi`` (whole at stages 0-2, where DeepSpeed keeps them outside its flat groups on
+    every rank; sharded at stage 3), while G and O follow the trainable ones only.
     """
     _check(psi, ranks, stage, offload_optimizer, offload_param)
+    t = psi if trainable is None else trainable
+    if not 0 <= t <= psi:
+        raise ValueError(f"the trainable count must be between 0 and {psi:g}, not {t:g}")
     p, k = param_bytes(precision), optimizer_bytes(precision)
     params = p * (psi / ranks + persistent) if stage >= 3 else p * psi
-    grads = p * psi / ranks if stage >= 2 else p * psi
-    optim = k * psi / ranks if stage >= 1 else k * psi
+    grads = p * t / ranks if stage >= 2 else p * t
+    optim = k * t / ranks if stage >= 1 else k * t
     host_params = host_grads = host_optim = 0.0
     if offload_optimizer != "none":
         # The host keeps its own fp32 master beside m and v (12 bytes), even in an fp32 run,
         # where without offload the parameters themselves are the master (8).
-        host_optim, optim = 12 * psi / ranks, 0.0
-        host_grads = 4 * psi / ranks
+        host_optim, optim = 12 * t / ranks, 0.0
+        host_grads = 4 * t / ranks
         grads = 0.0 if stage >= 2 else grads
     if offload_param != "none":
         host_params, params = params, 0.0
@@ -126,15 +135,20 @@ def model_state_bytes(
     )
 
 
-def comm_elements_per_step(psi: float, stage: int) -> float:
+def comm_elements_per_step(psi: float, stage: int, trainable: float | None = None) -> float:
     """Elements moved per optimizer step in the nccl-tests message-size convention (paper,
     section 7): 2Ψ for stages 0-2 (reduce-scatter + all-gather, i.e. one all-reduce), 3Ψ for
-    stage 3 (an extra parameter all-gather in backward). Each rank sends (N-1)/N of it."""
+    stage 3 (an extra parameter all-gather in backward). Each rank sends (N-1)/N of it.
+    Frozen parameters (``psi - trainable``) have no gradient to reduce and, at stages 0-2,
+    nothing to gather back; stage 3 still gathers them in forward and backward."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
-    return 3 * psi if stage == 3 else 2 * psi
+    t = psi if trainable is None else trainable
+    return 2 * psi + t if stage == 3 else 2 * t
 
 
-def comm_bytes_per_step(psi: float, stage: int, precision: str = "fp16") -> float:
+def comm_bytes_per_step(
+    psi: float, stage: int, precision: str = "fp16", trainable: float | None = None
+) -> float:
     """:func:`comm_elements_per_step` in bytes of the 16-bit (or fp32) model dtype."""
-    return comm_elements_per_step(psi, stage) * param_bytes(precision)
+    return comm_elements_per_step(psi, stage, trainable) * param_bytes(precision)

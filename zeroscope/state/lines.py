@@ -24,7 +24,7 @@ def step_line(agg: StepAggregate) -> str:
     return (
         f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
         f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
-        f"mem r{worst} P {units.size(w.params)} G {units.size(w.grads)} "
+        f"mem r{worst} P {units.params_size(w.params, w.frozen_params)} G {units.size(w.grads)} "
         f"O {units.size(w.optim)} A {units.size(w.activations)}"
         # Offloaded parts live in host memory: say how much, or O 0B reads as no optimizer.
         + (f" host {units.size(w.host_bytes)}" if w.host_bytes else "")
@@ -58,7 +58,7 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
         r = peak.worst_memory_rank
         p = peak.summaries[r]
         lines.append(
-            f"peak memory r{r} at step {peak.step}: P {units.size(p.params)} "
+            f"peak memory r{r} at step {peak.step}: P {units.params_size(p.params, p.frozen_params)} "
             f"G {units.size(p.grads)} O {units.size(p.optim)} A {units.size(p.activations)} "
             f"host {units.size(p.host_bytes)}"
         )

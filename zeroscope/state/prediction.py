@@ -1,7 +1,8 @@
 """What the job's config *should* cost per rank: model-state memory and communication volume per
 optimizer step, beside which the Memory and Comm screens set what was measured.
 
-Memory is the ZeRO paper's accounting (zeroscope.state.formulas.model_state_bytes). Communication is
+Memory is the ZeRO paper's accounting (zeroscope.state.formulas.model_state_bytes), with Ψ split
+into trainable and frozen parameters (P holds all, G and O only the trainable). Communication is
 the engine's real traffic model, not only the paper's 2Ψ / 3Ψ: with Ψ elements (padded as the
 engine pads them, ``ParamCounts.padded_total``), p bytes per element, g micro-batches per step
 (gradient accumulation), volumes in the bandwidth.volume convention (all-reduce counts 2S):
@@ -54,12 +55,14 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             c.offload_optimizer,
             c.offload_param,
             persistent=p.persistent,
+            trainable=min(p.trainable, p.total),
         )
     except ValueError as exc:
         return None, f"prediction NA: {exc}"
+    trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
     return m, (
-        f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters, N={c.dp_world_size}, "
-        f"offload optimizer {c.offload_optimizer}, param {c.offload_param}"
+        f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters{trainable}, "
+        f"N={c.dp_world_size}, offload optimizer {c.offload_optimizer}, param {c.offload_param}"
     )
 
 
@@ -112,7 +115,8 @@ def traffic_elements(config: ConfigSummary, params: ParamCounts) -> tuple[float,
     persistent = float(params.persistent)
     nonpersistent = max(psi - persistent, 0.0)
     k = reuse_fraction(config, nonpersistent)
-    per_micro = nonpersistent * (2 - k) + psi
+    # Frozen parameters are gathered like the others but have no gradient to reduce-scatter.
+    per_micro = nonpersistent * (2 - k) + max(psi - params.frozen, 0.0)
     label = f"{g}x(gathers {2 - k:.2f}Ψn + reduce-scatter Ψ) + persistent refresh"
     return g * per_micro + persistent, label
 
@@ -126,7 +130,7 @@ def predicted_traffic(state: ClusterState) -> TrafficPrediction | None:
     try:
         elements, label = traffic_elements(c, p)
         size = param_bytes(c.precision)
-        paper = comm_bytes_per_step(p.total, c.stage, c.precision)
+        paper = comm_bytes_per_step(p.total, c.stage, c.precision, min(p.trainable, p.total))
     except ValueError:
         return None
     return TrafficPrediction(volume=elements * size, paper=paper, label=label)

@@ -128,6 +128,8 @@ class StepSummary:
     """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), to
     compare ranks within this process (zeroscope.state.sequences); 0 = not comparable (some
     collectives unfinished) or none issued."""
+    frozen_params: int | None = None
+    """Of ``params``: bytes of frozen parameters (no G or O of their own); None = not said."""
 
     @property
     def compute_s(self) -> float:
@@ -246,6 +248,7 @@ def summarize(report: StepReport) -> StepSummary:
         wall_ns=report.wall_ns,
         duration_s=report.duration_s,
         params=m.params,
+        frozen_params=m.frozen_params,
         grads=m.grads,
         optim=m.optim,
         activations=m.activations,

@@ -22,6 +22,7 @@ TOTAL_AGGREGATION = {
     "steps": "cluster: complete steps",
     "mean_step_s": "cluster: the steady steps' period (span of step ends / steps) = 1 / steps_per_s",
     "params_peak": "max over ranks",
+    "frozen_params_peak": "max over ranks",
     "grads_peak": "max over ranks",
     "optim_peak": "max over ranks",
     "activations_peak": "max over ranks",
@@ -58,6 +59,7 @@ def rank_row(rs: RankState) -> dict[str, Any]:
         "steps": t.steps,
         "mean_step_s": t.mean_step_s,
         "params_peak": t.params_peak,
+        "frozen_params_peak": t.frozen_params_peak,
         "grads_peak": t.grads_peak,
         "optim_peak": t.optim_peak,
         "activations_peak": t.activations_peak,
@@ -86,7 +88,10 @@ def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]
         "rank": None,
         "steps": state.totals.steps,
         "mean_step_s": state.totals.mean_step_s,
-        **{k: _peak(rows, k) for k in ("params_peak", "grads_peak", "optim_peak")},
+        **{
+            k: _peak(rows, k)
+            for k in ("params_peak", "frozen_params_peak", "grads_peak", "optim_peak")
+        },
         "activations_peak": _peak(rows, "activations_peak"),
         "host_peak": _peak(rows, "host_peak"),
         "device_peak": _peak(rows, "device_peak"),

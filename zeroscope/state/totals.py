@@ -59,6 +59,8 @@ class RankTotals:
     steps: int = 0
     first_step: int | None = None
     params_peak: int | None = None
+    frozen_params_peak: int | None = None
+    """Of P: the most bytes of frozen parameters held (None: never said)."""
     grads_peak: int | None = None
     optim_peak: int | None = None
     activations_peak: int | None = None
@@ -71,6 +73,7 @@ class RankTotals:
     def add(self, s: StepSummary) -> None:
         self.steps += 1
         self.params_peak = _peak(self.params_peak, s.params)
+        self.frozen_params_peak = _peak(self.frozen_params_peak, s.frozen_params)
         self.grads_peak = _peak(self.grads_peak, s.grads)
         self.optim_peak = _peak(self.optim_peak, s.optim)
         self.activations_peak = _peak(self.activations_peak, s.activations)

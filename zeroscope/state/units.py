@@ -10,6 +10,13 @@ SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
 """Decimal units (1 GB = 1e9 bytes), as the ZeRO paper counts and DeepSpeed's estimators print."""
 
 
+def params_size(nbytes: float | None, frozen: float | None) -> str:
+    """P with its frozen share beside it when there is one: ``516KB (frozen 502KB)``."""
+    if not frozen or nbytes is None:
+        return size(nbytes)
+    return f"{size(nbytes)} (frozen {size(frozen)})"
+
+
 def size(nbytes: float | None) -> str:
     """``1.2GB`` style: the largest decimal unit that keeps the figure >= 1, one decimal under
     100 of it; a non-zero size never prints as 0."""

@@ -30,6 +30,7 @@ KEYS = """\
 [b]Columns[/b]
   memory        device bytes by part: [bold blue]P[/] params [bold green]G[/] grads \
 [bold yellow]O[/] optimizer [bold magenta]A[/] activations
+                P counts frozen parameters too (LoRA); G and O only the trainable
   slow          the rank's compute (step minus time waiting in collectives)
                 ÷ the median of the other ranks' (1.00x typical)
   expo          exposed comm: share of the rank's step spent waiting in collectives

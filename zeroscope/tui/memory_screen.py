@@ -17,6 +17,11 @@ from .charts import PART_STYLES
 from .header import ClusterHeader
 from .pane import Pane
 
+FROZEN_NOTE = (
+    "P counts every parameter the rank holds, frozen ones too (whole at stages 0-2, sharded at "
+    "3); G and O only the trainable ones"
+)
+
 
 def _deviation(rules: AlertRules, measured: float | None, expected: float | None) -> Text:
     """The deviation in 4 cells, coloured by its level (AlertRules.memory_level)."""
@@ -88,8 +93,12 @@ class MemoryScreen(StateScreen):
             for measured, expected in parts:
                 row.append_text(_cell(self.state.rules, measured, expected, compact))
             row.append(f"{units.size(s.activations if s else None):>7}")
+            if s is not None and s.frozen_params:
+                row.append(f"  P {units.params_size(s.params, s.frozen_params)}", style="dim")
             text.append_text(row)
         if not self.state.ranks:
             text.append("\nwaiting for ranks…", style="dim")
+        if any(rs.summary and rs.summary.frozen_params for rs in self.state.ranks.values()):
+            text.append(f"\n{FROZEN_NOTE}", style="dim")
         text.append("\nA (activations) has no closed formula: it is measured only.", style="dim")
         return text

@@ -27,7 +27,7 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
         ("loss scale", units.scale(s.loss_scale if s else None)),
     ]
     memory = [
-        ("P", units.size(m.params if m else None)),
+        ("P", units.params_size(m.params, m.frozen_params) if m else units.size(None)),
         ("G", units.size(m.grads if m else None)),
         ("O", units.size(m.optim if m else None)),
         ("A", units.size(m.activations if m else None)),

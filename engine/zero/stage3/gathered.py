@@ -75,7 +75,7 @@ class EngineParams:
             shard = self.partition.shard_of(sp)
             shard.zero_()
             shard[: piece.numel()].copy_(piece)
-            if separate_master:
+            if separate_master and sp.offset < master.numel():  # frozen: no master
                 master[sp.offset : sp.offset + sp.shard_numel].copy_(shard)
 
     def release(self, params: list[nn.Parameter]) -> None:

@@ -51,8 +51,14 @@ class GradReducer:
         self.bucket_numel = bucket_numel
         self.overlap_comm = overlap_comm
         self.telemetry = partition.telemetry
-        self._numel = partition.shards.numel()
-        self.grads = torch.zeros_like(partition.shards)
+        # Frozen parameters come last in the partition and never get a gradient: G covers the
+        # shards up to the last parameter that can have one (DeepSpeed keeps no gradient
+        # partition for frozen parameters either).
+        self._numel = max(
+            (sp.offset + sp.shard_numel for sp in partition.params if sp.param.requires_grad),
+            default=0,
+        )
+        self.grads = torch.zeros(self._numel, dtype=partition.dtype, device=partition.device)
         """G: this rank's averaged gradient shards (made again after :meth:`release`)."""
         self._bucket: list[tuple[ShardedParam, torch.Tensor]] = []
         self._bucket_size = 0

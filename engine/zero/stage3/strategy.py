@@ -87,7 +87,10 @@ class Stage3Strategy:
         # shards: no fp32 master or moments on the device, not even for a moment.
         offloaded = zero.offload_optimizer.device != "none"
         shards = self.partition.shards
-        self.master = shards if offloaded else master_copy(shards)
+        # The fp32 master covers only the shards the optimizer steps (the trainable ones come
+        # first): frozen parameters keep no fp32 copy, as in DeepSpeed.
+        stepped = sum(sp.shard_numel for sp in self.partition.params if sp.param in group_of)
+        self.master = shards if offloaded else master_copy(shards[:stepped])
         self._shards: list[Shard] = []
         start = 0
         for index in range(len(groups)):
@@ -103,6 +106,18 @@ class Stage3Strategy:
                 )
                 self._shards.append(Shard(master=view, state=state, group=index))
             start = end
+        # Frozen parameters: their shard (and, when persistent, the full copy every rank
+        # keeps) is in P like any other, but they have no gradient or optimizer state.
+        size = self.partition.element_size
+        self.frozen_shard_bytes = size * sum(
+            sp.shard_numel for sp in self.partition.params if sp.param not in group_of
+        )
+        self.frozen_persistent_bytes = size * sum(
+            sp.numel for sp in self.partition.params if sp.persistent and sp.param not in group_of
+        )
+        self._trainable_total = sum(
+            sp.numel for sp in self.partition.params if sp.param in group_of
+        )
         self._boundary = False
         self.gathered_peak_bytes = 0
         """Peak bytes of gathered full parameters during the last finished step."""
@@ -146,7 +161,7 @@ class Stage3Strategy:
     def publish_params(self) -> None:
         """Masters -> 16-bit shards, then refresh the persistent full tensors (all-gather)."""
         self.coordinator.release_all()
-        copy_master_to_params(self.master, self.partition.shards)
+        copy_master_to_params(self.master, self.partition.shards[: self.master.numel()])
         self.partition.refresh_persistent()
 
     def zero_grads(self) -> None:
@@ -171,6 +186,7 @@ class Stage3Strategy:
             optim=master_bytes + sum(shard.state.nbytes for shard in self._shards),
             gathered_params=self.gathered_peak_bytes,
             persistent_params=persistent,
+            frozen_params=self.frozen_shard_bytes + self.frozen_persistent_bytes,
         )
 
     @property
@@ -179,8 +195,9 @@ class Stage3Strategy:
         return sum(sp.numel for sp in self.partition.params if sp.persistent)
 
     def param_counts(self) -> tuple[int, int]:
-        params = self.partition.params
-        return sum(sp.numel for sp in params), sum(sp.padded_numel for sp in params)
+        """(trainable elements, elements of every partitioned parameter after padding: frozen
+        ones are gathered like the others)."""
+        return self._trainable_total, sum(sp.padded_numel for sp in self.partition.params)
 
     @property
     def trainable_numel(self) -> int:
@@ -228,8 +245,10 @@ class Stage3Strategy:
             shard.state.step = int(saved["step"])
         frozen = state.get("frozen")
         if frozen is not None and frozen.numel():
-            # publish_params casts the whole master (frozen tail included) into the shards.
-            self.master[self.trainable_numel :].copy_(frozen)
+            # The frozen shards follow the trainable ones; the master (when separate) holds
+            # only the trainable ones.
+            start = self.trainable_numel
+            self.partition.shards[start : start + frozen.numel()].copy_(frozen)
         self.publish_params()
 
     # -- stage 3 only ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def states_at(f: Facts, stage: int, *, offload: str | None = None) -> ModelState
         opt if stage > 0 else "none",
         par,
         persistent=p.persistent if stage == 3 else 0,
+        trainable=min(p.trainable, p.total),
     )
 
 
