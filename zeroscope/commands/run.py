@@ -15,6 +15,12 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from zeroscope.run.deepspeed_launcher import (
+    add_deepspeed_arguments,
+    deepspeed_argv,
+    mixed_launcher_flags,
+    uses_deepspeed_launcher,
+)
 from zeroscope.run.interrupts import Interrupts
 from zeroscope.run.launch import (
     Job,
@@ -36,6 +42,7 @@ DRAIN_S = 2.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_torchrun_arguments(parser)
+    add_deepspeed_arguments(parser)
     parser.add_argument("--headless", action="store_true", help="print one line per step")
     parser.add_argument("--record", metavar="PATH", help="trace file (default runs/JOB.zstrace)")
     parser.add_argument("--bind", default="127.0.0.1", help="collector address (default loopback)")
@@ -64,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
         plan = multinode.plan_from_run_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    argv = torchrun_argv(args, str(script), args.script_args)
+    argv = _launcher_argv(args, str(script))
     base: dict[str, str] = dict(os.environ)
     if args.as_deepspeed:
         from zeroscope.run.as_deepspeed import alias_environment
@@ -134,6 +141,28 @@ def main(args: argparse.Namespace) -> int:
         interrupts.restore()
         collector.stop()
         discovery.unregister(handle)
+
+
+def _launcher_argv(args: argparse.Namespace, script: str) -> list[str]:
+    """torchrun's command, or DeepSpeed's launcher's when a flag only it has was given."""
+    from zeroscope.cli import CliError
+
+    if not uses_deepspeed_launcher(args):
+        return torchrun_argv(args, script, args.script_args)
+    mixed = mixed_launcher_flags(args)
+    if mixed:
+        raise CliError(
+            f"{mixed} is torchrun's and the other launcher flags are DeepSpeed's launcher's: "
+            "use one launcher's flags"
+        )
+    if args.as_deepspeed:
+        # The alias would replace DeepSpeed in the launcher's own processes too, and
+        # deepspeed.launcher is no part of the bundled engine.
+        raise CliError(
+            "--as-deepspeed runs under torchrun's flags only (--nproc-per-node N for "
+            "--num_gpus N): DeepSpeed's launcher is itself DeepSpeed, which the alias replaces"
+        )
+    return deepspeed_argv(args, script, args.script_args)
 
 
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
