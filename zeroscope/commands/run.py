@@ -1,4 +1,6 @@
 """``zeroscope run [torchrun flags] train.py [args]``: collector + torchrun + the live view.
+With the ``deepspeed`` launcher's flags (``--num_gpus 2`` ...) DeepSpeed's launcher runs the job
+instead (zeroscope.run.deepspeed_launcher).
 
 The job's exit code is zeroscope's. Ctrl-C stops the job the way torchrun does (SIGINT to its
 process group, then SIGTERM) and keeps the trace. Without a terminal, or with ``--headless``,
@@ -34,7 +36,10 @@ from zeroscope.run.launch import (
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
 
-HELP = "launch a training script under torchrun with a collector and the live view"
+HELP = (
+    "launch a training script under torchrun (or DeepSpeed's launcher, given its flags) with a "
+    "collector and the live view"
+)
 
 DRAIN_S = 2.0
 """After the job exits, how long to wait for messages still in flight (Byes, last reports)."""
