@@ -1,4 +1,4 @@
-/* The per-collective seam of the live agent in C (issue 18).
+/* The per-collective seam of the live agent in C (the agent's overhead budget, agent/cost.py).
 
    Recording one host collective in Python costs the training thread ~7-8 us of CPU in place
    (bench/collective_cost.py): every Python-level call between the engine's kernels runs cold,

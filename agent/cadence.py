@@ -7,7 +7,7 @@ shapes, the first optimizer state) and then the N-th steps (``ZEROSCOPE_ACTIVATI
 default 10), and by default not more often than once a second, nor sooner than the agent's
 cost on the last counted step allows within ``COUNT_BUDGET`` of the run's time (a counted step
 of a deep model costs milliseconds: 3 ms waits 3 s): a 27 ms step is counted every 40th step,
-a 1 s step every 10th, which keeps counting under ~0.1 % of the run either way (issue 18). Steps in between carry the latest count, with ``activations_step`` saying which
+a 1 s step every 10th, which keeps counting under ~0.1 % of the run either way (the agent's overhead budget, agent/cost.py). Steps in between carry the latest count, with ``activations_step`` saying which
 step it is from. Setting the variable counts exactly every N-th step, with no time floor (1:
 every step).
 

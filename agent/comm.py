@@ -103,7 +103,7 @@ class CollectiveRecord:
                 return None
             duration = (self.end_ns - self.start_ns) / 1e9
             exposed = self.exposed_ns / 1e9
-        # Positional: the sender builds one per collective (issue 18), keywords cost more.
+        # Positional: the sender builds one per collective (the agent's overhead budget, agent/cost.py), keywords cost more.
         # Inside wait() the op finished; a few us of wait() overhead after completion are not
         # comm time, so exposed is capped at the op's duration.
         duration = duration if duration > 0.0 else 0.0
@@ -254,7 +254,7 @@ class CollectiveTracker:
         not: the step's report resolves them, waiting for those still in flight. On CPU, ops
         nobody waited on that are complete now (or dropped) are stamped with this boundary.
         The recorder's counters join the agent's here."""
-        # No lock (issue 18: ~0.3 us per collective): the recorder swaps its list in one step.
+        # No lock (the agent's overhead budget: ~0.3 us per collective): the recorder swaps its list in one step.
         recorder = self.recorder
         taken = recorder.take()
         cost = self.cost
@@ -267,7 +267,7 @@ class CollectiveTracker:
             cost.collectives += len(taken)
             cost.host_issued += len(taken)
         # Nearly always every record was waited on: the totals say so without a look at each
-        # (~0.4 us per record between a ZeRO-3 step's kernels, issue 18).
+        # (~0.4 us per record between a ZeRO-3 step's kernels, against the agent's overhead budget).
         if cost is None or cost.host_ended != cost.host_issued:
             still_open = 0
             for rec in [rec for rec in taken if rec[END] is None]:

@@ -1,6 +1,6 @@
 """What the agent costs the training thread, measured by the agent itself.
 
-Issue 18's budget is stated per step and per collective: ~30 us per step plus ~2 us per
+The agent's overhead budget is stated per step and per collective: ~30 us per step plus ~2 us per
 collective on the training thread. To hold it, the agent times its own seam calls (phase entry
 and exit, ``collective()``, the bookkeeping around ``wait()``, ``step_end``, transfers, block
 marks, and the saved-tensor hooks of the steps whose activations are counted) with two

@@ -1,6 +1,6 @@
 """The host side of collective timing (gloo / CPU): records, handles, their resolution.
 
-On gloo / CPU there is no callback per op (issue 18: a Python future callback runs on the backend's
+On gloo / CPU there is no callback per op (the agent's overhead budget: a Python future callback runs on the backend's
 thread and costs a GIL hand-off per collective). Completion is the end of ``wait()`` (which
 is also where the *exposed* time is measured), or, for an op nobody waited on, the step
 boundary that finds it complete: ``take_all`` asks ``work.is_completed()`` of every such op in
@@ -11,7 +11,7 @@ between; the exposed time is exact).
 
 A host record is a plain list (fields ``OP`` ... ``REF`` below) and ``collective()`` returns a
 :class:`HostWork` for it. Each Python call between the engine's kernels runs cold (~0.5 us
-in place, issue 18), so on Linux both are made in C (agent/_seam.c: ``Recorder``, its
+in place, against the agent's overhead budget), so on Linux both are made in C (agent/_seam.c: ``Recorder``, its
 ``HostWork``; ~3.5-4 us of CPU per op in place where this module's Python takes ~7-8,
 bench/collective_cost.py); this module's :class:`Recorder` and :class:`HostWork` are the
 same by the same rules, used where the C seam was not built, and the reference the tests
@@ -71,7 +71,7 @@ class HostWork(tuple):
         return self[1]
 
     def wait(self, timeout: Any = None) -> Any:
-        # No *args/**kwargs (packing them costs ~0.4 us per op, issue 18); Work.wait's only
+        # No *args/**kwargs (packing them costs ~0.4 us per op, against the agent's overhead budget); Work.wait's only
         # argument is an optional timeout (a timedelta).
         work, rec, counters = self
         t0 = now_ns()

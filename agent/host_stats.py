@@ -3,7 +3,7 @@ available memory.
 
 psutil reads them by opening, reading and parsing ``/proc`` files on every call (all of
 ``/proc/meminfo`` into a dict): ~100 us per sample in a hot loop and ~300 us on the agent's
-sender thread, which wakes cold twice a second (issue 18: ~0.06 % of a 2-rank CPU run). On Linux
+sender thread, which wakes cold twice a second (the agent's overhead budget: ~0.06 % of a 2-rank CPU run). On Linux
 this reader keeps the two files open and re-reads them with one ``pread`` each, takes the
 process's CPU time from ``time.process_time()`` (the same user + system time psutil's
 ``cpu_percent`` divides by the wall time) and parses only the fields it needs. Elsewhere, or

@@ -54,6 +54,12 @@ from .schema import (
 from .termination import TerminationBye
 from .timeline import RawMark, StepAxis
 
+RECONNECT_WAIT_S = 3.0
+"""At the end of a run whose collector was lost mid-run (never one that was never reached, nor
+one that refused us): how long the last reports wait for ZeroMQ to redial a collector that
+came back (its reconnect backoff tops out at 1 s, agent/publish.py); a restarted collector
+then records the run to its last step. Bounded, at exit only: the loop never waits for it."""
+
 
 class LiveTelemetry(Telemetry):
     """Measures and publishes one rank's steps (see module docstring)."""
@@ -368,7 +374,7 @@ class LiveTelemetry(Telemetry):
         # counted activations, device peaks and loss tensors. The step's axis and its
         # StepReport are made by the sender thread (agent/outbox.py, StepFacts.report): each
         # line run here runs cold between the engine's kernels, ~1 us apiece on a CPU step
-        # (issue 18).
+        # (the agent's overhead budget, agent/cost.py).
         now = now_ns()
         try:
             if not self._hello_sent:
@@ -455,6 +461,13 @@ class LiveTelemetry(Telemetry):
         self.closed = True
         try:
             self.sampler.stop(0.2 if hurry else 2.0)
+            pub = self.publisher
+            pub.poll_connection()  # the sampler may not have seen the last events yet
+            if not hurry and pub.reached and not pub.connected and not pub.refused:
+                # The collector went away mid-run (restarted, or its host rebooted): its
+                # successor may be up already, ZeroMQ redialling on its backoff. The last
+                # reports and the Bye go only over a live connection, so give it a moment.
+                pub.wait_connected(RECONNECT_WAIT_S)
             with contextlib.suppress(Exception):
                 if hurry:
                     self._outbox.drain(block=False, wait_s=0.2)

@@ -1,7 +1,7 @@
 """Step reports and events on their way from the training thread to the collector.
 
 Encoding a StepReport and handing it to ZeroMQ costs the training thread tens of microseconds
-per step, more when the send wakes ZeroMQ's I/O thread on a loaded machine (issue 18). So the
+per step, more when the send wakes ZeroMQ's I/O thread on a loaded machine (the agent's overhead budget, agent/cost.py). So the
 training thread only appends a plain object (a :class:`~.pending.StepFacts` or an
 :class:`~.schema.Event`) to a ``collections.deque`` (an append is atomic under the GIL: no lock,
 nothing to wait for) and goes on. The sender thread (the agent's sampler thread) takes them in
@@ -47,7 +47,7 @@ the two must not take turns waking it)."""
 
 WAKE_INTERVAL_S = 0.5
 """The training thread wakes the sender at most this often (see the module docstring): 0.1 s
-cost a 2-rank demo run ~0.5 % more CPU in wake-ups than 0.25 s (issue 18), and 0.5 s is the
+cost a 2-rank demo run ~0.5 % more CPU in wake-ups than 0.25 s (the agent's overhead budget, agent/cost.py), and 0.5 s is the
 heartbeat's own interval (agent/sampler.py), so short steps add no wake-up of their own: each
 wake-up carries a heartbeat and the reports since the last one, as a live view of a few hertz
 wants them."""

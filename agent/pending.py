@@ -38,7 +38,7 @@ class StepFacts:
     """What ``step_end`` took on the training thread, raw, in one constructor call: the sender
     thread makes the step's axis from its marks (agent/timeline.py) and turns the rest into the
     StepReport (``report``), so that building and converting run there, not between the
-    engine's kernels (issue 18)."""
+    engine's kernels (the agent's overhead budget, agent/cost.py)."""
 
     __slots__ = (
         "activations",
@@ -198,7 +198,7 @@ class PendingReport:
             device = False  # the device never reached its marks: fall back to the host axis
         collectives = self._collectives(device, block)
         # The common case, every op ended on the host and resolved in one call, needs no look
-        # at each of a ZeRO-3 step's hundreds of records (issue 18).
+        # at each of a ZeRO-3 step's hundreds of records (the agent's overhead budget, agent/cost.py).
         every = self._every if collectives is self._every else None
         if not force and (not scalars or (every is None and None in collectives)):
             return False

@@ -3,7 +3,7 @@
 A plain context manager with slots (a ``contextlib.contextmanager`` generator costs ~1 us more
 per phase). On the common path (CPU, a step whose activations are not counted) entry and exit
 each append one raw mark to the agent's list and nothing else: every line run here runs cold
-between the engine's kernels, ~10x its hot-loop cost (issue 18). The sender thread makes the
+between the engine's kernels, ~10x its hot-loop cost (the agent's overhead budget, agent/cost.py). The sender thread makes the
 phase spans from those marks (agent/timeline.py). A counted forward (saved-tensor hooks) and a
 CUDA step (an event per mark, device peaks) take the agent's full path.
 """

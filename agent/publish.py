@@ -10,7 +10,7 @@ restarted mid-run still learns who each rank is. Framing is ``[token, msgpack, .
 (from ``ZEROSCOPE_TOKEN``; an empty frame when unset), then one or more messages. The agent's
 sender hands over the reports of one wake-up as one multipart message (:meth:`send_batch`):
 each ZeroMQ message wakes ZeroMQ's I/O thread, and on a 2-vCPU machine those wake-ups cost the
-run more CPU than encoding the reports (issue 18).
+run more CPU than encoding the reports (the agent's overhead budget, agent/cost.py).
 
 The connection itself is authenticated in the ZeroMQ handshake (PLAIN: the user name is a
 :class:`~.schema.SenderClaim` saying which rank this is, the password the token). A collector

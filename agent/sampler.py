@@ -149,7 +149,7 @@ class Sampler:
                 break
             # Woken by a step end, the next one is due within the outbox's wake interval (as
             # long as this timer's): the timer then waits twice as long, so that it and the
-            # step ends do not take turns waking this thread (issue 18); it ticks again at its
+            # step ends do not take turns waking this thread (the agent's overhead budget, agent/cost.py); it ticks again at its
             # own pace once the step ends stop (an evaluation, a hang).
             stretch = 2 if woken and flag is not stop else 1
             now = time.monotonic()

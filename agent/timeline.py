@@ -9,7 +9,7 @@ phase entry and exit) and read with ``elapsed_time`` once ``query()`` says they 
 host never waits for the device. A report whose events have not completed yet waits for them
 (agent/outbox.py keeps it queued).
 
-The training thread only appends raw marks, one tuple per phase entry or exit (issue 18: each
+The training thread only appends raw marks, one tuple per phase entry or exit (the agent's overhead budget: each
 line run there runs cold between the engine's kernels): ``(scope, host_ns, event)``, the
 scope's first mark in a step being its entry and its second its exit, and ``(None, host_ns,
 event)`` for the first thing that happened in step 1 when it was not a phase (a collective, a

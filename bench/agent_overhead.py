@@ -1,7 +1,7 @@
 """Agent overhead: step time with the live agent on vs off, 2 gloo ranks, one run.
 
 Goal: <= 1% more process CPU time with the agent on, and on the training thread at most ~30 us
-per step plus ~2 us per collective (issue 18), read from the agent's own counters
+per step plus ~2 us per collective (the agent's overhead budget, agent/cost.py), read from the agent's own counters
 (agent/cost.py). Both modes run in the same processes, interleaved in rounds of blocks (on,
 off, off-again, the order rotated every round so no mode always follows a switch), so machine
 noise hits all alike; the figure is the median over rounds of the on/off ratio, printed beside

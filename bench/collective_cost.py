@@ -3,7 +3,7 @@
 The agent's own counters (agent/cost.py) time its code with clock reads inside it: they miss
 the call into it, its frames' setup and the caches its Python evicts between the engine's
 kernels, so they say ~2 us per collective where the step loses several times that
-(docs/bench.md, issue 18). Here the training thread's CPU clock (``time.thread_time_ns``)
+(docs/bench.md, against the agent's overhead budget). Here the training thread's CPU clock (``time.thread_time_ns``)
 measures the whole difference, the way a ZeRO-3 step issues its gathers: a real gloo
 all-reduce issued asynchronously (world 1: the collective's own cost without a peer), one
 layer's compute while it is in flight, then its ``wait()``; blocks of 100 ops per variant,

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from bench.harness import median, paired_ratio, rotated
+from zeroscope.state.pipeline import imbalance, mean_bubble
 
 REPEATS = [3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1]
 CONTENDERS = ["parameters", "profile", "parameters (A/A)"]
@@ -169,19 +170,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ranks = result["ranks"]
     table: dict[str, Any] = {}
     for name in CONTENDERS:
-        spans, bubbles, imbalance = [], [], []
+        spans: list[float] = []
+        bubbles: list[float] = []
+        imbalances: list[float] = []
         for i in range(args.rounds):
             per_rank = [r[name][i] for r in ranks]
             span = max(step for step, _ in per_rank)
             computes = [c for _, c in per_rank]
             spans.append(span)
-            bubbles.append(1 - sum(computes) / (len(per_rank) * span))
-            imbalance.append(max(computes) / (sum(computes) / len(computes)))
+            # The Pipeline screen's and the advisor's definitions (zeroscope.state.pipeline).
+            # A round whose span or compute was 0 measured nothing: left out, not counted as 0.
+            bubble, ratio = mean_bubble(span, computes), imbalance(computes)
+            if bubble is not None:
+                bubbles.append(bubble)
+            if ratio is not None:
+                imbalances.append(ratio)
         table[name] = {
             "parts": result["parts"][name],
             "span": spans,
             "bubble": bubbles,
-            "imbalance": median(imbalance),
+            "imbalance": median(imbalances),
         }
     base = table["parameters"]
     for row in table.values():

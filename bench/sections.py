@@ -137,7 +137,7 @@ def _collective_cost(quick: bool) -> Table:
         "which 'agent' uses where it was built); "
         "'3 clock reads': what timing an op needs (issue, wait entry, wait exit), the floor of "
         "any Python implementation. 'agent counters': what the agent's own counters say for the "
-        "same ops (issue 18's budget: ~2 us)."
+        "same ops (the agent's overhead budget: ~2 us)."
     )
     return t
 

@@ -1,7 +1,7 @@
 """What the engine does with each top-level ds_config key of DeepSpeed 0.19.8 that is not a
 field of :class:`~.config.DeepSpeedConfig` (the fields are implemented).
 
-The rule (issue 13): a key that only tunes DeepSpeed's own speed, memory or logging is accepted
+The rule: a key that only tunes DeepSpeed's own speed, memory or logging is accepted
 and reported once as ignored, with the reason; a key that would change the numbers is refused
 unless it is switched off. ``tests/test_deepspeed_keys.py`` enumerates the keys DeepSpeed's own
 config reader looks up and fails when one is missing here or from the fields; docs/engine.md's

@@ -1,6 +1,6 @@
 """Host <-> device copies of the offload paths, and how each one is timed.
 
-Two things a plain ``dst.copy_(src)`` gets wrong on a GPU (issue 22, item 8):
+Two things a plain ``dst.copy_(src)`` gets wrong on a GPU:
 
 - **A cast across the link.** ``device_bf16.copy_(host_fp32)`` first casts on the CPU into a
   *pageable* temporary, then copies from it synchronously: the pinned master is wasted and the

@@ -174,7 +174,7 @@ def test_transfers_and_heartbeats(rig: tuple[LiveTelemetry, list[Message]]) -> N
 
 def test_heartbeats_leave_with_the_reports(rig: tuple[LiveTelemetry, list[Message]]) -> None:
     """The sampler's heartbeat joins the outbox just before it drains: one ZeroMQ message
-    carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; issue 18), the
+    carries it and the reports (one wake-up of ZeroMQ's I/O thread, not two; the agent's overhead budget), the
     heartbeat after them: it names the last step ended, and a trace cut short mid-batch (a
     full disk) must not name a step whose report it lacks."""
     from zeroscope.agent.schema import Heartbeat

@@ -1,5 +1,5 @@
 """The agent reads memory figures of the GPU its Hello names, not of the current device
-(issue 22, item 7), checked on the CPU with torch's CUDA queries replaced at the boundary.
+checked on the CPU with torch's CUDA queries replaced at the boundary.
 
 An agent-API user who never calls ``torch.cuda.set_device`` has every rank's current device at
 GPU 0; before the fix every rank then reported GPU 0's allocator figures. Here the current

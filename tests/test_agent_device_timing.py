@@ -1,4 +1,4 @@
-"""Collective timing on CUDA, checked on the CPU with a device clock we drive (issue 22, item 5).
+"""Collective timing on CUDA, checked on the CPU with a device clock we drive.
 
 On CUDA a collective runs on the backend's stream while compute goes on. Before the fix its
 duration was read from the compute stream (issue event -> the event after ``wait()``), so any

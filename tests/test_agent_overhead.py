@@ -1,4 +1,4 @@
-"""Tier 1: the mechanism that keeps the agent's cost on the training thread small (issue 18),
+"""Tier 1: the mechanism that keeps the agent's cost on the training thread small (the agent's overhead budget, agent/cost.py),
 pinned without timing anything: the agent's own cost counters against the test's clock, no
 Python callback per collective on CPU, encoding on another thread, nothing blocking when the
 collector is gone. The cost itself is measured by ``bench/agent_overhead.py``."""
@@ -47,23 +47,30 @@ def test_the_agent_counts_its_own_time_and_not_the_jobs(
             time.sleep(0.02)  # the job's compute: not the agent's time
         handle = tel.collective(SleepyWork(0.02), op="all_reduce", nbytes=8, group_size=2)
         handle.wait()  # the wait itself: not the agent's time either
+        t_end = time.perf_counter_ns()
         tel.step_end(memory=MemoryBytes())
+        last_step_end = time.perf_counter_ns() - t_end
         outside += time.perf_counter_ns() - t0
     cost = tel.cost
     assert (cost.steps, cost.collectives) == (3, 3)
-    # Inside the caller's clock, and without the 2 x 20 ms per step the job spent.
+    # Against the caller's clock: the agent's time is inside it, and without the 2 x 20 ms per
+    # step the job spent sleeping (a counter that took in the compute or the wait fails here).
     assert cost.collective_ns > 0 and cost.ns > 0
-    assert cost.total_ns == cost.ns + cost.collective_ns < outside - 3 * 0.04e9
-    assert cost.per_step_us() is not None and cost.per_collective_us() is not None
+    agent_bound = outside - 3 * 0.04e9
+    assert cost.ns + cost.collective_ns < agent_bound
+    # The per-step and per-collective figures each stay within the caller's share per item.
+    per_step, per_collective = cost.per_step_us(), cost.per_collective_us()
+    assert per_step is not None and 0 < per_step * 1e3 < agent_bound / 3
+    assert per_collective is not None and 0 < per_collective * 1e3 < agent_bound / 3
     tel.close()
     reports = sink.reports()
     assert [r.step for r in reports] == [1, 2, 3]
     shares = [r.agent_overhead_s for r in reports]
     assert all(s is not None and s > 0 for s in shares)
-    # Each report carries the time since the previous one: together, all but the last
-    # step_end's own time.
-    assert sum(s for s in shares if s is not None) * 1e9 == pytest.approx(cost.reported_ns, abs=10)
-    assert cost.reported_ns < cost.total_ns
+    # Each report carries the time since the previous one, so the wire's shares add up to all
+    # the agent's time but the last step_end's own, which the caller timed (+ rounding).
+    unreported = cost.ns + cost.collective_ns - sum(s for s in shares if s is not None) * 1e9
+    assert -10 <= unreported <= last_step_end + 10
 
 
 class CountingFuture:
@@ -330,7 +337,7 @@ def test_a_long_steps_report_leaves_as_it_ends_though_the_timer_ran_meanwhile() 
 def test_short_steps_wake_the_sender_about_once_per_wake_interval() -> None:
     """Steps ending every 30 ms for 3 s: the step ends wake the sender at most every
     WAKE_INTERVAL_S, and its own timer (as long) waits twice that after such a wake-up, so the
-    two do not take turns: ~6 wake-ups, where taking turns made ~12 (issue 18: the timer,
+    two do not take turns: ~6 wake-ups, where taking turns made ~12 (the agent's overhead budget: the timer,
     started as the last wake-up's drain ended, mostly fires before the next due step end)."""
     sink = Sink()
     tel = LiveTelemetry(sink, sample_interval=WAKE_INTERVAL_S)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """A step's loss and grad norm on CPU: read by the sender thread, never wrong, never a graph held.
 
 The training thread keeps a CPU tensor outside autograd and the sender reads it (agent/scalars.py,
-issue 18); the answers here are the tensors' own values, read independently with ``.item()``.
+the agent's overhead budget); the answers here are the tensors' own values, read independently with ``.item()``.
 """
 
 from __future__ import annotations

@@ -472,3 +472,28 @@ def test_a_plain_loop_ends_steps_at_optimizer_step_with_its_own_collectives() ->
         psi = 8 * 4 + 4
         # SGD's momentum buffer exists from the first step (created inside it)
         assert result["memory"] == [(4 * psi, 4 * psi, 4 * psi)] * 3
+
+
+def test_an_op_its_future_completes_after_the_boundary_leaves_the_waiting_list() -> None:
+    """An op the step boundary took unfinished, then completed through its future's callback
+    (the backend's thread: it may run after ``future.wait()`` returned), is resolved by the
+    pending report and must leave ``waiting`` then: nothing else would ever remove it (it
+    stayed, and the wrappers' test saw ``log.waiting`` non-empty on a loaded machine)."""
+    from zeroscope.agent.attach import collectives
+
+    class SlowWork:
+        done = False
+
+        def is_completed(self) -> bool:
+            return self.done
+
+    log = collectives.CollectiveLog()
+    work = SlowWork()
+    issue = collectives._now()
+    log.add("all_reduce", 64, 2, issue, work)
+    (op,) = log.take_all()
+    assert id(work) in log.waiting  # unfinished at the boundary: still awaited
+    collectives.stamp_end(log.waiting[id(work)])  # its future's callback, on gloo's thread
+    work.done = True
+    assert op.resolve(issue) is not None
+    assert not log.waiting

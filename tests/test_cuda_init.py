@@ -1,5 +1,5 @@
 """Which GPU a rank takes and how its process group is bound, checked on the CPU by replacing
-torch's CUDA queries at the boundary (issue 22, item 2).
+torch's CUDA queries at the boundary.
 
 Before the fix ``torch.cuda.set_device(LOCAL_RANK)`` failed with "invalid device ordinal" when a
 machine had fewer visible GPUs than local ranks (the README's 2-rank ``make demo`` on a 1-GPU

@@ -208,7 +208,7 @@ def _load(raw: dict[str, Any], world: int = 1) -> Any:
 
 
 def test_issue_13_configs_deepspeed_accepts_load() -> None:
-    """The configs of issue 13 item 3, first checked against DeepSpeed itself."""
+    """The configs a user would write, first checked against DeepSpeed itself."""
     raw = {
         "train_batch_size": 8,
         "gradient_accumulation_steps": 2,

@@ -1,4 +1,4 @@
-"""Device hygiene of the engine, checked on the CPU (issue 22, items 1 and 4).
+"""Device hygiene of the engine, checked on the CPU.
 
 **The canary.** Every engine buffer must name its device: the engine's device for device
 buffers, ``"cpu"`` for host buffers. An allocation left to torch's default device is a bug that

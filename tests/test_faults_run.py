@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.distributed import free_port
@@ -189,10 +190,18 @@ def test_the_demo_survives_its_collector_killed_and_restarted(tmp_path: Path) ->
     job = train_gpt(env, tmp_path)
     try:
         assert wait_for(lambda: last_step(tmp_path / "a.zst") >= 5, 120)
+        # The job is held (SIGSTOP: numerics untouched) while the collector is replaced, so
+        # the new one is listening before the last steps, however slowly it starts on a loaded
+        # machine; the agents then reconnect on their own (at the latest as they close).
+        held = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        for p in held:
+            p.send_signal(signal.SIGSTOP)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         killed_at = last_step(tmp_path / "a.zst")
-        second, _ = start_collector(port, tmp_path / "b.zst")
+        second, _ = start_collector(port, tmp_path / "b.zst")  # returns once it listens
+        for p in held:
+            p.send_signal(signal.SIGCONT)
         out = job.communicate(timeout=150)[0]
         assert job.returncode == 0
         assert wait_for(lambda: last_step(tmp_path / "b.zst") == 41, 20)

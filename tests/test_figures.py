@@ -230,10 +230,15 @@ def test_unreported_params_grads_optim_are_na() -> None:
     assert "P NA G NA O NA A 5B" in step_line(last)
     row = run_report(state)["ranks"][0]
     assert (row["params_peak"], row["grads_peak"], row["optim_peak"]) == (None, None, None)
-    # Reported as 0 it is 0: held, none.
+    # Reported as 0 it is 0 (held, none), all the way to the line and the report: the NA above
+    # is the absence of a figure, not a 0 read as missing.
     zero = StepReport(rank=0, step=1, wall_ns=NS, duration_s=1.0, memory=MemoryBytes(params=0))
     again = schema.decode(schema.encode(zero))
     assert isinstance(again, StepReport) and again.memory.params == 0
+    held = state_of([*hellos(1), again])
+    last = held.latest()
+    assert last is not None and "P 0B G NA" in step_line(last)
+    assert run_report(held)["ranks"][0]["params_peak"] == 0
 
 
 def _config(stage: int, gas: int, **kw: object) -> ConfigSummary:

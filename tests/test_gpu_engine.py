@@ -1,6 +1,6 @@
 """Tier 4 (CUDA only): the engine's device paths on one GPU, NCCL at world 1 through the engine's
 own init (``ZEROSCOPE_WORLD1_COLLECTIVES=1``), against the allocator's own figures and CUDA
-events (issue 22). The CPU tiers pin the same semantics with a device canary and a storage
+events. The CPU tiers pin the same semantics with a device canary and a storage
 tracker; these say the GPU agrees.
 
 - every stage x precision trains, with and without offload (item 1);

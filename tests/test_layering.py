@@ -1,176 +1,194 @@
-"""Layering (ARCHITECTURE.md): engine/ and agent/ never import textual or the viewer side;
-zeroscope/ never imports the engine nor the agent's runtime (only the wire schema); the wire
-schema imports nothing of the project; zeroscope/state (where every figure is computed) imports
-no view, no I/O and no torch; views (zeroscope/tui) compute no figure of their own. Checked two
-ways: an AST scan here, and ruff's banned-api (nested ruff.toml), which is proven to fire on a
-deliberate violation of each rule."""
+"""Layering (ARCHITECTURE.md), as allowlist contracts checked by import-linter
+([tool.importlinter] in pyproject.toml, run by ``make lint`` through .ci/lint_imports.py):
+the viewer side imports, of the agent, only the wire schema (three launcher-side exceptions,
+each named with its reason); engine/ and agent/ never import the viewer side, Textual or Rich;
+the agent never imports the engine; the wire schema stands alone; zeroscope/state imports no
+UI, no I/O and no torch; views and commands reach the figure arithmetic only through state's
+API. Here: the contracts hold, each one fails on a deliberate violation, no package of
+zeroscope/ escapes them, and the attach's bootstrap path imports no torch or Textual."""
 
 from __future__ import annotations
 
-import ast
-import shutil
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
-import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+LINT = ROOT / ".ci" / "lint_imports.py"
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 
-AGENT_RUNTIME = tuple(
-    f"zeroscope.agent.{m}"
-    for m in (
-        "api",
-        "live",
-        "publish",
-        "comm",
-        "sampler",
-        "activations",
-        "scalars",
-        "timeline",
-        "pending",
-        "device_memory",
-        "collector_probe",
+
+def _lint(*probes: tuple[str, str]) -> subprocess.CompletedProcess[str]:
+    args = [f"--probe={path}={source}" for path, source in probes]
+    return subprocess.run(
+        [sys.executable, str(LINT), *args], capture_output=True, text=True, cwd=ROOT, timeout=240
     )
-)
-VIEWER = ("zeroscope.engine", "engine", *AGENT_RUNTIME)
 
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "engine": (
-        "textual",
-        "zmq",
-        "zeroscope.tui",
-        "zeroscope.cli",
-        "zeroscope.collector",
+
+def _contract(contract_id: str) -> dict:
+    [found] = [c for c in CONFIG["contracts"] if c["id"] == contract_id]
+    return found
+
+
+def test_the_import_contracts_hold() -> None:
+    result = _lint()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Contracts: {len(CONFIG['contracts'])} kept, 0 broken." in result.stdout
+
+
+SCHEMA = (ROOT / "agent" / "schema.py").read_text()
+
+VIOLATIONS = [
+    # (probe file, its source, the contract that must break, the import it must name)
+    ("engine/_probe.py", "import textual", "engine-agent-no-viewer", "textual"),
+    (
+        "agent/_probe.py",
+        "from zeroscope.state import ClusterState",
+        "engine-agent-no-viewer",
         "zeroscope.state",
     ),
-    "agent": (
-        "textual",
-        "zeroscope.engine",
-        "zeroscope.tui",
-        "zeroscope.cli",
-        "zeroscope.state",
-        "zeroscope.collector",
+    (
+        "agent/_probe2.py",
+        "from zeroscope.engine import config",
+        "engine-reports-through-api",
+        "zeroscope.engine.config",
     ),
-    # The wire schema: both sides import it, so it imports nothing of the project (nor torch).
-    "agent/schema.py": ("zeroscope", "engine", "agent", "torch", "textual", "zmq"),
-    "zeroscope": VIEWER,
-    "zeroscope/state": (
-        *VIEWER,
-        "textual",
-        "rich",
-        "zeroscope.tui",
-        "zeroscope.commands",
-        "zeroscope.collector",
-        "zeroscope.store.sources",
-        "zeroscope.store.trace",
-        "zmq",
-        "torch",
+    ("engine/_probe2.py", "import zmq", "engine-no-zmq", "zmq"),
+    ("agent/schema.py", SCHEMA + "\nimport torch\n", "schema-stands-alone", "torch"),
+    (
+        "zeroscope/tui/_probe.py",
+        "from zeroscope.agent.live import start_agent",
+        "viewer-reads-schema-only",
+        "zeroscope.agent.live",
     ),
-    "zeroscope/tui": (*VIEWER, "zeroscope.state.formulas", "zeroscope.state.bandwidth"),
-}
-"""Path (a folder, or one file) -> module prefixes no file there may import. A file obeys
-every entry whose path contains it."""
-
-EXEMPT: dict[str, tuple[str, ...]] = {
-    # A worker node's launcher checks the collector's door exactly as its ranks will knock: it
-    # is launcher-side, not viewer-side (it shows nothing), and imports only the probe.
-    "zeroscope/remote/multinode.py": ("zeroscope.agent.collector_probe",),
-}
-"""File -> imports it may make despite FORBIDDEN, each with its reason above."""
-
-
-def imported_modules(source: str, package: str) -> set[str]:
-    """Absolute module names a source file imports (relative imports resolved in ``package``)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: max(0, len(package.split(".")) - node.level + 1)]
-                mod = ".".join([*base, node.module] if node.module else base)
-            else:
-                mod = node.module or ""
-            names.add(mod)
-            names.update(f"{mod}.{alias.name}" for alias in node.names)
-    return names
-
-
-def _package(path: Path) -> str:
-    """The import package of a source file (engine/ and agent/ ship as zeroscope.engine and
-    zeroscope.agent)."""
-    rel = path.relative_to(ROOT).with_suffix("").parts[:-1]
-    top = "zeroscope" if rel[0] == "zeroscope" else f"zeroscope.{rel[0]}"
-    return ".".join([top, *rel[1:]])
-
-
-def violations(rule: str, source: str, package: str, path: str = "") -> list[str]:
-    bad = []
-    allowed = EXEMPT.get(path, ())
-    for name in imported_modules(source, package):
-        if any(name == a or name.startswith(a + ".") for a in allowed):
-            continue
-        for banned in FORBIDDEN[rule]:
-            if name == banned or name.startswith(banned + "."):
-                bad.append(f"{rule} imports {name}")
-    return bad
+    (
+        "zeroscope/store/_probe.py",
+        "from zeroscope.agent.attach import install",
+        "viewer-reads-schema-only",
+        "zeroscope.agent.attach.install",
+    ),
+    (
+        "zeroscope/run/_probe.py",
+        "from zeroscope.engine import config",
+        "viewer-reads-schema-only",
+        "zeroscope.engine.config",
+    ),
+    ("zeroscope/state/_probe.py", "import textual", "state-is-pure", "textual"),
+    ("zeroscope/state/_probe2.py", "import os", "state-is-pure", "os"),
+    (
+        "zeroscope/state/_probe3.py",
+        "from zeroscope.tui import app",
+        "viewer-layers",
+        "zeroscope.tui.app",
+    ),
+    (
+        "zeroscope/tui/_probe2.py",
+        "from zeroscope.state.formulas import model_state_bytes",
+        "views-compute-no-figure",
+        "zeroscope.state.formulas",
+    ),
+    (
+        "zeroscope/commands/_probe.py",
+        "from zeroscope.state.bandwidth import busbw",
+        "views-compute-no-figure",
+        "zeroscope.state.bandwidth",
+    ),
+    (
+        "zeroscope/tui/_probe4.py",
+        "from zeroscope.state.rank import summarize",
+        "views-compute-no-figure",
+        "zeroscope.state.rank",
+    ),
+    (
+        "zeroscope/tui/_probe3.py",
+        "from zeroscope.commands import summary",
+        "viewer-layers",
+        "zeroscope.commands.summary",
+    ),
+]
 
 
-def test_no_layer_imports_what_it_must_not() -> None:
-    found = []
-    for rule in FORBIDDEN:
-        target = ROOT / rule
-        paths = [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
-        for path in paths:
-            found += [
-                f"{path.relative_to(ROOT)}: {v}"
-                for v in violations(
-                    rule, path.read_text(), _package(path), str(path.relative_to(ROOT))
-                )
-            ]
-    assert found == []
+def _module(path: str) -> str:
+    parts = Path(path).with_suffix("").parts
+    return ".".join(parts if parts[0] == "zeroscope" else ("zeroscope", *parts))
 
 
-def test_scan_catches_a_deliberate_violation() -> None:
-    assert violations("engine", "import textual\n", "zeroscope.engine")
-    assert violations("agent", "from textual.app import App\n", "zeroscope.agent")
-    assert violations("zeroscope", "from zeroscope.engine import config\n", "zeroscope")
-    assert violations("zeroscope", "from ..engine import config\n", "zeroscope.tui")
-    assert violations("zeroscope", "from zeroscope.agent.live import start_agent\n", "zeroscope")
-    assert not violations("zeroscope", "from zeroscope.agent import schema\n", "zeroscope")
-    assert violations("agent/schema.py", "from .api import telemetry\n", "zeroscope.agent")
-    assert violations("agent/schema.py", "import torch\n", "zeroscope.agent")
-    assert not violations("agent/schema.py", "import msgspec\n", "zeroscope.agent")
-    assert violations("zeroscope/state", "from textual.widget import Widget\n", "zeroscope.state")
-    assert violations("zeroscope/state", "from ..tui import app\n", "zeroscope.state")
-    assert violations("zeroscope/tui", "from zeroscope.state.bandwidth import busbw\n", "")
-    assert not violations("zeroscope/tui", "from zeroscope.state import units\n", "")
+def _sections(output: str) -> dict[str, str]:
+    """Each broken contract's report, by contract id (the report is headed by its name)."""
+    broken = output.split("Broken contracts", 1)[-1]
+    names = {c["name"]: c["id"] for c in CONFIG["contracts"]}
+    flat = " ".join(broken.split())  # the report wraps long names
+    starts = sorted((flat.find(" ".join(n.split())), i) for n, i in names.items())
+    starts = [(at, i) for at, i in starts if at >= 0]
+    return {
+        i: flat[at : (starts[k + 1][0] if k + 1 < len(starts) else len(flat))]
+        for k, (at, i) in enumerate(starts)
+    }
 
 
-@pytest.mark.parametrize(
-    ("path", "source"),
-    [
-        ("engine/_probe.py", "import textual\n"),
-        ("agent/_probe.py", "from textual.widgets import Static\n"),
-        ("agent/_probe.py", "from zeroscope.state import ClusterState\n"),
-        ("zeroscope/_probe.py", "from zeroscope.engine import config\n"),
-        ("zeroscope/_probe.py", "from zeroscope.agent.live import start_agent\n"),
-        ("zeroscope/state/_probe.py", "from textual.widget import Widget\n"),
-        ("zeroscope/state/_probe.py", "import torch\n"),
-        ("zeroscope/state/_probe.py", "from zeroscope.engine import config\n"),
-        ("zeroscope/tui/_probe.py", "from zeroscope.state.formulas import model_state_bytes\n"),
-        ("zeroscope/tui/_probe.py", "from zeroscope.agent.api import telemetry\n"),
-    ],
+def test_a_deliberate_violation_in_each_layer_breaks_its_contract() -> None:
+    """All probes at once in a throwaway copy of the layout (the repository is never written):
+    each must be reported under the contract it breaks, and every contract breaks."""
+    result = _lint(*((path, source) for path, source, _, _ in VIOLATIONS))
+    assert result.returncode != 0
+    sections = _sections(result.stdout)
+    for path, _, contract, imported in VIOLATIONS:
+        line = f"{_module(path)} -> {imported}"
+        assert line in sections.get(contract, ""), (contract, line, result.stdout)
+    assert {c for _, _, c, _ in VIOLATIONS} == {c["id"] for c in CONFIG["contracts"]}
+
+
+def test_every_package_of_zeroscope_is_under_a_contract() -> None:
+    """The contracts name the viewer side's packages one by one (so the agent and engine can be
+    excluded): a new package or top-level module must be added to them, not slip past."""
+    children = {
+        f"zeroscope.{p.stem}"
+        for p in (ROOT / "zeroscope").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    viewer = set(_contract("viewer-reads-schema-only")["source_modules"])
+    assert children == viewer
+    assert set(_contract("engine-agent-no-viewer")["forbidden_modules"]) >= viewer
+
+
+BOOTSTRAP_PROBE = textwrap.dedent(
+    """
+    import sys
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "textual", "rich",
+                                                                  "numpy", "zmq"))
+    attach = sorted(m for m in sys.modules if m.startswith("zeroscope.agent.attach"))
+    print("heavy", heavy)
+    print("attach", attach)
+    """
 )
-def test_ruff_banned_api_fires(path: str, source: str) -> None:
-    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    result = subprocess.run(
-        [ruff, "check", "--no-cache", "--stdin-filename", path, "-"],
-        input=source + "print(1)\n",
+
+
+def test_the_bootstrap_path_imports_no_torch_or_textual() -> None:
+    """A worker's start-up with the attach on (sitecustomize -> attach install -> postimport)
+    in a fresh interpreter: the attach is installed, and nothing heavy was imported for it (torch
+    is hooked, not loaded; the job pays for it only if it imports torch itself)."""
+    from zeroscope.agent.attach import pythonpath_with_bootstrap
+    from zeroscope.remote.ssh import free_port
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = pythonpath_with_bootstrap(str(ROOT))
+    env["ZEROSCOPE_COLLECTOR"] = f"tcp://127.0.0.1:{free_port()}"  # nothing listens: none needed
+    env.pop("ZEROSCOPE_ATTACH", None)
+    env.pop("ZEROSCOPE_BOOTSTRAP_HOOKS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", BOOTSTRAP_PROBE],
+        env=env,
         capture_output=True,
         text=True,
-        cwd=ROOT,
-    )
-    assert result.returncode != 0
-    assert "TID251" in result.stdout
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    assert "heavy []" in out, out
+    [attach] = [line for line in out if line.startswith("attach ")]
+    # The attach did install (else "nothing heavy" would prove nothing).
+    assert "'zeroscope.agent.attach.install'" in attach, out
+    assert "'zeroscope.agent.attach.postimport'" in attach, out

@@ -1,7 +1,6 @@
 """Memory at init, at save and at the gradient peak, counted independently of the engine's own
 accounting (tests/memtrack.py: every storage a tensor op allocates, until it is freed; plus
-``tracemalloc`` for Python-heap bytes) and held to the ZeRO formulas (issue 22 item 3, item 9;
-issue 14 item 5). Two gloo ranks, bf16 unless said, Psi and its padding computed here from the
+``tracemalloc`` for Python-heap bytes) and held to the ZeRO formulas. Two gloo ranks, bf16 unless said, Psi and its padding computed here from the
 plain model; e = bytes per 16-bit element. The user's model is built in its training dtype before
 ``initialize``, so every byte counted is one the engine allocated.
 
@@ -20,7 +19,7 @@ plain model; e = bytes per 16-bit element. The user's model is built in its trai
   alive at once are bounded (one reduction in flight): the peak above the start of backward is
   at most 4 buckets' bytes (here 8 buckets of one layer each). Before the fix every bucket of
   the model stayed alive to the end of backward: the real peak was Psi while Psi/N was reported.
-- **Optimizer offload keeps no device G between steps** (issue 14): the step reports G = 0 and
+- **Optimizer offload keeps no device G between steps**: the step reports G = 0 and
   what is alive after the step is exactly what the engine reports (plus the host staging
   buffers of the parameter copies and a few scalars). Before: a 2 Psi/N device gradient shard.
 """

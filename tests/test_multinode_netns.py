@@ -1,4 +1,4 @@
-"""Two nodes on two real network namespaces joined by a veth pair (issue 21): node 0 at one
+"""Two nodes on two real network namespaces joined by a veth pair: node 0 at one
 address, node 1 at another, each a ``zeroscope run --nnodes 2`` (or plain torchrun), training the
 same small data-parallel job. With the shared token node 0 shows both ranks; with a wrong token,
 an unreachable collector port, or node 1 launched without zeroscope, node 0's end-of-run lines

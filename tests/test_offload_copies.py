@@ -1,4 +1,4 @@
-"""The offload copies and their bandwidth figures (issue 22, item 8), checked on the CPU.
+"""The offload copies and their bandwidth figures, checked on the CPU.
 
 - **No cast across the link.** With bf16 parameters and O on the host, the updated fp32 master
   used to be copied straight into the 16-bit device parameters: on CUDA that casts into a

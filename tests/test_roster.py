@@ -1,4 +1,4 @@
-"""A rank that never reports is named, with the reason (issue 21), in one network namespace:
+"""A rank that never reports is named, with the reason, in one network namespace:
 synthetic Hellos and Admission records into ClusterState (the roster logic against hand-written
 answers), then real senders refused or rejected by a real collector, its trace, ``summary
 --json``, headless replay, and a node's own probe of its collector."""

@@ -6,7 +6,8 @@
   rank ever reported;
 - Ctrl-C: "stopped on request" and exit code 130, whether it comes while torchrun is still
   starting or while the ranks train, and nothing is left running;
-- ``kill -9`` of zeroscope takes torchrun and the ranks with it;
+- ``kill -9`` of zeroscope takes torchrun and the ranks with it, and so does a closed terminal's
+  SIGHUP, even repeated while the job is being stopped;
 - a reader that goes away (``| head``) stops the printing, not the job.
 """
 
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +116,24 @@ def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) ->
     assert f"job {job_id} " in table.stdout.splitlines()[0]
 
 
+def test_an_error_raised_before_the_process_group_reaches_the_terminal(tmp_path: Path) -> None:
+    """Bad arguments fail before ``init_process_group``: torch has not prefixed the traceback
+    with ``[rankN]:`` yet. Its error line is the end's, as plain torchrun would show it, not
+    "exited with code 1 without a traceback" and a hint that zeroscope's hook was not loaded."""
+    script = tmp_path / "bad_args.py"
+    script.write_text('raise ValueError("--lr must be positive, got -1")\n')
+    # One rank: two ranks' unprefixed tracebacks on one pipe interleave line by line, and
+    # then which lines belong to which traceback is a guess (the prefix is what tells them).
+    run = _zeroscope("run", "--headless", "--nproc-per-node", "1", str(script), cwd=tmp_path)
+    error = "ValueError: --lr must be positive, got -1"
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert any(ln.startswith("rank ") and ln.endswith(f"(exit code 1): {error}") for ln in lines)
+    assert (run.stdout + run.stderr).count(error) == 1, run.stdout + run.stderr
+    assert "without a traceback" not in run.stdout and "sitecustomize" not in run.stdout
+    assert lines[-1] == "job exit code 1"
+
+
 @pytest.mark.parametrize("when", ["torchrun starting", "ranks training"])
 def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> None:
     proc = _start_training(tmp_path)
@@ -153,6 +173,43 @@ def test_kill_9_of_zeroscope_takes_torchrun_and_the_ranks_with_it(tmp_path: Path
         proc.kill()
         proc.wait()
         assert _all_gone(tree, 60)
+    finally:
+        proc.kill()
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_a_hang_up_repeated_during_the_stop_leaves_no_rank_alive(tmp_path: Path) -> None:
+    """The terminal closes: zeroscope gets SIGHUP, and again from the shell, which forwards its
+    own to its jobs. The second must not cut the stop short: zeroscope used to die of it while
+    torchrun was waiting for its workers, the watchdog's SIGTERM then made torchrun return
+    without killing them, and ranks that do not stop on SIGINT trained on, orphaned."""
+    proc = _start(
+        "run", "--headless", "--nproc-per-node", "2", str(TRAINING), "--steps", "100000",
+        "--ignore-sigint", cwd=tmp_path,
+    )  # fmt: skip
+    tree: list[psutil.Process] = []
+    try:
+        _wait_for_step_3(proc)
+        assert proc.stdout is not None
+        reader = threading.Thread(target=proc.stdout.read, daemon=True)  # never a full pipe
+        reader.start()
+        tree = _descendants(proc.pid)
+        assert len(tree) >= 3  # torchrun and two ranks
+        proc.send_signal(signal.SIGHUP)
+        # torchrun says so in the job's log once it is shutting its workers down.
+        deadline = time.monotonic() + 120
+        while not any(
+            "death signal, shutting down workers" in log.read_text(errors="replace")
+            for log in (tmp_path / "runs").glob("*.log")
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGHUP)
+        proc.wait(120)
+        assert _all_gone(tree, 60), [p for p in tree if p.is_running()]
     finally:
         proc.kill()
         for p in tree:

@@ -156,3 +156,49 @@ def test_a_collector_hearing_one_node_of_two_still_closes_steps() -> None:
     assert closed == list(range(38))  # a step closes two fully reported steps later
     assert [a.step for a in state.flush()] == [38, 39]
     assert all(sorted(a.summaries) == [0, 1] for a in state.complete_steps())
+
+
+def test_unaligned_ranks_time_per_step_agrees_with_steps_per_s() -> None:
+    """DDP-shaped ranks whose step ends are not aligned: rank 0 alternates 30/40 ms steps, rank 1
+    40/30 ms, each rank's own steps tiling its clock. Each rank's mean is 35 ms and so is the
+    period of the step ends; the slowest rank of every step is 40 ms, which the summary used to
+    print beside 1/35 ms steps/s."""
+    state = ClusterState()
+    ends = {0: BASE_NS, 1: BASE_NS}
+    for step in range(1, 42):
+        for rank in (0, 1):
+            dur = 0.030 if (step + rank) % 2 else 0.040
+            ends[rank] += int(dur * 1e9)
+            state.ingest(StepReport(rank=rank, step=step, wall_ns=ends[rank], duration_s=dur))
+    state.flush()
+    t = state.totals
+    assert t.steps_per_s is not None and t.mean_step_s is not None
+    assert t.mean_step_s == pytest.approx(1 / t.steps_per_s)
+    assert t.mean_step_s == pytest.approx(0.035, rel=0.02)
+    for rank in (0, 1):
+        assert state.ranks[rank].totals.mean_step_s == pytest.approx(0.035, rel=0.02)
+
+
+def test_scale_events_are_newest_step_first_whatever_their_arrival() -> None:
+    """Ranks' events arrive interleaved (rank 1's step-3 overflow after rank 0's step-5 scale
+    change): the loss-scale list, titled newest first, is in step order, ranks in order."""
+    state = ClusterState()
+    arrivals = [
+        (0, 2, "overflow"),
+        (0, 5, "scale_change"),
+        (1, 3, "overflow"),
+        (1, 5, "overflow"),
+        (0, 4, "checkpoint"),
+        (0, 3, "overflow"),
+    ]
+    for rank, step, kind in arrivals:
+        state.ingest(Event(rank=rank, step=step, wall_ns=0, event=kind))  # type: ignore[arg-type]
+    got = [(e.step, e.rank, e.event) for e in state.scale_events()]
+    assert got == [
+        (5, 0, "scale_change"),
+        (5, 1, "overflow"),
+        (3, 0, "overflow"),
+        (3, 1, "overflow"),
+        (2, 0, "overflow"),
+    ]
+    assert len(state.scale_events(limit=2)) == 2

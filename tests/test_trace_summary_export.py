@@ -82,8 +82,9 @@ def test_summary_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert r0["overflows"] == 1
     total = out["total"]
     assert total["steps"] == 2 and total["comm_bytes_per_step"] == 8 * 10**6  # sum over ranks
-    # The cluster's step is its slowest rank's; its exposed share the least-exposed rank's.
-    assert total["mean_step_s"] == pytest.approx(0.2) and total["overflows"] == 1
+    # The cluster's time per step is its step ends' period (1 s apart here), so it agrees with
+    # steps/s; its exposed share is the least-exposed rank's wait over the slowest rank's step.
+    assert total["mean_step_s"] == pytest.approx(1.0) and total["overflows"] == 1
     assert total["exposed_percent"] == pytest.approx(0.5)
     assert out["job_id"] == "synthetic" and out["world_size"] == 2 and out["events"] == 1
     # Step ends 1 s apart; no rank reported samples: NA, never 0.
@@ -125,6 +126,20 @@ def test_export_chrome_is_loadable_trace_event_json(tmp_path: Path) -> None:
     counters = [e for e in events if e["ph"] == "C"]
     assert len(counters) == 4 and counters[0]["args"]["P"] == 100
     assert [e["name"] for e in events if e["ph"] == "i"] == ["overflow"]
+
+
+def test_export_to_dash_writes_stdout_and_no_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o -`` is stdout, as for every Unix tool (it wrote a file named ``-``)."""
+    path = tmp_path / "s.zst"
+    build(path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(path), "-o", "-"]) == 0
+    to_file = tmp_path / "file.json"
+    assert main(["export", str(path), "-o", str(to_file)]) == 0
+    assert not (tmp_path / "-").exists()
+    assert json.loads(capsys.readouterr().out) == json.loads(to_file.read_text())
 
 
 def test_bad_trace_is_a_one_line_cli_error(

@@ -81,3 +81,28 @@ async def test_advice_held_back_by_its_rate_limit_catches_up_when_the_state_stop
                 break
         await pilot.pause(0.1)
         assert app.settled and "press a" in screen_text(app)
+
+
+@sync
+async def test_an_idle_live_view_redraws_once_a_second_not_every_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Live, with nothing new, the view redraws for its clock once a second; a new state is
+    drawn at the next tick. The ticks are driven by hand on a driven clock (no race with the
+    machine's speed): 40 ticks of 0.25 s with no data are 10 s, so 10 redraws (it was 40)."""
+    now = [1000.0]
+    monkeypatch.setattr("zeroscope.tui.app.time.monotonic", lambda: now[0])
+    app = ZeroscopeApp(ClusterState(), live_clock=True)
+    async with app.run_test(size=(120, 40)):
+        drawn = []
+        monkeypatch.setattr(app, "redraw", lambda: (drawn.append(now[0]), ZeroscopeApp.redraw(app)))
+        app.redraw()
+        drawn.clear()
+        for _ in range(40):
+            now[0] += 0.25
+            app._tick()
+        assert len(drawn) == 10
+        app.state.version += 1  # a new step lands
+        now[0] += 0.25
+        app._tick()
+        assert len(drawn) == 11

@@ -1,4 +1,4 @@
-"""What keeps the history plots within the 1024-rank frame's 50 ms (issue 20, bench/tui_frame.py):
+"""What keeps the history plots within the 1024-rank frame's 50 ms (bench/tui_frame.py):
 a series with more points than the chart has pixel columns is thinned before plotext draws it,
 and while a job is live new data reaches the charts one per frame. Oracles: each column's
 extremes found by brute force in the raw series; the points plotext is actually handed; the

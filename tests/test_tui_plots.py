@@ -1,4 +1,4 @@
-"""History plots (issue 20): the cluster screen's charts in the space the ranks leave, a rank's
+"""History plots: the cluster screen's charts in the space the ranks leave, a rank's
 beside the cluster's, replay's whole-run series with a cursor at the replayed step. Pilot tests
 at 80x24 and 160x48 on the deterministic fixture run (tests/fixtures.py: the last rank computes
 45 % longer from step 20 on; every rank's step time is the same under synchronous collectives).

@@ -1,4 +1,4 @@
-"""The screen items of issue 19 (item 8: legends, help, filter sign, footers at 80 columns, one
+"""The screen items (legends, help, filter sign, footers at 80 columns, one
 sort arrow, the loss-scale axis, the comm ratio; item 9: the Log screen; item 12: the command
 palette). Each test failed before its fix."""
 

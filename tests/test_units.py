@@ -1,5 +1,5 @@
 """One formatter for every view (zeroscope.state.units): a size reads the same in the TUI, the
-headless lines, ``summary`` and ``estimate`` (issue 19 item 7)."""
+headless lines, ``summary`` and ``estimate``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``ZEROSCOPE_WORLD1_COLLECTIVES=1``: the engine's real collectives at world size 1, so one GPU
-exercises NCCL and the agent's collective timing (issue 22). Checked at world 1 with gloo:
+exercises NCCL and the agent's collective timing. Checked at world 1 with gloo:
 
 - without the switch a one-rank run issues no collective at all (the engine skips them);
 - with it, every step issues the collectives the stage issues on N ranks (stage 0: all-reduce of

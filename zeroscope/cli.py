@@ -8,12 +8,13 @@ torch or Textual. The process exit code is the verb's return value (for ``run``:
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import signal
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 
@@ -44,8 +45,27 @@ class VerbParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
         return parsed, extras
+
+    def _did_you_mean(self, extras: list[str]) -> str:
+        """`` (did you mean --nproc-per-node?)`` for a mistyped flag, from the verb's own flags."""
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.75)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error in a few lines: a verb whose usage is long (``run`` lists every torchrun
+        flag, 25 lines) gets one usage line and a pointer to ``--help``, not the wall of flags
+        above the one line that says what was wrong."""
+        usage = self.format_usage()
+        if usage.count("\n") > 3:
+            usage = f"usage: {self.prog} [flags] ... (every flag: {self.prog} --help)\n"
+        self.exit(2, f"{usage}{self.prog}: error: {message}\n")
 
 
 PIPE_CLOSED = 128 + signal.SIGPIPE

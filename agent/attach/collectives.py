@@ -11,7 +11,7 @@ one list append; nothing is timed per op beyond that:
   it is the *exposed* time), or the work's future when a consumer asked for it
   (``Work.get_future``: DDP's comm hooks hand futures to the reducer and never call ``wait``),
   whichever comes first. No future callback is attached to ops nobody asked a future of (that
-  per-op callback, a GIL hand-off on the backend's thread, is what issue 18 budgets away).
+  per-op callback, a GIL hand-off on the backend's thread, is what the agent's overhead budget rules out).
   An op nobody waited on is resolved at the step boundary, in bulk: complete then (or its
   work object gone) means it ended by that boundary, which is the time recorded; one still
   running is left to the step's pending report (agent/pending.py), which keeps it in its step.
@@ -173,9 +173,12 @@ class LoggedOp:
             if work is not None and not work.is_completed():
                 return None  # still in flight: the report waits (agent/pending.py)
             rec[END] = _now()
-            # From the agent's sender thread: the training thread's wait() may pop it meanwhile.
-            if self._waiting.get(rec[KEY]) is rec:
-                self._waiting.pop(rec[KEY], None)
+        # Resolved: no wait() or future will stamp it again. Whoever stamped its end (this
+        # call, or the backend's thread through its future's callback after the boundary took
+        # it unfinished), it leaves ``waiting`` now, or it would stay there for ever. From the
+        # agent's sender thread: the training thread's wait() may pop it meanwhile.
+        if self._waiting.get(rec[KEY]) is rec:
+            self._waiting.pop(rec[KEY], None)
         duration = max(rec[END] - rec[ISSUE], 0)
         return Collective(
             op=rec[OP],

@@ -12,7 +12,7 @@ Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on step
 every ``ZEROSCOPE_MEMORY_EVERY``-th step (default 10): P and O after the optimizer step, G just
 before it (most engines free their gradients in ``step()``). Steps in between repeat the latest
 count: engine state has the same size step after step, and walking thousands of parameters
-every step would cost more than the agent's whole budget (issue 18).
+every step would cost more than the agent's whole overhead budget (agent/cost.py).
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ class BucketedStrategy:
     def release_grads(self) -> None:
         """Optimizer offload, after the gradients went to the host: free the stage-2 gradient
         shards (2 Psi/N) until the next backward makes them again; DeepSpeed keeps no device
-        gradient partition between steps either (issue 14)."""
+        gradient partition between steps either."""
         if self.policy.reduce_every_micro_step:
             for b in self._buckets:
                 b.grad_shard = None

@@ -30,7 +30,19 @@ def main() -> None:
     parser.add_argument(
         "--step-s", type=float, default=0.0, help="compute time per step of --kill-rank"
     )
+    parser.add_argument(
+        "--chatter",
+        type=float,
+        default=0.0,
+        help="rank 0 prints after each step, pausing this long: an unfinished 'LOSS' line "
+        "(odd steps) or a progress bar ending in '\\r' (even steps)",
+    )
+    parser.add_argument(
+        "--ignore-sigint", action="store_true", help="go on training through SIGINT"
+    )
     args = parser.parse_args()
+    if args.ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -72,7 +84,22 @@ def main() -> None:
             lr=1e-2,
             samples=16,
         )
+        if args.chatter and rank == 0:
+            _chatter(step + 1, args.steps, float(loss), args.chatter)
     dist.destroy_process_group()
+
+
+def _chatter(step: int, steps: int, loss: float, pause_s: float) -> None:
+    """What training scripts print while their step's report is on its way: a line written in
+    two parts with a pause between (a prompt, ``print()`` on an unbuffered stdout), or a
+    progress bar redrawn with ``\r`` (tqdm's way)."""
+    if step % 2:
+        os.write(1, f"LOSS {loss:.4f}".encode())
+        time.sleep(pause_s)
+        os.write(1, b"\n")
+    else:
+        os.write(1, f"progress {step}/{steps}\r".encode())
+        time.sleep(pause_s)
 
 
 if __name__ == "__main__":

@@ -156,12 +156,12 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"no such trace or ds_config: {args.target}")
     if not _is_trace(args.target):
         return _preflight(args)
-    from zeroscope.commands.summary import state_of
     from zeroscope.state.advice import advise
+    from zeroscope.store.feed import state_of_file
     from zeroscope.store.trace import TraceError
 
     try:
-        state, _ = state_of(args.target)
+        state = state_of_file(args.target)
     except TraceError as exc:
         raise CliError(str(exc)) from None
     advisory = advise(state, capacity=args.device_memory)

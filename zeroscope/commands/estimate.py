@@ -1,4 +1,5 @@
-"""``zeroscope estimate``: model-state memory per rank by the ZeRO formulas (zeroscope.state.formulas).
+"""``zeroscope estimate``: model-state memory per rank by the ZeRO formulas (the rows of
+zeroscope.state.estimate.stage_estimates; this module only parses and formats).
 
 Prints one row per stage (or only ``--stage``), the same figures the Memory screen shows as
 "predicted", so an estimate made before a run can be held against what the run measures.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from zeroscope.state import units
-from zeroscope.state.formulas import ModelStateBytes, comm_bytes_per_step, model_state_bytes
+from zeroscope.state.estimate import stage_estimates
 
 HELP = "model-state memory per rank by the ZeRO formulas"
 
@@ -53,19 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16")
 
 
-def placement(
-    m: ModelStateBytes, offload_optimizer: str, offload_param: str
-) -> tuple[float, float]:
-    """(host memory, NVMe) bytes of the offloaded parts. The formulas say what leaves the device;
-    where it goes follows DeepSpeed: with an NVMe optimizer offload the optimizer states live on
-    NVMe while the fp32 gradient shard the host optimizer consumes stays in host memory; with an
-    NVMe parameter offload the parameter shard lives on NVMe."""
-    nvme = (m.host_optim if offload_optimizer == "nvme" else 0.0) + (
-        m.host_params if offload_param == "nvme" else 0.0
-    )
-    return m.host_total - nvme, nvme
-
-
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
 
@@ -84,15 +72,10 @@ def main(args: argparse.Namespace) -> int:
     )
     head = ("stage", "P", "G", "O", "device", "host", "NVMe", "comm/step")
     print(" ".join(f"{h:>9}" if i else f"{h:>5}" for i, h in enumerate(head)))
-    for stage in stages:
-        # Without --stage every stage is listed; offloads apply where that stage allows them.
-        offload = args.offload if stage >= 1 else "none"
-        offload_param = args.offload_param if stage == 3 else "none"
-        m = model_state_bytes(
-            args.params, args.ranks, stage, args.precision, offload, offload_param
-        )
-        host, nvme = placement(m, offload, offload_param)
-        comm = comm_bytes_per_step(args.params, stage, args.precision)
-        cells = (m.params, m.grads, m.optim, m.device_total, host, nvme, comm)
-        print(f"{stage:>5} " + " ".join(f"{units.size(v):>9}" for v in cells))
+    for row in stage_estimates(
+        args.params, args.ranks, stages, args.precision, args.offload, args.offload_param
+    ):
+        m = row.memory
+        cells = (m.params, m.grads, m.optim, m.device_total, row.host, row.nvme, row.comm)
+        print(f"{row.stage:>5} " + " ".join(f"{units.size(v):>9}" for v in cells))
     return 0

@@ -36,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", type=Path, help="trace file written by zeroscope run/serve")
     parser.add_argument("--format", choices=["chrome"], default="chrome", help="output format")
     parser.add_argument(
-        "-o", "--output", type=Path, default=None, help="output file (default: stdout)"
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="output file (default, or '-': stdout)",
     )
 
 
@@ -80,16 +84,14 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
     With ``figures`` (a dict), the run report of zeroscope.state.report is put in it."""
     from zeroscope.agent.schema import Event, StepReport
     from zeroscope.state import ClusterState
-    from zeroscope.state.bandwidth import busbw, volume
-    from zeroscope.state.report import run_report
+    from zeroscope.state.report import collective_figures, run_report
+    from zeroscope.store.feed import feed_trace
     from zeroscope.store.trace import TraceReader
 
     out: list[dict[str, Any]] = []
     state = ClusterState()
     with TraceReader(path) as reader:
         hellos = {h.rank: h for h in reader.hellos()}
-        for h in hellos.values():
-            state.ingest(h)
         origin: int | None = None
         lanes: dict[tuple[int, int], _Lanes] = {}
         named: set[tuple[int, int]] = set()
@@ -113,8 +115,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
             out.append(
                 {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
             )
-        for msg in reader.messages():
-            state.ingest(msg)
+        for msg, _ in feed_trace(reader, state):
             if not isinstance(msg, (Event, StepReport)):
                 continue
             if origin is None:
@@ -157,7 +158,8 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                 s = start_us + c.start_s * 1e6
                 lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + c.duration_s * 1e6)
                 thread(pid, _TID_COMM + lane, f"collectives {lane}")
-                bw = busbw(c.op, c.nbytes, c.duration_s, c.group_size)
+                fig = collective_figures(c)
+                bw = fig["busbw_bytes_s"]
                 out.append(
                     {
                         "ph": "X",
@@ -168,7 +170,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                         "dur": c.duration_s * 1e6,
                         "args": {
                             "bytes": c.nbytes,
-                            "volume_bytes": volume(c.op, c.nbytes),
+                            "volume_bytes": fig["volume_bytes"],
                             "group_size": c.group_size,
                             "exposed_ms": c.exposed_s * 1e3,
                             "busbw_GBps": None if bw is None else bw / 1e9,
@@ -209,7 +211,6 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                     "args": {k: v for k, v in counters.items() if v is not None},
                 }
             )
-        state.flush()
     if figures is not None:
         figures.update(run_report(state))
     _start_at_zero(out)
@@ -239,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise CliError(str(exc)) from None
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"figures": figures}}
-    if args.output is None:
+    if args.output is None or str(args.output) == "-":
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:

@@ -45,17 +45,13 @@ def replay_headless(source: TraceSource) -> int:
     """Every step's line, then the summary: the trace read start to end, step by step."""
     from zeroscope.state import ClusterState
     from zeroscope.state.lines import step_line, summary_lines
+    from zeroscope.store.feed import feed_trace
 
     state = ClusterState()
-    state.job_id = source.reader.job_id  # named even when no rank reported
     reader = source.reader
-    for message in [*reader.hellos(), *reader.admissions()]:
-        state.ingest(message)
-    for message in reader.messages():
-        for agg in state.ingest(message):
+    for _, done in feed_trace(reader, state):
+        for agg in done:
             print(step_line(agg))
-    for agg in state.flush():
-        print(step_line(agg))
     for line in summary_lines(state, str(reader.path)):
         print(line)
     return 0

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from zeroscope.run import console
 from zeroscope.run.deepspeed_launcher import (
     add_deepspeed_arguments,
     deepspeed_argv,
@@ -68,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if runs_a_file(args) and not script.is_file():
         raise CliError(f"no such training script: {args.script}")
-    # Multi-node and discovery (ssh helper, issue #8; zeroscope/remote/multinode.py, docs/remote.md):
+    # Multi-node and discovery (ssh helper; zeroscope/remote/multinode.py, docs/remote.md):
     # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
     from zeroscope.remote import discovery, multinode
 
@@ -93,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"cannot create the trace folder {trace.parent}: {exc.strerror}") from None
     if trace.exists():
         raise CliError(f"trace {trace} already exists; pick another --record path")
-    discovery.create_private(trace)  # 0600 before SQLite opens it (issue #8)
+    discovery.create_private(trace)  # 0600 before SQLite opens it
     token = plan.token  # always: on a shared login node loopback is reachable by all users
     bind = args.bind if args.bind != "127.0.0.1" else plan.bind_host
     try:
@@ -126,7 +127,11 @@ def main(args: argparse.Namespace) -> int:
     job: Job | None = None
 
     def hang_up(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # terminal closed: unwind, and stop the job below
+        # Terminal closed: unwind, and stop the job below. Once: the shell forwards its own
+        # SIGHUP to its jobs, and a second one raised inside the stop cut it short (zeroscope
+        # died, the watchdog's SIGTERM met torchrun mid-shutdown and it left its ranks alive).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGHUP, hang_up)
     log = str(trace.with_suffix(".log"))  # all of the job's output, whatever the terminal shows
@@ -175,6 +180,7 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
     stop the job: zeroscope.run.job.Interrupts, installed by main.)"""
     while job.returncode is None:
         _print_steps(state, source.poll(0.2))
+        console.flush_due()  # lines that waited for a job's unfinished line
     _drain(state, source)
     for agg in state.flush():
         say(step_line(agg))
@@ -184,18 +190,22 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
 def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
     said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
-    end = job.end(said)
-    for line in [*summary_lines(state, trace), *silent_job_notice(state), *end.sentences(job.log)]:
-        say(line)
-    say(f"job exit code {end.code}")
+    end = job.end(said)  # the job's output has ended: no line of it is left to finish
+    console.flush_due(force=True)
+    # A rank that failed with its own error before reporting explains the silence itself.
+    explained = end.rank is not None and not (end.error or "").startswith("exited with code")
+    silent = [] if explained else silent_job_notice(state)
+    for line in [*summary_lines(state, trace), *silent, *end.sentences(job.log)]:
+        say(line, wait=False)
+    say(f"job exit code {end.code}", wait=False)
     return end.code
 
 
-def say(line: str) -> None:
-    """print, to a stdout that may have gone away (``| head``): the job is not stopped for
-    that, only the printing."""
+def say(line: str, *, wait: bool = True) -> None:
+    """print, on a line of its own (zeroscope.run.console), to a stdout that may have gone
+    away (``| head``): the job is not stopped for that, only the printing."""
     try:
-        print(line, flush=True)
+        console.own_line(sys.stdout, line, wait=wait)
     except BrokenPipeError:
         from zeroscope.cli import quiet_stdout
 

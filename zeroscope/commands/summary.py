@@ -29,19 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
     """(ClusterState after the whole trace, facts of the trace file itself). Raises
-    TraceError for a bad file."""
-    from zeroscope.state import ClusterState
+    TraceError for a bad file. The trace is folded by zeroscope.store.feed, as every reader of
+    a trace does."""
+    from zeroscope.store.feed import state_of_trace
     from zeroscope.store.trace import TraceReader
 
-    state = ClusterState()
     with TraceReader(path) as reader:
-        for hello in reader.hellos():
-            state.ingest(hello)
-        for admission in reader.admissions():
-            state.ingest(admission)
-        for message in reader.messages():
-            state.ingest(message)
-        state.flush()
+        state = state_of_trace(reader)
         steps = reader.steps()
         facts = {
             "trace": str(path),

@@ -226,7 +226,7 @@ def run_worker_node(job: WorkerJob, plan: CollectorPlan) -> int:
 
     The one place the launcher side imports the agent's runtime: the probe connects exactly as
     this node's ranks do (tests/test_layering.py names this exemption)."""
-    from zeroscope.agent.collector_probe import CollectorProbe  # noqa: TID251
+    from zeroscope.agent.collector_probe import CollectorProbe
 
     print(
         f"zeroscope: ranks on this node report to {plan.connect_address} "

@@ -159,9 +159,9 @@ def run_trial(
             raise TrialError(f"the trial ran past {timeout:g} s (output in {log})") from None
     if not out.exists():
         raise TrialError(f"the trial recorded nothing (exit {done.returncode}, output in {log})")
-    from zeroscope.commands.summary import state_of
+    from zeroscope.store.feed import state_of_file
 
-    after_state, _ = state_of(out)
+    after_state = state_of_file(out)
     before, after = measure(before_state), measure(after_state)
     return Trial(
         advice, written, out, run, done.returncode, checks(advice, before, after), before, after

@@ -131,6 +131,12 @@ def how_it_ended(
             return e.line
     if reported and reported.get(failed.rank):
         return reported[failed.rank]
+    # Raised before the process group existed (bad arguments, a config error): torch's
+    # ``[rankN]:`` prefix comes with the group, so the traceback is unprefixed. torchrun's own
+    # errors never reach here (a failed rank means torchrun ran), so it is a rank's.
+    unprefixed = next((e.line for e in errors if e.rank is None), None)
+    if unprefixed is not None:
+        return unprefixed
     return f"exited with code {failed.code} without a traceback"
 
 

@@ -4,10 +4,12 @@ The job's stdout and stderr come to zeroscope through two pipes, read on two thr
 
 - every byte goes to the log (``runs/JOB.log`` beside the trace), unchanged and flushed as it
   comes, so ``tail -f`` follows it and nothing the job printed is lost;
-- headless, stdout is passed to zeroscope's stdout as it comes (progress bars included), and
-  stderr line by line, minus the ranks' tracebacks and torchrun's shutdown chatter
+- headless, stdout is passed to zeroscope's stdout in whole lines (a progress bar's ``\r``
+  ends one; an unfinished line goes as it is after ``PARTIAL_WAIT_S``), and stderr line by line,
+  minus the ranks' tracebacks and torchrun's shutdown chatter
   (:class:`~zeroscope.run.job_errors.ErrorScanner`): the end of the run prints the first failing
-  rank's own error line once, instead of one traceback per rank;
+  rank's own error line once, instead of one traceback per rank. Both go through
+  :mod:`zeroscope.run.console`, which keeps zeroscope's own lines out of the job's lines;
 - under the TUI nothing is forwarded (the TUI owns the terminal) but the errors are still read,
   so the view can show the first one as soon as it appears.
 
@@ -23,12 +25,14 @@ import select
 import threading
 from typing import BinaryIO
 
+from zeroscope.run import console
 from zeroscope.run.job_errors import ErrorScanner
 
 MAX_PENDING = 1 << 20
 """Bytes of one unfinished line held back before it is passed on as it is."""
 PARTIAL_WAIT_S = 0.1
-"""How long an unfinished stderr line waits for the rest before it is shown as it is."""
+"""How long an unfinished line waits for the rest before it is shown as it is (a prompt, or a
+bar redrawn without ``\r``)."""
 
 
 class OutputRelay:
@@ -95,15 +99,16 @@ class OutputRelay:
                 if not data:
                     break
                 self._write_log(data)
-                if not scan:
-                    self._emit(sink, data)
-                    continue
                 pending += data
                 cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
                 if not cut and len(pending) > MAX_PENDING:
                     cut = len(pending)  # a line without end: show it in pieces
-                for segment in pending[:cut].splitlines(keepends=True):
-                    self._send(sink, segment, scan)
+                if not scan:
+                    if cut:
+                        self._emit(sink, pending[:cut])  # whole lines, in one write
+                else:
+                    for segment in pending[:cut].splitlines(keepends=True):
+                        self._send(sink, segment, scan)
                 pending = pending[cut:]
             if pending:
                 self._send(sink, pending, scan)
@@ -125,7 +130,6 @@ class OutputRelay:
         if not self.forward or sink is None or id(sink) in self._gone:
             return
         try:
-            sink.write(data)
-            sink.flush()
+            console.job_output(sink, data)
         except (OSError, ValueError):
             self._gone.add(id(sink))  # the reader went away (| head): keep reading, stop showing

@@ -9,13 +9,15 @@ signal handling stay torchrun's), with three things around it that ``zeroscope r
 - it says how the ranks ended: torchrun's ``ChildFailedError`` knows every failed rank's exit
   code or signal, and which ones torchrun itself terminated; that goes to the outcome file
   (:mod:`zeroscope.run.job_end`) instead of a traceback and a banner on the terminal;
-- a stop on request (SIGINT/SIGTERM) ends quietly with 128 + the signal, as a shell reports it.
+- a stop on request (SIGINT/SIGTERM) ends quietly with 128 + the signal, as a shell reports it;
+- no worker outlives it, whichever way it ends.
 
 Any other torchrun error (a bad flag, a rendezvous timeout) is torchrun's to print, unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -53,6 +55,24 @@ def main(argv: list[str] | None = None) -> int:
     except _StoppedEarly as stop:
         _save(outcome_path, Outcome(signal=stop.signum))
         return 128 + stop.signum
+    finally:
+        _kill_leftover_workers()
+
+
+def _kill_leftover_workers() -> None:
+    """No worker outlives torchrun. A second stop signal during torchrun's shutdown (SIGTERM
+    from the watchdog while it waits for the workers after a SIGINT) makes it leave that wait
+    and return without the SIGKILL that ends it, abandoning any worker that had not stopped yet
+    (one stuck in a collective, or one that ignores SIGINT): kill those now."""
+    try:
+        import psutil
+
+        left = psutil.Process().children(recursive=True)
+    except Exception:
+        return
+    for proc in left:
+        with contextlib.suppress(Exception):
+            proc.kill()
 
 
 def _run(argv: list[str], outcome_path: str | None) -> int:

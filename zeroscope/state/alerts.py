@@ -14,6 +14,13 @@ if TYPE_CHECKING:
 
 Severity = Literal["warning", "critical"]
 
+Level = Literal["ok", "warn", "bad", "na"]
+"""A figure's judgement, from :class:`AlertRules`: views map it to a colour and nothing else.
+``na``: the figure (or what it is judged against) was not measured."""
+
+HEAT_METRICS = ("slowness", "memory", "exposed", "step")
+"""The heatmap's metrics; ``memory`` and ``step`` are judged as shares of the largest rank's."""
+
 
 @dataclass(kw_only=True, slots=True)
 class AlertRules:
@@ -41,6 +48,100 @@ class AlertRules:
     """A rank of the job (world size from the Hellos) that has not reported this long after the
     first Hello is named, with the reason (state/roster.py). Nodes start within seconds of each
     other: torchrun's rendezvous waits for all of them."""
+
+    slowness_warn: float = 1.05
+    slowness_bad: float = 1.20
+    """A rank's slowness (its step time over the other ranks' median) above these is a warning /
+    bad in the rank table (an instant figure, unlike the straggler alert's run of steps)."""
+    bubble_excess: float = 0.10
+    """A pipeline stage's measured bubble more than this share of the step above its schedule's
+    planned bubble is bad."""
+    traffic_tolerance: float = 0.10
+    """Measured / predicted communication volume within 1 ± this is the traffic model met."""
+    memory_tolerance: float = 0.10
+    """A model-state part measured more than this fraction off the formulas' prediction is bad."""
+    slowness_severe: float = 1.30
+    """The heatmap's hottest slowness band starts here (its cooler cuts are slowness_warn and
+    slowness_bad: the table and the heatmap read one scale)."""
+    relative_bands: tuple[float, float, float] = (0.7, 0.85, 0.95)
+    """The heatmap's cuts for memory and step time, as shares of the largest rank's."""
+
+    def heat_cuts(self, metric: str) -> tuple[float, float, float]:
+        """The heatmap's three cuts for ``metric`` (band 0 at or below the first, band 3 above
+        the last): slowness on the table's scale; exposed share in thirds of the exposed alert's
+        threshold; memory and step time relative to the largest rank's."""
+        if metric == "slowness":
+            return (self.slowness_warn, self.slowness_bad, self.slowness_severe)
+        if metric == "exposed":
+            third = self.exposed_max / 3
+            return (third, 2 * third, self.exposed_max)
+        return self.relative_bands
+
+    def slowness_level(self, slowness: float | None) -> Level:
+        if slowness is None:
+            return "na"
+        if slowness > self.slowness_bad:
+            return "bad"
+        return "warn" if slowness > self.slowness_warn else "ok"
+
+    def exposed_level(self, share: float | None) -> Level:
+        """A rank's exposed share of its step: above ``exposed_max`` (the cluster alert's
+        threshold) is bad."""
+        if share is None:
+            return "na"
+        return "bad" if share > self.exposed_max else "ok"
+
+    def bubble_level(self, measured: float | None, planned: float | None) -> Level:
+        """A stage's measured bubble against its schedule's plan; NA when either is."""
+        if measured is None or planned is None:
+            return "na"
+        return "bad" if measured > planned + self.bubble_excess else "ok"
+
+    def traffic_level(self, ratio: float | None) -> Level:
+        """Measured / predicted communication volume."""
+        if ratio is None:
+            return "na"
+        tol = self.traffic_tolerance
+        return "ok" if 1 - tol <= ratio <= 1 + tol else "warn"
+
+    def memory_level(self, deviation: float | None) -> Level:
+        """A part's (measured - predicted) / predicted."""
+        if deviation is None:
+            return "na"
+        return "bad" if abs(deviation) > self.memory_tolerance else "ok"
+
+    def heat_levels(self, metric: str, values: list[float | None]) -> list[int | None]:
+        """The heatmap band (0-3) of each rank's ``metric``; None where NA. Memory and step
+        are judged as a share of the largest rank's value."""
+        top = max((v for v in values if v is not None), default=0.0)
+        cuts = self.heat_cuts(metric)
+        out: list[int | None] = []
+        for value in values:
+            if value is not None and metric not in ("slowness", "exposed"):
+                value = value / top if top > 0 else 0.0
+            out.append(None if value is None else sum(value > c for c in cuts))
+        return out
+
+    def thresholds(self) -> list[str]:
+        """The judgements' thresholds in words, for the help screen: the numbers the colours
+        follow, from this one place."""
+        heat = {m: self.heat_cuts(m) for m in HEAT_METRICS}
+        return [
+            f"slow         yellow > {self.slowness_warn:.2f}x, red > {self.slowness_bad:.2f}x "
+            "the other ranks' median",
+            f"exposed      red > {self.exposed_max:.0%} of the step (the alert too)",
+            f"bubble       red > the schedule's plan + {self.bubble_excess:.0%} of the step",
+            f"traffic      green within {1 - self.traffic_tolerance:.2f}-"
+            f"{1 + self.traffic_tolerance:.2f}x of the predicted volume",
+            f"memory       red > ±{self.memory_tolerance:.0%} off the formulas' prediction",
+            "heatmap      slowness "
+            + " / ".join(f"{c:.2f}x" for c in heat["slowness"])
+            + ", exposed "
+            + " / ".join(f"{c:.0%}" for c in heat["exposed"])
+            + ", memory and step "
+            + " / ".join(f"{c:.0%}" for c in heat["memory"])
+            + " of the largest",
+        ]
 
     def __post_init__(self) -> None:
         if self.storm_overflows < 1 or self.storm_window < self.storm_overflows:

@@ -50,9 +50,11 @@ def busbw(op: str, nbytes: int, seconds: float, n: int) -> float | None:
     return None if bw is None else bw * bus_factor(op, n)
 
 
-def wire_bytes(op: str, nbytes: int, n: int) -> float:
-    """Bytes each rank sends on a ring for one op (the busbw numerator): S * bus_factor."""
-    return nbytes * bus_factor(op, n)
+def wire_bytes(op: str, nbytes: float, n: int) -> float:
+    """Bytes each rank sends on a ring for one op (the busbw numerator): S * bus_factor. A group
+    size not reported (0) counts as one rank. Every busbw figure (per op, per step, per run, the
+    advisor's link rate) sums this numerator."""
+    return nbytes * bus_factor(op, max(1, n))
 
 
 def busbw_of(bus_bytes: float, seconds: float) -> float | None:

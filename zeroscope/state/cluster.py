@@ -32,6 +32,9 @@ from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
 
+SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
+"""The events of the loss-scale screen's list."""
+
 
 @dataclass(slots=True)
 class StepAggregate:
@@ -293,6 +296,15 @@ class ClusterState:
     # (ClusterTotals); ``throughput()``, ``findings()``, ``alerts()``; per-step series in
     # zeroscope.state.history; predictions in zeroscope.state.prediction; all of it as one
     # dict in zeroscope.state.report.
+
+    def scale_events(self, limit: int = 200) -> list[Event]:
+        """The newest ``limit`` loss-scale events (overflow, scale change, scale at minimum, nan
+        loss), newest step first, ranks in order within a step. They arrive in the order the
+        ranks' reports do, which interleaves ranks and steps: a list titled "newest first" in
+        arrival order was not in step order."""
+        found = [e for e in self.events if e.event in SCALE_EVENTS]
+        found.sort(key=lambda e: (-e.step, e.rank))
+        return found[:limit]
 
     def latest(self) -> StepAggregate | None:
         """The newest complete step (or the newest step at all before any completed)."""

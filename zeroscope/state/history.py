@@ -178,3 +178,26 @@ def rank_beside_cluster(
         mine.append(figure(s))
         theirs.append(cluster(p) if p is not None else None)
     return steps, mine, theirs
+
+
+def stacked_parts(
+    parts: dict[str, list[int | None]], order: tuple[str, ...] = ("P", "G", "O", "A")
+) -> dict[str, list[float | None]]:
+    """Each part's band top in a stacked memory chart: P, then P+G, P+G+O, P+G+O+A (the
+    device's model-state total), summing the parts reported at each step (None where none
+    was)."""
+    out: dict[str, list[float | None]] = {}
+    running: list[list[int | None]] = []
+    for name in order:
+        running.append(parts[name])
+        tops: list[float | None] = []
+        for row in zip(*running):
+            known = [v for v in row if v is not None]
+            tops.append(sum(known) if known else None)
+        out[name] = tops
+    return out
+
+
+def skipped_steps(steps: Iterable[StepAggregate]) -> int:
+    """How many of ``steps`` the optimizer skipped (an fp16 overflow)."""
+    return sum(1 for a in steps if a.skipped)

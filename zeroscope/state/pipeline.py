@@ -38,6 +38,28 @@ def one_f_one_b_bound(stages: int, microbatches: int) -> float | None:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def bubble_fraction(span_s: float, compute_s: float) -> float | None:
+    """A stage's bubble: the share of the pipeline span it spent not computing,
+    max(0, span - compute) / span; NA for an empty span. The Pipeline screen's rows, its mean
+    over the stages (:func:`mean_bubble`) and the advisor's pipeline rule all use this one."""
+    return max(0.0, span_s - compute_s) / span_s if span_s > 0 else None
+
+
+def mean_bubble(span_s: float, computes: Iterable[float]) -> float | None:
+    """The pipeline's bubble: the mean of its stages' :func:`bubble_fraction` over one span."""
+    fractions = [bubble_fraction(span_s, c) for c in computes]
+    known = [f for f in fractions if f is not None]
+    return sum(known) / len(known) if known else None
+
+
+def imbalance(loads: Iterable[float]) -> float | None:
+    """The slowest stage's compute over the mean stage's (1.0 = balanced); NA when the mean is
+    0. The Pipeline screen's footer and the advisor's pipeline rule use this one."""
+    values = list(loads)
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class Act:
     kind: str
@@ -144,8 +166,7 @@ class StageRow:
 
     @property
     def bubble_fraction(self) -> float | None:
-        span = max(self.span_s, self.step_s)
-        return self.bubble_s / span if span > 0 else None
+        return bubble_fraction(max(self.span_s, self.step_s), self.compute_s)
 
 
 @dataclass(slots=True)
@@ -171,8 +192,7 @@ class PipelineView:
     @property
     def imbalance(self) -> float | None:
         """Slowest stage's compute over the mean (1.0 = balanced)."""
-        mean = sum(r.compute_s for r in self.rows) / len(self.rows)
-        return self.slowest.compute_s / mean if mean > 0 else None
+        return imbalance(r.compute_s for r in self.rows)
 
 
 def layout_of(hello: Hello | None) -> ParallelLayout | None:

@@ -76,6 +76,10 @@ class TrafficPrediction:
         """Measured / predicted volume [ratio]; NA without both."""
         return measured / self.volume if measured is not None and self.volume else None
 
+    def paper_ratio(self, measured: float | None) -> float | None:
+        """Measured / the paper's volume [ratio]; NA without both."""
+        return measured / self.paper if measured is not None and self.paper else None
+
 
 def deviation(measured: float | None, predicted: float | None) -> float | None:
     """Measured / predicted - 1 [fraction] (the Memory screen's +x%); NA when either is

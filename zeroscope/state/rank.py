@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport
 
-from .bandwidth import bus_factor, busbw_of, volume
+from .bandwidth import busbw_of, volume, wire_bytes
 from .totals import RankTotals
 
 HISTORY_STEPS = 512
@@ -174,7 +174,7 @@ def summarize(report: StepReport) -> StepSummary:
         if totals is None:
             totals = ops[op] = OpTotals()
         v = volume(op, int(nbytes))
-        bus = nbytes * bus_factor(op, max(1, size))
+        bus = wire_bytes(op, nbytes, size)
         totals.count += int(count)
         totals.nbytes += int(nbytes)
         totals.volume += v

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .bandwidth import busbw_of
+from .bandwidth import busbw, busbw_of, volume
 
 if TYPE_CHECKING:
+    from zeroscope.agent.schema import Collective
+
     from .cluster import ClusterState
     from .rank import RankState
 
 TOTAL_AGGREGATION = {
     "steps": "cluster: complete steps",
-    "mean_step_s": "cluster: mean over steady steps of the slowest rank's step time",
+    "mean_step_s": "cluster: the steady steps' period (span of step ends / steps) = 1 / steps_per_s",
     "params_peak": "max over ranks",
     "grads_peak": "max over ranks",
     "optim_peak": "max over ranks",
@@ -30,6 +32,15 @@ TOTAL_AGGREGATION = {
     "overflows": "cluster: steps with an overflow on any rank",
 }
 """How the ``all`` row of the summary combines the ranks, column by column."""
+
+
+def collective_figures(c: Collective) -> dict[str, Any]:
+    """One collective's figures as ``export`` shows them on its slice: the paper's volume
+    (bytes) and its busbw (bytes/s, nccl-tests convention; None when not measurable)."""
+    return {
+        "volume_bytes": volume(c.op, c.nbytes),
+        "busbw_bytes_s": busbw(c.op, c.nbytes, c.duration_s, c.group_size),
+    }
 
 
 def _percent(fraction: float | None) -> float | None:

@@ -15,6 +15,7 @@ so one fsync-free commit covers thousands of messages.
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,6 +25,18 @@ from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
 
 TRACE_FORMAT = "zeroscope-trace-1"
+
+CHECKPOINT_INTERVAL = 2.0
+"""Seconds between the writer's WAL checkpoints: the trace file alone lags the committed rows
+by at most about this much (a checkpoint of a few MB costs a few ms on the collector's
+thread)."""
+
+
+def report_damage(line: str) -> None:
+    """Say once, on stderr, that a trace was read from a salvaged copy (the verbs' output on
+    stdout stays what it is)."""
+    print(f"zeroscope: warning: {line}", file=sys.stderr)
+
 
 _CREATE = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -121,8 +134,10 @@ class TraceWriter:
             except sqlite3.Error as exc:
                 raise TraceError(f"{self.path}: cannot create trace ({exc})") from None
             self.job_id = job_id
+        self._mark_closed("0")
         self._pending: list[tuple[int | None, int | None, str, int, bytes]] = []
         self._last_commit = time.monotonic()
+        self._last_checkpoint = self._last_commit
         self.commit_interval = commit_interval
         self.commit_rows = commit_rows
         self.rows = 0
@@ -176,16 +191,62 @@ class TraceWriter:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if self._last_commit - self._last_checkpoint >= CHECKPOINT_INTERVAL:
+            self._checkpoint("PASSIVE")
         self.rows += len(rows)
         steps = [row[0] for row in rows if row[0] is not None]
         if steps:
             self.last_step = max(max(steps), self.last_step or 0)
 
+    def _checkpoint(self, mode: str) -> None:
+        """Copy the WAL into the trace file itself. Until a checkpoint, committed rows live in
+        the ``-wal`` file beside it: a user who copies only the ``.zstrace`` after a ``kill -9``
+        (or while the job runs) would get its first page and nothing else."""
+        self._last_checkpoint = time.monotonic()
+        try:
+            self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+        except sqlite3.Error:
+            pass  # a busy reader or a full disk: the rows stay safe in the WAL
+
+    def _mark_closed(self, value: str) -> None:
+        try:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('closed', ?)", (value,)
+            )
+        except sqlite3.Error:
+            pass  # a full disk: the trace is then read as not closed, and checked
+
     def close(self) -> None:
+        """Commit, mark the trace closed and fold the WAL into it: the file alone is the
+        whole trace after the run ends or is stopped."""
         try:
             self.commit()
+            self._mark_closed("1")
+            self._checkpoint("TRUNCATE")
         finally:
             self._conn.close()
+
+
+def open_damaged(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a trace that may be cut short. SQLite refuses a file shorter
+    than its header's page count as corrupt, unless ``writable_schema`` is on (then it reads the
+    pages that are there); nothing is written through it."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    conn.execute("PRAGMA writable_schema=ON")
+    return conn
+
+
+def _cut_short(path: Path) -> bool:
+    """Is the file shorter than its own header says (a copy torn mid-way, a full disk)? O(1):
+    the page size and the page count SQLite keeps in the header, trusted only while the
+    header's "version valid for" number matches its change counter, as SQLite itself does."""
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if len(head) < 100 or head[92:96] != head[24:28]:
+        return False
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    return path.stat().st_size < page_size * int.from_bytes(head[28:32], "big")
 
 
 class TraceReader:
@@ -199,9 +260,44 @@ class TraceReader:
             head = f.read(16)
         if head != b"SQLite format 3\x00":
             raise TraceError(f"{self.path}: not a zeroscope trace (not an SQLite file)")
-        self._conn = _connect(self.path)
-        self.meta = _check_meta(self._conn, self.path)
+        self.damage: str | None = None
+        """What was lost, when the trace was damaged and is read from a salvaged copy."""
+        if _cut_short(self.path):  # SQLite would not even open it for reading
+            probe = open_damaged(self.path)
+            try:
+                self.meta = _check_meta(probe, self.path)
+            finally:
+                probe.close()
+            self._read_salvaged()
+        else:
+            self._conn = _connect(self.path)
+            self.meta = _check_meta(self._conn, self.path)
+            if self.meta.get("closed") != "1" and not self._intact():
+                self._conn.close()
+                self._read_salvaged()
         self._conn.execute("PRAGMA query_only=1")
+
+    def _intact(self) -> bool:
+        """SQLite's own page check, for a trace its writer never closed (a crash, a copy made
+        mid-run, a full disk): one bad page there would fail every query that meets it. A
+        closed trace is checked only for being cut short (a full read of a big trace on every
+        open would cost seconds); damage inside it is refused in one line as before."""
+        try:
+            return [r[0] for r in self._conn.execute("PRAGMA quick_check").fetchall()] == ["ok"]
+        except (sqlite3.DatabaseError, ValueError):
+            return False
+
+    def _read_salvaged(self) -> None:
+        from zeroscope.store.salvage import salvage
+
+        try:
+            rescued = salvage(self.path, self.meta)
+        except (sqlite3.Error, OSError) as exc:
+            raise TraceError(f"{self.path}: damaged and not salvageable ({exc})") from None
+        self.damage = rescued.note(self.path)
+        self._copy = rescued.copy
+        self._conn = _connect(rescued.copy)
+        report_damage(self.damage)
 
     @property
     def job_id(self) -> str:
@@ -301,6 +397,10 @@ class TraceReader:
 
     def close(self) -> None:
         self._conn.close()
+        copy = getattr(self, "_copy", None)
+        if copy is not None:
+            for leftover in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+                leftover.unlink(missing_ok=True)
 
     def __enter__(self) -> TraceReader:
         return self

@@ -30,9 +30,11 @@ from .feed import Batch, ReplayFeed
 from .screens import SCREENS, screen_for
 
 CHUNK = 256
+"""Messages folded into ClusterState per UI-thread call (~5 ms at 1024 ranks)."""
 ADVICE_EVERY_S = 2.0
 """The Advice screen and the alerts strip's pointer are recomputed at most this often."""
-"""Messages folded into ClusterState per UI-thread call (~5 ms at 1024 ranks)."""
+CLOCK_REDRAW_S = 1.0
+"""Live, with no new data, the view is redrawn this often (for its silence and age figures)."""
 
 
 class Feed(Protocol):
@@ -96,6 +98,7 @@ class ZeroscopeApp(App[str]):
         self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
+        self._drawn_at = 0.0
         self._advisory: tuple[int, Advisory, float] | None = None
         self.job_over = False
         """Set (mark_over) by a viewer that learns the job is gone (attach's tunnel keeper)."""
@@ -154,10 +157,14 @@ class ZeroscopeApp(App[str]):
             self.state.version += 1
 
     def _tick(self) -> None:
-        # Live: redraw at least once a second so "silent for 2 s" appears without new data.
-        # An advisory held back by its rate limit is redrawn once due, even if the state has
-        # stopped moving (a paused replay, a finished job): advice is never left stale.
-        if self.state.version != self._drawn or self.live_clock or self._advice_due():
+        # Redraw when the state moved. Live, with nothing new, once a second only, so "silent
+        # for 2 s" appears (every tick redrew the whole screen: 4 frames a second of an idle
+        # view is most of what a monitoring view should not cost). An advisory held back by its
+        # rate limit is redrawn once due, even if the state has stopped moving (a paused replay,
+        # a finished job): advice is never left stale.
+        now = time.monotonic()
+        clock_due = self.live_clock and now - self._drawn_at >= CLOCK_REDRAW_S
+        if self.state.version != self._drawn or clock_due or self._advice_due():
             self.redraw()
 
     def _advice_due(self) -> bool:
@@ -178,6 +185,7 @@ class ZeroscopeApp(App[str]):
 
     def redraw(self) -> None:
         self._drawn = self.state.version
+        self._drawn_at = time.monotonic()
         if not self.is_running:
             return  # shutting down: the screens' widgets are being removed under the timer
         screen = self.screen
@@ -200,7 +208,7 @@ class ZeroscopeApp(App[str]):
     def advice_pointer(self) -> str | None:
         """The alerts strip's line pointing to the Advice screen (None when there is none)."""
         advisory = self.advisory()
-        top = advisory.top
+        top = advisory.headline
         if top is None:
             return None
         more = f" (+{len(advisory.advice) - 1} more)" if len(advisory.advice) > 1 else ""
@@ -281,7 +289,7 @@ class ZeroscopeApp(App[str]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(replay=self.replay is not None))
+            self.push_screen(HelpScreen(replay=self.replay is not None, rules=self.state.rules))
 
     def action_quit_app(self) -> None:
         if self.job is not None and self.job.returncode is None:
@@ -322,7 +330,7 @@ class ZeroscopeApp(App[str]):
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """zeroscope's own commands only: its screens, its ranks, replay's controls, help and
         quit. Textual's generic entries (themes, screenshots, maximize) are left out: they do
-        not help read a training job and crowd the list (issue 19)."""
+        not help read a training job and crowd the list."""
         yield SystemCommand("Help: keys", "every key and what the columns mean", self.action_help)
         yield SystemCommand(
             "Quit", "leave zeroscope (asks while the job runs)", self.action_quit_app

@@ -123,7 +123,7 @@ class ClusterScreen(StateScreen):
         table.set_rows(rows)
         shown = (len(table.shown_ranks), len(rows)) if table.filter_text.strip() else None
         self.query_one(ClusterHeader).show(state, self.zapp.status_text(), shown=shown)
-        self.query_one(RankHeatmap).set_rows(rows)
+        self.query_one(RankHeatmap).set_rows(rows, state.rules)
         self.query_one(AlertsStrip).show(alerts)
         self.query_one(HistoryPlots).poke()
         self._choose_view()

@@ -57,10 +57,12 @@ class CommScreen(StateScreen):
             text.append(f"predicted {units.size(expected.volume)}")
             ratio = expected.ratio(last)
             if ratio is not None:
-                text.append(f" ({ratio:.2f}x)", style="green" if 0.9 <= ratio <= 1.1 else "yellow")
+                met = self.state.rules.traffic_level(ratio) == "ok"
+                text.append(f" ({ratio:.2f}x)", style="green" if met else "yellow")
             text.append(f"\n{expected.label}; paper {units.size(expected.paper)}", style="dim")
-            if last is not None and expected.paper:
-                text.append(f" ({last / expected.paper:.2f}x of it)", style="dim")
+            of_paper = expected.paper_ratio(last)
+            if of_paper is not None:
+                text.append(f" ({of_paper:.2f}x of it)", style="dim")
             c, p = self.state.config, self.state.params
             reasons = paper_differences(c, p) if c is not None and p is not None else []
             text.append(

@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from zeroscope.state import AlertRules
+
 KEYS = """\
 [b]Keys[/b]
   ↑ ↓  j k      move in the rank table (heatmap: ← → too)
@@ -29,7 +31,7 @@ KEYS = """\
   memory        device bytes by part: [bold blue]P[/] params [bold green]G[/] grads \
 [bold yellow]O[/] optimizer [bold magenta]A[/] activations
   slow          the rank's compute (step minus time waiting in collectives)
-                ÷ the median of the other ranks' (1.00x typical; yellow > 1.05x, red > 1.2x)
+                ÷ the median of the other ranks' (1.00x typical)
   expo          exposed comm: share of the rank's step spent waiting in collectives
   offload       host ↔ device transfer bandwidth; scale: fp16 loss scale
   flag          slow · comm · mem! · silent · exited · died · drops (see the alerts)
@@ -49,12 +51,16 @@ class HelpScreen(ModalScreen[None]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "close")]
 
-    def __init__(self, replay: bool = False) -> None:
+    def __init__(self, replay: bool = False, rules: AlertRules | None = None) -> None:
         super().__init__()
         self.replay = replay
+        self.rules = rules or AlertRules()
 
     def compose(self) -> ComposeResult:
-        yield Static(KEYS + (REPLAY_KEYS if self.replay else ""))
+        thresholds = "[b]Colours[/b] (zeroscope.state.AlertRules)\n" + "".join(
+            f"  {line}\n" for line in self.rules.thresholds()
+        )
+        yield Static(KEYS + thresholds + (REPLAY_KEYS if self.replay else ""))
 
 
 class QuitScreen(ModalScreen[str]):

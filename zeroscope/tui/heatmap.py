@@ -10,13 +10,16 @@ from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from zeroscope.state import units
+from zeroscope.state import AlertRules, units
+from zeroscope.state.alerts import HEAT_METRICS
 
 from .rank_rows import RankRow, filtered
 from .rank_table import RankTable
 
-METRICS = ("slowness", "memory", "exposed", "step")
+METRICS = HEAT_METRICS
 LEVELS = ("green", "yellow", "dark_orange", "red")
+"""Colour of each heat band (AlertRules.heat_band), coolest first."""
+NA_STYLE = "grey30"
 
 
 def _value(row: RankRow, metric: str) -> float | None:
@@ -28,29 +31,14 @@ def _value(row: RankRow, metric: str) -> float | None:
     }[metric]
 
 
-CUTS = {
-    "slowness": (1.05, 1.15, 1.3),
-    "exposed": (0.1, 0.2, 0.3),
-    "memory": (0.7, 0.85, 0.95),
-    "step": (0.7, 0.85, 0.95),
-}
-"""Colour thresholds: slowness (x the others' median) and exposed share are absolute; memory
-and step time are shares of the largest rank's."""
-NA_STYLE = "grey30"
+def style_of(band: int | None) -> str:
+    """Colour of one cell: its band by the rules (AlertRules.heat_levels), NA grey."""
+    return NA_STYLE if band is None else LEVELS[band]
 
 
-def level(metric: str, value: float | None, top: float) -> str:
-    """Color of one cell: slowness by fixed thresholds; other metrics relative to the max."""
-    if value is None:
-        return NA_STYLE
-    if metric not in ("slowness", "exposed"):
-        value = value / top if top > 0 else 0.0
-    return LEVELS[sum(value > c for c in CUTS[metric])]
-
-
-def legend(metric: str) -> Text:
+def legend(rules: AlertRules, metric: str) -> Text:
     """What each colour means for ``metric``: the heatmap's colour legend."""
-    cuts = CUTS[metric]
+    cuts = rules.heat_cuts(metric)
     if metric == "slowness":
         marks = [f"{c:.2f}x" for c in cuts]
     elif metric == "exposed":
@@ -89,11 +77,13 @@ class RankHeatmap(Widget, can_focus=True):
         self._rows: list[RankRow] = []
         self._shown: list[RankRow] = []
         self._per_line = 1
+        self.rules = AlertRules()
 
     def on_resize(self) -> None:
         self.post_message(RankTable.Resized())
 
-    def set_rows(self, rows: list[RankRow]) -> None:
+    def set_rows(self, rows: list[RankRow], rules: AlertRules | None = None) -> None:
+        self.rules = rules or self.rules
         self._rows = sorted(rows, key=lambda r: r.rank)
         self._shown = filtered(self._rows, self.filter_text)
         self.cursor = max(0, min(self.cursor, len(self._shown) - 1))
@@ -134,7 +124,7 @@ class RankHeatmap(Widget, can_focus=True):
         self._per_line = max(1, width // cell)
         metric, cursor = self.metric, self.cursor  # reactive reads cost: once per frame
         values = [_value(r, metric) for r in self._shown]
-        top = max((v for v in values if v is not None), default=0.0)
+        bands = self.rules.heat_levels(metric, values)
         text = Text(no_wrap=True, overflow="crop")
         current = self._shown[self.cursor] if self._shown else None
         value = _value(current, self.metric) if current else None
@@ -154,7 +144,7 @@ class RankHeatmap(Widget, can_focus=True):
         run_style, run = "", ""
         for i in range(len(self._shown)):
             newline = i > 0 and i % self._per_line == 0
-            style = level(metric, values[i], top)
+            style = style_of(bands[i])
             if i == cursor:
                 style, glyph = f"{style} reverse", "▣" * cell
             else:
@@ -167,5 +157,5 @@ class RankHeatmap(Widget, can_focus=True):
             run += glyph
         text.append(run, style=run_style)
         text.append("\n")
-        text.append_text(legend(metric))
+        text.append_text(legend(self.rules, metric))
         return text

@@ -13,6 +13,7 @@ from textual.widgets import Footer
 from textual_plotext.plot import Plot
 
 from zeroscope.state import units
+from zeroscope.state.history import skipped_steps
 
 from .base import StateScreen
 from .header import ClusterHeader
@@ -21,8 +22,6 @@ from .pane import Pane
 
 MAX_ROWS = 9
 """Data rows of the chart at most (the frame and the step labels add three)."""
-
-SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
 
 
 class LossScaleScreen(StateScreen):
@@ -62,16 +61,16 @@ class LossScaleScreen(StateScreen):
         text = legend_text(chart, width)
         text.append("\n")
         text.append_text(build(self._plot, chart, width, rows + 3))
-        skipped = sum(1 for a in steps if a.skipped)
+        skipped = skipped_steps(steps)
         text.append(f"\nnow {units.scale(scales[-1])}; {skipped} of {len(steps)} steps skipped")
         return text
 
     def _events(self, width: int) -> Text:
-        events = [e for e in self.state.events if e.event in SCALE_EVENTS]
+        events = self.state.scale_events()
         if not events:
             return Text("no overflow or scale events", style="dim")
         text = Text()
-        for i, e in enumerate(reversed(events[-200:])):
+        for i, e in enumerate(events):
             if i:
                 text.append("\n")
             style = (

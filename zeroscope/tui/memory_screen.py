@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state import units
+from zeroscope.state import AlertRules, units
 from zeroscope.state.prediction import deviation, predicted_memory
 
 from .base import StateScreen
@@ -18,24 +18,25 @@ from .header import ClusterHeader
 from .pane import Pane
 
 
-def _deviation(measured: float | None, expected: float | None) -> Text:
-    """The deviation in 4 cells, coloured when over 10 %."""
+def _deviation(rules: AlertRules, measured: float | None, expected: float | None) -> Text:
+    """The deviation in 4 cells, coloured by its level (AlertRules.memory_level)."""
     dev = deviation(measured, expected)
     if dev is not None:
-        return Text(f"{dev:+.0%}".rjust(4), style="red" if abs(dev) > 0.1 else "green")
+        bad = rules.memory_level(dev) == "bad"
+        return Text(f"{dev:+.0%}".rjust(4), style="red" if bad else "green")
     if measured is not None and expected == 0:
         return Text(" new" if measured else "  ok", style="red" if measured else "green")
     return Text("  NA")
 
 
-def _cell(measured: float | None, expected: float | None, compact: bool) -> Text:
+def _cell(rules: AlertRules, measured: float | None, expected: float | None, compact: bool) -> Text:
     """'measured/predicted dev' (17 cells), or 'measured dev' (11) when the predicted value is
     printed once above the ranks (narrow terminals)."""
     if compact:
         text = Text(f"{units.size(measured):>6} ")
     else:
         text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
-    text.append_text(_deviation(measured, expected))
+    text.append_text(_deviation(rules, measured, expected))
     return text.append(" ")
 
 
@@ -85,7 +86,7 @@ class MemoryScreen(StateScreen):
                 (s.host_bytes if s else None, m.host_total if m else None),
             ]
             for measured, expected in parts:
-                row.append_text(_cell(measured, expected, compact))
+                row.append_text(_cell(self.state.rules, measured, expected, compact))
             row.append(f"{units.size(s.activations if s else None):>7}")
             text.append_text(row)
         if not self.state.ranks:

@@ -137,10 +137,8 @@ class PipelineScreen(StateScreen):
             text.append(f"{units.percent(row.planned_bubble):>7}")
             text.append(f"{units.percent(row.predicted_bubble):>11}  ")
             filled = round((row.bubble_fraction or 0.0) * bar)
-            style = (
-                "bold red" if (row.bubble_fraction or 0) > (row.planned_bubble or 0) + 0.1 else ""
-            )
-            text.append("█" * filled, style=style or "yellow")
+            judged = self.state.rules.bubble_level(row.bubble_fraction, row.planned_bubble)
+            text.append("█" * filled, style="bold red" if judged == "bad" else "yellow")
             text.append("·" * (bar - filled), style="dim")
         slow, imbalance = view.slowest, view.imbalance
         text.append(

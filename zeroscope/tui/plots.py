@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from zeroscope.state import ClusterState
-from zeroscope.state.history import StepPoint, StepSeries, rank_beside_cluster
+from zeroscope.state.history import StepPoint, StepSeries, rank_beside_cluster, stacked_parts
 
 from .history_plot import Chart, Line
 
@@ -36,27 +36,17 @@ def _div(values: Sequence[float | None], div: float) -> list[float | None]:
     return [None if v is None else v / div for v in values]
 
 
-def _add(*columns: Sequence[float | None]) -> list[float | None]:
-    """Element-wise sum of the parts reported (None where none was)."""
-    out: list[float | None] = []
-    for row in zip(*columns):
-        known = [v for v in row if v is not None]
-        out.append(sum(known) if known else None)
-    return out
-
-
-def _stack(xs: list[int], parts: dict[str, Sequence[float | None]], div: float) -> list[Line]:
-    """P at the bottom, then G, O, A stacked on it: cumulative fills drawn largest first (A's
-    top, the device total) so each part shows as its own band; the legend reads top down."""
-    running: list[Sequence[float | None]] = []
+def _stack(xs: list[int], tops: dict[str, list[float | None]], div: float) -> list[Line]:
+    """P at the bottom, then G, O, A stacked on it (each band's top from
+    zeroscope.state.history.stacked_parts): fills drawn largest first (A's top, the device
+    total) so each part shows as its own band; the legend reads top down."""
     bands = []
     for name in ("P", "G", "O", "A"):
-        running.append(parts[name])
         bands.append(
             Line(
                 name,
                 xs,
-                _div(_add(*running), div),
+                _div(tops[name], div),
                 PART_COLORS[name],
                 fill=True,
                 marker="█",
@@ -147,9 +137,10 @@ def _memory_chart(
     median: Sequence[float | None] | None,
     cursor: int | None,
 ) -> Chart:
-    everything = [*_add(*parts.values()), *host, *(median or [])]
+    tops = stacked_parts(parts)
+    everything = [*tops["A"], *host, *(median or [])]
     div, unit = _scale(everything, "B")
-    chart = Chart(f"{title} [{unit}]", _stack(xs, parts, div), cursor=cursor)  # type: ignore[arg-type]
+    chart = Chart(f"{title} [{unit}]", _stack(xs, tops, div), cursor=cursor)
     if any(host):
         chart.lines.append(Line("host", xs, _div(host, div), "white"))
     if median is not None:

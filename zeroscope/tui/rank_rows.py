@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroscope.state import ClusterState
+from zeroscope.state import ClusterState, Level
 from zeroscope.state.pipeline import layout_of
 
 SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
@@ -27,6 +27,7 @@ class RankRow:
     step: int | None
     step_time: float | None
     slowness: float | None
+    slowness_level: Level
     exposed: float | None
     offload_bw: float | None
     loss_scale: float | None
@@ -42,6 +43,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
     for r, rs in state.ranks.items():
         s = rs.summary
         layout = layout_of(rs.hello)
+        slowness = state.slowness(r)
         rows.append(
             RankRow(
                 rank=r,
@@ -53,7 +55,8 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
                 total=s.device_total if s else None,
                 step=s.step if s else None,
                 step_time=s.duration_s if s else None,
-                slowness=state.slowness(r),
+                slowness=slowness,
+                slowness_level=state.rules.slowness_level(slowness),
                 exposed=s.exposed_share if s else None,
                 offload_bw=s.offload_bw if s else None,
                 loss_scale=s.loss_scale if s else None,

@@ -171,7 +171,7 @@ class RankScreen(StateScreen):
         share = s.exposed_share
         text.append(
             f"\nexposed {units.seconds(s.exposed_s)} = {units.percent(share)} of the step",
-            style="bold red" if share and share > 0.3 else "dim",
+            style="bold red" if self.state.rules.exposed_level(share) == "bad" else "dim",
         )
         return text
 

@@ -16,6 +16,9 @@ from zeroscope.state import units
 from .charts import PART_STYLES, stacked_bar
 from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
 
+SLOWNESS_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "", "na": ""}
+"""Colour of a rank's slowness by its level (AlertRules.slowness_level)."""
+
 
 class RankTable(Widget, can_focus=True):
     DEFAULT_CSS = """
@@ -177,9 +180,7 @@ class RankTable(Widget, can_focus=True):
                 stacked_bar(parts, scale, bar) if row.total is not None else Text("NA".ljust(bar))
             )
             slow = row.slowness
-            slow_style = (
-                "bold red" if slow and slow > 1.2 else ("yellow" if slow and slow > 1.05 else "")
-            )
+            slow_style = SLOWNESS_STYLES[row.slowness_level]
             line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
             line.append(f"{units.percent(row.exposed):>5}{units.rate(row.offload_bw):>9}")

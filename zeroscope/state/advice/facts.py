@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from zeroscope.state.bandwidth import bus_factor
+from zeroscope.state.bandwidth import wire_bytes
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective, ConfigSummary, ParamCounts, StepReport
@@ -250,5 +250,5 @@ def hockney(f: Facts) -> tuple[float, float | None]:
         return alpha, None
     biggest = max(c.nbytes for c in colls)
     large = [c for c in colls if 2 * c.nbytes >= biggest]
-    wire = sum(c.nbytes * bus_factor(c.op, max(1, c.group_size)) for c in large)
+    wire = sum(wire_bytes(c.op, c.nbytes, c.group_size) for c in large)
     return alpha, wire / sum(c.duration_s for c in large)

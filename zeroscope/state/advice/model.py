@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from zeroscope.state import units
+
 Confidence = Literal["high", "medium", "low"]
 Severity = Literal["error", "advice"]
 
@@ -128,14 +130,9 @@ def ms(seconds: float | None) -> str:
 
 
 def nbytes(value: float | None) -> str:
-    """Bytes in binary units (as allocators and OOM messages print them)."""
-    if value is None:
-        return "NA"
-    v = float(value)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(v) >= size:
-            return f"{v / size:.2f} {unit}"
-    return f"{v:.0f} B"
+    """Bytes in the decimal units every other view prints (``units.size``: 1 MB = 1e6 bytes),
+    so the advice's figures read the same as the memory screen's beside them."""
+    return units.size(value)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,7 +158,12 @@ class Thresholds:
     """Rules 2 and 4: an op's exposed time must be at least this share of the step."""
     skipped_min: float = 0.02
     """Rule 5: skipped (overflowing) steps above this share, after the scale settled."""
+    startup_skipped_min: int = 5
+    """Rule 5 at start-up: this many skipped steps before the first applied one are a storm
+    (DeepSpeed's default start, 2^16, calibrates in a few steps on most models)."""
     activations_share_min: float = 0.5
     """Rule 6: activations above this share of P+G+O+A dominate the peak."""
     bubble_excess: float = 0.05
     """Rule 12: a measured bubble this far above the 1F1B bound."""
+    stage_imbalance: float = 1.2
+    """Rule 12: the slowest stage's compute above this multiple of the mean stage's."""

@@ -11,7 +11,7 @@ import math
 import statistics
 
 from zeroscope.agent.schema import Collective
-from zeroscope.state.bandwidth import bus_factor
+from zeroscope.state.bandwidth import wire_bytes
 from zeroscope.state.formulas import param_bytes
 
 from .facts import Facts
@@ -41,7 +41,7 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
         # stage 1-2 step's largest are the post-step gathers that wait for the peers'
         # optimizer (measured: 4 KB gathers of 3-14 ms beside 4 KB reduce-scatters of 0.06 ms),
         # which would price any bucket change as a loss.
-        beta = max(x.nbytes * bus_factor(op, max(1, x.group_size)) / x.duration_s for x in data)
+        beta = max(wire_bytes(op, x.nbytes, x.group_size) / x.duration_s for x in data)
         elements = sum(x.nbytes for x in data) / p
         key = "allgather_bucket_size" if op == "all_gather" else "reduce_bucket_size"
         current = c.allgather_bucket_size if op == "all_gather" else c.reduce_bucket_size
@@ -51,7 +51,7 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
         n, n_after = len(data), max(1, math.ceil(elements / target))
         alpha = statistics.median(x.duration_s for x in data)
         now = sum(x.duration_s for x in data)
-        wire = sum(x.nbytes * bus_factor(op, max(1, x.group_size)) for x in data)
+        wire = sum(wire_bytes(op, x.nbytes, x.group_size) for x in data)
         after = n_after * alpha + wire / beta
         hidden = min(means.exposed / means.seconds, 1.0) if means.seconds > 0 else 1.0
         saves = (now - after) * hidden

@@ -40,8 +40,9 @@ def fits(f: Facts, extra: float, t: Thresholds) -> tuple[bool | None, str]:
     if f.used is None:
         return None, "no memory figures reported"
     after = f.used + extra
+    sign = "+" if extra >= 0 else "-"  # a change that saves memory reads "- 1.0MB", not "+ -1"
     return after <= t.fit_fraction * f.capacity, (
-        f"peak use {nbytes(f.used)} + {nbytes(extra)} = {nbytes(after)} of "
+        f"peak use {nbytes(f.used)} {sign} {nbytes(abs(extra))} = {nbytes(after)} of "
         f"{nbytes(f.capacity)} ({f.capacity_text})"
     )
 

@@ -5,7 +5,10 @@ ds_config file is in preflight.py)."""
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
+
+from zeroscope.state.pipeline import imbalance, mean_bubble, one_f_one_b_bound
 
 from .facts import Facts
 from .model import Advice, Change, Finding, NotJudged, Thresholds, ms
@@ -40,7 +43,7 @@ def fp16(f: Facts, t: Thresholds) -> Finding | None:
     scales = [a.loss_scale for a in f.state.complete_steps() if a.loss_scale]
     floor = bool(scales) and scales[-1] <= c.min_loss_scale and skipped > 0
     if not (at_min or floor) and (skipped < 2 or share < t.skipped_min):
-        return None
+        return startup_storm(f, t, first, step)
     waste = share * step
     evidence = [
         f"{skipped} of {total} steps skipped for overflow from step {first} on"
@@ -88,6 +91,43 @@ def fp16(f: Facts, t: Thresholds) -> Finding | None:
         confidence="high" if f.state.device in ("", "cpu") else "medium",
         severity="error" if at_min or floor else "advice",
         saves_ms=waste * 1e3,
+        ms_metric="skipped_ms",
+    )
+
+
+def startup_storm(f: Facts, t: Thresholds, first: int | None, step: float) -> Finding | None:
+    """Rule 5, at start-up: every step before the first applied one overflowed while the loss
+    scale came down from 2^initial_scale_power. A few such steps are the scaler calibrating; many
+    are a run paying whole steps for a start too high. Priced once per run: the skipped steps'
+    time, and the change is the power the scale settled at (a start there skips none)."""
+    c = f.config
+    steps = f.state.complete_steps()
+    if c is None or first is None:
+        return None
+    lead = [a for a in steps if a.step < first]
+    if len(lead) < t.startup_skipped_min:
+        return None
+    settled = next((a.loss_scale for a in steps if a.step == first), None)
+    if not settled or settled <= 0:
+        return NotJudged(LOSS_RULE, "no loss scale reported at the first applied step")
+    power = max(math.floor(math.log2(settled)), 0)
+    lost = len(lead) * step
+    per_step = lost / len(steps)
+    return Advice(
+        rule=LOSS_RULE,
+        title=f"start-up overflow storm: start the loss scale at 2^{power}",
+        evidence=(
+            f"steps {lead[0].step}-{lead[-1].step}: {len(lead)} of {len(steps)} steps skipped "
+            f"for overflow before the first applied step ({first})",
+            f"the loss scale settled at {settled:g} = 2^{math.log2(settled):g} from "
+            f"initial_scale_power {c.initial_scale_power}; step {ms(step)}",
+        ),
+        change=Change({"fp16.initial_scale_power": power}),
+        formula=f"lost = skipped start-up steps * step = {len(lead)} * {ms(step)} = {ms(lost)} "
+        f"once per run; saves_ms = {ms(lost)} / {len(steps)} steps = {ms(per_step)} a step "
+        "over this run",
+        confidence="high",
+        saves_ms=per_step * 1e3,
         ms_metric="skipped_ms",
     )
 
@@ -148,11 +188,6 @@ def batch_triad(f: Facts, t: Thresholds) -> Finding | None:
     )
 
 
-def one_f_one_b(stages: int, microbatches: int) -> float:
-    """The 1F1B (and GPipe) bubble fraction (p - 1) / (m + p - 1), balanced stages."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 def pipeline(f: Facts, t: Thresholds) -> Finding | None:
     """Rule 12: a pipeline bubble above the 1F1B bound, or unbalanced stages. Reads the
     pipeline telemetry (Hello.parallel, StepReport.pipeline) where this schema has it."""
@@ -180,14 +215,15 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
     if not rows:
         return NotJudged("pipeline", "no rank reported its pipeline step (StepReport.pipeline)")
     span = max(s for _, _, s, _ in rows)
-    bubble = max(0.0, 1 - sum(b for *_, b in rows) / len(rows) / span)
-    bound = one_f_one_b(stages, micro)
+    bubble = mean_bubble(span, (b for *_, b in rows)) or 0.0  # span > 0: never NA here
+    bound = one_f_one_b_bound(stages, micro) or 0.0  # stages > 1, micro >= 1: never NA
     by_stage: dict[int, list[float]] = {}
     for _, pp, _, busy in rows:
         by_stage.setdefault(pp, []).append(busy)
     loads = {pp: sum(v) / len(v) for pp, v in by_stage.items()}
     mean_load = sum(loads.values()) / len(loads)
     slowest = max(loads, key=lambda k: loads[k])
+    ratio = imbalance(loads.values())
     step = f.latest.step if f.latest else "?"
     evidence = (
         f"step {step}: bubble {bubble:.0%} of a {ms(span)} pipeline step vs the 1F1B bound "
@@ -196,7 +232,7 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
         + ", ".join(f"stage {pp} {ms(v)}" for pp, v in sorted(loads.items()))
         + f"; slowest stage {slowest}",
     )
-    if mean_load > 0 and loads[slowest] / mean_load > 1.2:
+    if ratio is not None and ratio > t.stage_imbalance:
         saves = loads[slowest] - mean_load
         return Advice(
             rule="pipeline",
@@ -213,7 +249,7 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
             ms_metric="step_ms",
         )
     if bubble > bound + t.bubble_excess or bound > 0.25:
-        after = one_f_one_b(stages, 2 * micro)
+        after = one_f_one_b_bound(stages, 2 * micro) or 0.0
         saves = (bubble - after) * span
         return Advice(
             rule="pipeline",
