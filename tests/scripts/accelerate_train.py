@@ -21,6 +21,14 @@ data = TensorDataset(torch.randn(16 * args.steps, 8, generator=g))
 loader = DataLoader(data, batch_size=4)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 model.train()
+if accelerator.process_index == 0:
+    # what accelerate built around the model, for the test to compare with the header's engine
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrapped = "fsdp2" if isinstance(model, FSDPModule) else "none"
+    wrapped = "ddp" if isinstance(model, DistributedDataParallel) else wrapped
+    print(f"WRAPPED {wrapped}", flush=True)
 for step, (x,) in enumerate(loader, start=1):
     if step > args.steps:
         break
