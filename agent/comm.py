@@ -17,6 +17,11 @@ Each collective is tracked from issue (when the engine hands us its async Work) 
   op completes, and a Work keeps its tensors alive: holding it would change the memory the
   user sees, so it is only the reference in ``bench/gpu_slot.py``.
 
+A synchronous op (``work`` None: ``async_op=False`` returned nothing) finished before
+``collective()`` was called: it is recorded (bytes, op, issue instant) with no time, 0 s, which
+the viewer's bus bandwidth leaves out; its handle's ``wait()`` returns at once. So is an op
+issued while the stream captures a CUDA graph (agent/capture.py), whose own Work is returned.
+
 Exposed time on CPU is host time spent inside ``wait()``. Unlike DeepSpeed's comms logger we
 never synchronize the device to time an op (that would destroy the overlap we measure), and the
 group size is the op's own group, not the world.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .capture import capturing
 from .cost import SeamCost, now_ns
 from .host_seam import END, make_recorder, stamp_host
 from .schema import Collective, CollectiveOp
@@ -172,11 +178,34 @@ class TrackedWork:
         return getattr(self.work, name)
 
 
+class SyncDone:
+    """The handle of a synchronous op (``work`` None): done already, ``wait()`` returns None."""
+
+    __slots__ = ()
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+SYNC_DONE = SyncDone()
+
+
+EVENT_DEVICE: list[int | None] = [None]
+"""The GPU whose current stream every agent event goes on: the Hello's (set by the live agent's
+``bind_device``/``hello``), not the current device, which an agent-API user who passes
+``device="cuda:N"`` may never set (events on GPU 0's idle stream read ~0 s, and ``elapsed_time``
+between two devices' events fails). None: the current device."""
+
+
 def _cuda_event() -> Any:
     import torch
 
     ev = torch.cuda.Event(enable_timing=True)
-    ev.record()
+    index = EVENT_DEVICE[0]
+    ev.record(None if index is None else torch.cuda.current_stream(index))
     return ev
 
 
@@ -222,6 +251,21 @@ class CollectiveTracker:
             self.errors += 1
             return work
 
+    def _synchronous(
+        self,
+        op: CollectiveOp,
+        nbytes: int,
+        group_size: int,
+        prefetched: bool,
+        label: str,
+        start_ns: int,
+    ) -> SyncDone:
+        """A synchronous op, complete before it was handed to us: recorded with no time."""
+        rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start_ns)
+        rec.end_ns = rec.start_ns
+        self._objects.append(rec)
+        return SYNC_DONE
+
     def _untracked(
         self,
         work: Any,
@@ -233,7 +277,12 @@ class CollectiveTracker:
         start: int,
     ) -> Any:
         """A CollectiveRecord: a CUDA op, or a host one whose Work cannot be weakly
-        referenced (timed by its future's callback)."""
+        referenced (timed by its future's callback; None, a synchronous op, among them)."""
+        if work is None:
+            return self._synchronous(op, nbytes, group_size, prefetched, label, start)
+        if self.cuda and capturing():  # recorded into a CUDA graph, not run: no events
+            self._synchronous(op, nbytes, group_size, prefetched, label, start)
+            return work
         rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
         if self.cuda:
             rec.cuda_events = [_cuda_event(), None, None]

@@ -23,10 +23,11 @@ from typing import Any
 import msgspec
 import torch
 
+from . import capture
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import CollectiveTracker, _cuda_event
+from .comm import EVENT_DEVICE, CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .outbox import DRAIN_INTERVAL_S, Outbox
@@ -160,6 +161,7 @@ class LiveTelemetry(Telemetry):
             index = torch.device(device).index
             index = torch.cuda.current_device() if index is None else index
             self.device_index = index
+            EVENT_DEVICE[0] = index  # every event on the Hello's device (agent/comm.py)
             uuid = pci_bus = None
             with contextlib.suppress(Exception):
                 props = torch.cuda.get_device_properties(index)
@@ -240,11 +242,15 @@ class LiveTelemetry(Telemetry):
         return PhaseScope(self, name)
 
     def _use_device_events(self, make: Any) -> None:
-        """Mark each phase and step end with an event from ``make`` (CUDA), or not (None)."""
-        self._device_event = make
+        """Mark each phase and step end with an event from ``make`` (CUDA), or not (None);
+        never while the stream is capturing a CUDA graph (agent/capture.py)."""
+        self._device_event = None if make is None else capture.watched(make, self._say_capture)
         self._collectives.cuda = make is not None
         self._fast_collective(self._started)
         self._plain = self._plain_step(self.step)
+
+    def _say_capture(self) -> None:
+        self.event("info", capture.SAID)
 
     def _plain_step(self, step: int) -> bool:
         """Whether ``step``'s phases take the lean path: on the host (no device events or
@@ -385,6 +391,9 @@ class LiveTelemetry(Telemetry):
                 self._last_activations = (self._activations.take_peak(), self.step)
                 self._last_blocks = self._activations.take_blocks()
             make = self._device_event
+            end_event = None if make is None else make()
+            if end_event is None and make is not None:  # inside a CUDA graph capture: the
+                loss = grad_norm = None  # tensors hold nothing yet, and no copy may be enqueued
             marks, self._marks = self._marks, []
             transfers, self._transfers = self._transfers, []
             pipeline, self._pipeline = self._pipeline, None
@@ -400,7 +409,7 @@ class LiveTelemetry(Telemetry):
                     self.step,
                     time.time_ns(),
                     now,
-                    None if make is None else make(),
+                    end_event,
                     marks,
                     records,
                     # A copy: the caller may reuse its MemoryBytes; the sender fills it in.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import capture
 from .activations import BlockSplit
 from .host_seam import resolve_host, resolve_hosts
 from .scalars import DeferredScalar
@@ -189,6 +190,8 @@ class PendingReport:
     def finish(self, block: bool = False) -> bool:
         """Fill the report if everything it waits for has completed (or it may wait no longer:
         ``block`` at close, or too old); False = keep waiting."""
+        if capture.state.underway and not block:
+            return False  # no event may be touched while the training thread captures a graph
         force = block or self.age > MAX_DEFER_STEPS
         scalars = self.loss.ready(block) and self.grad_norm.ready(block)
         device = self.axis.device

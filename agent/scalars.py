@@ -41,7 +41,9 @@ class DeferredScalar:
                 self.host = torch.empty((), dtype=t.dtype, device="cpu", pin_memory=True)
                 self.host.copy_(t, non_blocking=True)
                 self.event = torch.cuda.Event()
-                self.event.record()
+                # On the stream the copy went on (the tensor's device's), which need not be
+                # the current device's: else the value would be read before it lands.
+                self.event.record(torch.cuda.current_stream(t.device))
             else:
                 self.value = float(t.item())
         else:

@@ -1,7 +1,9 @@
 """A rank's step on one time axis: where the step starts and ends, and where each phase ran.
 
 Every StepReport places its phases (``phase_spans``) and its collectives (``start_s``) on the
-same axis: seconds since the step's start, the step starting where the previous one ended. On
+same axis: seconds since the step's start, the step starting where the previous one ended (step
+1 at its first phase: ``initialize()``'s broadcasts before it are not the loop's time, and show
+with a negative start). On
 CPU the axis is the host clock (``perf_counter_ns``), which is when the work ran. On CUDA the
 host only enqueues work and runs ahead of the device, so host instants are enqueue times: the
 axis is the device's, from CUDA events recorded on the current stream at each mark (step end,
@@ -129,8 +131,10 @@ class StepTimeline:
         """The axis of the step whose marks are ``marks`` and which ended at ``end_ns``."""
         end = (None, end_ns, end_event)
         previous = self.previous_end
-        # Step 1 starts with the first thing that happened in it.
-        start = previous if previous is not None else marks[0] if marks else end
+        # Step 1 starts where the training loop's first step does: its first phase. What came
+        # before it (the engine's init broadcasts, inside ``initialize()``) is reported in step
+        # 1 with a negative start; with no phase at all, the first thing that happened.
+        start = previous if previous is not None else _loop_start(marks, end)
         spans: list[tuple[str, RawMark, RawMark]] = []
         opened: dict[int, RawMark] = {}
         cut = self._cut
@@ -165,6 +169,15 @@ class StepTimeline:
         self.previous_end = end
         spans.sort(key=_by_start)
         return StepAxis(start, end, spans, forward_ns)
+
+
+def _loop_start(marks: list[RawMark], end: RawMark) -> RawMark:
+    """Step 1's start: its first phase mark, else its first mark (a collective, a transfer),
+    else its end."""
+    for mark in marks:
+        if mark[0] is not None:
+            return mark
+    return marks[0] if marks else end
 
 
 def _by_start(span: tuple[str, RawMark, RawMark]) -> int:

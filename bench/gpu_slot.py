@@ -92,19 +92,43 @@ def _config(stage: int, precision: str, overlap: bool, offload: str, nvme: str |
 
 
 class Syncs:
-    """Counts ``set_sync_debug_mode("warn")`` warnings inside a block (the engine's calls)."""
+    """Counts device synchronizations inside a block (the engine's calls): the
+    ``set_sync_debug_mode("warn")`` warnings (blocking copies, ``.item()``...) plus every
+    ``torch.cuda.synchronize``, ``Event.synchronize`` and ``Stream.synchronize`` call, which
+    sync-debug mode does not flag (an offload step's event waits would go uncounted)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.explicit = 0
 
     def __enter__(self) -> Syncs:
+        import torch
+
         self._ctx = warnings.catch_warnings(record=True)
         self._seen = self._ctx.__enter__()
         warnings.simplefilter("always")
+        self._restore: list[tuple[Any, str, Any]] = []
+        for owner, name in (
+            (torch.cuda, "synchronize"),
+            (torch.cuda.Event, "synchronize"),
+            (torch.cuda.Stream, "synchronize"),
+        ):
+            real = getattr(owner, name)
+            self._restore.append((owner, name, real))
+            setattr(owner, name, self._counting(real))
         return self
 
+    def _counting(self, real: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.explicit += 1
+            return real(*args, **kwargs)
+
+        return counted
+
     def __exit__(self, *exc: Any) -> None:
-        self.count += sum("synchroniz" in str(w.message) for w in self._seen)
+        for owner, name, real in self._restore:
+            setattr(owner, name, real)
+        self.count += sum("synchroniz" in str(w.message) for w in self._seen) + self.explicit
         self._ctx.__exit__(*exc)
 
 
@@ -142,6 +166,8 @@ def _one_config(name: str, cfg: dict, size: dict, device: Any, agent: Any) -> di
             engine.backward(loss)
             engine.step()
         _sync(device)
+        if step == 0:
+            row["loop_first_step_s"] = time.perf_counter() - t
         if step >= WARMUP:
             times.append(time.perf_counter() - t)
             syncs.append(counted.count if cuda else None)
@@ -186,6 +212,8 @@ def _attach_reports(rows: list, reports: list) -> None:
         if "steps" not in row:
             continue
         lo, hi = row.pop("steps")
+        if lo == 1:  # the agent's step 1 is this config's first step
+            row["agent_step1_s"] = next((r.duration_s for r in reports if r.step == 1), None)
         mine = [r for r in reports if lo + WARMUP <= r.step < hi]
         row["agent_collectives_per_step"] = [len(r.collectives) for r in mine]
         row["agent_comm_bytes_per_step"] = [sum(c.nbytes for c in r.collectives) for r in mine]
@@ -233,16 +261,17 @@ def agent_overhead(size: dict, device: Any, agent: Any, rounds: int) -> dict[str
 def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # before the process group exists
     os.environ["ZEROSCOPE_WORLD1_COLLECTIVES"] = "1"
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(name, None)  # one rank: the engine makes its own group
 
     import torch
 
+    from bench import gpu_checks as checks
     from bench.gpu_probes import allreduce_overlap, copy_bandwidth, identity
     from zeroscope.agent.api import set_telemetry
     from zeroscope.agent.live import LiveTelemetry
     from zeroscope.agent.publish import Publisher
-    from zeroscope.agent.schema import StepReport
+    from zeroscope.agent.schema import MemoryBytes, StepReport
     from zeroscope.collector.server import Collector, wait_for
     from zeroscope.engine.process_group import Comm, init_distributed, pick_device
 
@@ -269,6 +298,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         first = agent.step
         comm = Comm.data_parallel(agent, device)
         out["allreduce"] = allreduce_overlap(comm, device, size["allreduce_bytes"], agent)
+        cuda = device.type == "cuda"
+        out["checks"] = [
+            checks.guarded("too few GPUs", lambda: checks.too_few_gpus(cuda)),
+            checks.guarded("cpu tier", lambda: checks.cpu_tier_hides_cuda(cuda)),
+            checks.guarded("profile", lambda: checks.profile_partition(device)),
+            checks.guarded("sync op", lambda: checks.synchronous_collective(agent, device)),
+            checks.guarded("capture", lambda: checks.graph_capture(agent, device)),
+            checks.guarded("linear", lambda: checks.biased_linear_autocast(device)),
+        ]
+        agent.step_end(memory=MemoryBytes())  # the checks' own step
         if time.monotonic() < deadline:
             out["agent_overhead"] = agent_overhead(size, device, agent, size["overhead_rounds"])
         else:
@@ -285,7 +324,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row = out["allreduce"][c.label.removeprefix("bench ")]
                 row.update(agent_duration_s=c.duration_s, agent_exposed_s=c.exposed_s)
     out["agent_errors"] = agent.errors
+    out["verdicts"] = verdicts(out)
     return out
+
+
+def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PASS/FAIL/NA table: the readiness items, then the timing semantics."""
+    from bench import gpu_checks as checks
+
+    cuda = not out["dry_run"]
+    rows = out["matrix"]
+    ok = [r for r in rows if "step_ms" in r]
+    failed = [r["config"] for r in rows if "error" in r]
+    same_loss = all(
+        math.isfinite(r["loss"])
+        and r.get("agent_loss") is not None
+        and math.isclose(r["agent_loss"], r["loss"], rel_tol=1e-5)
+        for r in ok
+    )
+    return [
+        *out["checks"],
+        checks.step_one(rows),
+        checks.verdict("every engine config runs", not failed, failed[:4] or f"{len(ok)} ran"),
+        checks.verdict("every loss finite, the agent's the engine's", same_loss, len(ok)),
+        checks.verdict("agent counted no errors", out["agent_errors"] == 0, out["agent_errors"]),
+        checks.offload_syncs(rows, cuda),
+        *checks.allreduce_timing(out["allreduce"], cuda),
+        checks.agent_overhead(out["agent_overhead"]),
+    ]
+
+
+def verdict_table(out: dict[str, Any]) -> Table:
+    t = Table(title="GPU slot verdicts", columns=["check", "verdict", "seen"])
+    for v in out["verdicts"]:
+        t.add(v["item"], v["verdict"], json.dumps(v["seen"], default=str)[:120])
+    return t
 
 
 def table(out: dict[str, Any]) -> Table:
@@ -324,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(render_table(table(out)))
+    print(render_table(verdict_table(out)))
     print(f"wrote {args.out}")
     return 0
 

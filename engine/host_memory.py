@@ -7,7 +7,8 @@ pinned block up to a power of two (unless ``pinned_max_round_threshold`` says ot
 predict; the block size is what the machine loses. Both are reported (``MemoryBytes.host_pinned``
 holds the second). The block size is read from the allocator's own statistics
 (``torch.cuda.host_memory_stats()["active_bytes.current"]`` before and after the allocation),
-falling back to the power-of-two rule when those are unavailable.
+falling back to the power-of-two rule when those are unavailable or say something a block of
+this tensor cannot be (another thread pinned memory meanwhile).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def host_empty(numel: int, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
     after = _active_pinned_bytes()
     nbytes = numel * t.element_size()
     block = after - before if before is not None and after is not None else 0
-    if block < nbytes:  # served from the allocator's cache, or no statistics
+    # The statistics are global: a DataLoader's pin_memory thread pinning a batch meanwhile
+    # adds its block to the difference. A block of ours lies between the tensor's size and
+    # the power of two above it; anything else (less: served from the cache, or no
+    # statistics; more: someone else's) is the allocator's default rounding.
+    if not nbytes <= block <= power_of_two_ceil(nbytes):
         block = power_of_two_ceil(nbytes)
     ptr = t.untyped_storage().data_ptr()
     with _lock:

@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -214,21 +215,32 @@ class NvmeSwapper:
 
 class BufferPool:
     """``count`` host buffers of ``numel`` elements: the staging area of NVMe swapping. Taking
-    a buffer blocks until a write-behind gives one back, which bounds host memory."""
+    a buffer blocks until a write-behind gives one back, which bounds host memory.
+
+    A buffer may be given back with a *guard*: the CUDA event of a host-to-device copy that
+    reads it (fp32 parameters copied from the master, page-locked, without blocking). Taking it
+    again waits for that event first, so a refill never overwrites bytes the copy has yet to
+    read."""
 
     def __init__(self, count: int, numel: int, *, dtype: torch.dtype, pin: bool) -> None:
         self.buffers = [host_empty(numel, dtype, pin=pin) for _ in range(count)]
+        self._guards: list[Any] = [None] * count
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(count):
             self._free.put(i)
 
     def take(self, *, block: bool = True) -> int | None:
         try:
-            return self._free.get(block=block)
+            index = self._free.get(block=block)
         except queue.Empty:
             return None
+        guard, self._guards[index] = self._guards[index], None
+        if guard is not None and not guard.query():
+            guard.synchronize()  # the device copy still reads this buffer
+        return index
 
-    def give(self, index: int) -> None:
+    def give(self, index: int, guard: Any = None) -> None:
+        self._guards[index] = guard
         self._free.put(index)
 
     @property

@@ -150,7 +150,7 @@ class OffloadStrategy:
 
     # -- the step -----------------------------------------------------------------------------
 
-    def _write_param(self, shard: int, start: int, master: torch.Tensor) -> None:
+    def _write_param(self, shard: int, start: int, master: torch.Tensor) -> Any:
         params_on_host = self.params is not None
         if self.views is None:  # NVMe parameters: staged on the host, one file write at the end
             assert self.params is not None
@@ -163,6 +163,7 @@ class OffloadStrategy:
         elif not self.store.on_host and params_on_host:
             direction = "d2h"
         self.copier.copy(direction, dst, master)
+        return self.copier.last_event  # until it completes, a device copy may read ``master``
 
     def optimizer_step(self, grads: list[torch.Tensor], hyper: HyperOf) -> None:
         """Adam where O lives, then the 16-bit parameters where P lives (module docstring)."""
@@ -177,9 +178,15 @@ class OffloadStrategy:
         if self.params is not None:
             self.params.begin_write()
         self.store.step(grads, hyper, self._write_param)
-        self.copier.flush()  # the parameters are written before the next forward reads them
         if self.params is not None:
+            self.copier.flush()  # the host reads what the copies wrote (files, host shards)
             self.params.end_write()
+        else:
+            # Parameters on the device: no host sync. The next forward's kernels run on the
+            # stream the copies went on, after them; page-locked sources are guarded by events
+            # (staging, the NVMe pool), and the host masters are next written after the next
+            # step's gradient flush, which completes after these copies on the same stream.
+            self.copier.poll()
 
     def publish_params(self) -> None:
         if hasattr(self.inner, "partition"):

@@ -124,6 +124,11 @@ class Copier:
 
     _last_event: Any = None
 
+    @property
+    def last_event(self) -> Any:
+        """The end event of the last copy issued on the device (None: it was synchronous)."""
+        return self._last_event
+
     # -- reporting ---------------------------------------------------------------------------
 
     def poll(self) -> None:

@@ -33,9 +33,10 @@ from .nvme import BufferPool, NvmeSwapper, Timing
 from .optim import AdamHyper, AdamState, adam_step
 from .zero.strategy import Shard
 
-ParamSink = Callable[[int, int, torch.Tensor], None]
+ParamSink = Callable[[int, int, torch.Tensor], Any]
 """``write_param(shard_index, start, master_chunk)``: the updated fp32 master elements
-``[start, start + len)`` of a shard, to be cast into the 16-bit parameters."""
+``[start, start + len)`` of a shard, to be cast into the 16-bit parameters. Returns the CUDA
+event after which the copy no longer reads ``master_chunk`` (None: it already does not)."""
 HyperOf = Callable[[int], AdamHyper]
 
 
@@ -194,12 +195,13 @@ class NvmeStore:
                 master, m, v = buf[:n], buf[n : 2 * n], buf[2 * n : 3 * n]
                 state = AdamState(exp_avg=m, exp_avg_sq=v, step=self.steps[i])
                 adam_step(master, grads[i][lo : lo + n], state, hyper(self.groups[i]))
-                write_param(i, lo, master)
+                # The buffer goes back once on disk, guarded by the parameter copy reading it.
+                landed = write_param(i, lo, master)
                 writes.append(
                     self.swapper.write_async(
                         self._name(self.units[j]),
                         buf[: 3 * n],
-                        done=functools.partial(self.pool.give, index),
+                        done=functools.partial(self.pool.give, index, landed),
                     )
                 )
         finally:

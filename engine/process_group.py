@@ -14,9 +14,16 @@ one GPU never exercises NCCL or the agent's collective timing. ``ZEROSCOPE_WORLD
 forces the real collectives at world 1 (initializing a one-rank process group when torchrun gave
 none); the numbers are the same, since a sum over one rank is the tensor itself.
 
-Devices: rank ``LOCAL_RANK`` uses GPU ``LOCAL_RANK % device_count`` (with a one-time warning when
-there are fewer visible GPUs than local ranks, e.g. the 2-rank demo on a 1-GPU machine), and the
-process group is bound to it (``init_process_group(device_id=...)``).
+Devices: rank ``LOCAL_RANK`` uses GPU ``LOCAL_RANK`` and the process group is bound to it
+(``init_process_group(device_id=...)``). More local ranks than visible GPUs with every rank seeing
+the same GPUs (``CUDA_VISIBLE_DEVICES`` unset: the 2-rank demo on a 1-GPU machine) stop before any
+work with one line saying what to do (:class:`TooFewGpus`): NCCL refuses two ranks on one GPU
+("Duplicate GPU detected"), and a job quietly moved to the CPU would hide the mistake behind a
+hundredfold slowdown. Every local rank stops (``LOCAL_WORLD_SIZE`` is compared, not only the
+rank's own index), so none is left waiting in ``init_process_group`` for a peer that never comes.
+A launcher that narrows each rank's ``CUDA_VISIBLE_DEVICES`` (one GPU per rank, as SLURM's
+``--gpus-per-task``) is the one case where fewer visible GPUs than local ranks is right: there
+rank ``LOCAL_RANK`` uses ``LOCAL_RANK % device_count`` of its own set, said once.
 """
 
 from __future__ import annotations
@@ -70,26 +77,42 @@ def init_distributed(device: torch.device, backend: str | None = None) -> None:
         )
 
 
-_warned_shared_gpu = False
+class TooFewGpus(RuntimeError):
+    """More local ranks than visible GPUs: raised by :func:`pick_device` before any work."""
+
+
+_warned_narrowed = False
 
 
 def pick_device() -> torch.device:
-    """``cuda:(LOCAL_RANK % device_count)`` when CUDA is available (made the current device),
-    else the CPU. More local ranks than visible GPUs share them round-robin, said once."""
-    global _warned_shared_gpu
+    """``cuda:LOCAL_RANK`` when CUDA is available (made the current device), else the CPU.
+    Raises :class:`TooFewGpus`, on every local rank, when this node runs more ranks than the
+    GPUs they all see (see the module docstring for a launcher's per-rank narrowing)."""
+    global _warned_narrowed
     if not torch.cuda.is_available():
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = max(local_rank + 1, int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0))
     count = torch.cuda.device_count()
-    index = local_rank % count
-    if index != local_rank and not _warned_shared_gpu:
-        _warned_shared_gpu = True
-        log.warning(
-            "LOCAL_RANK %d but only %d visible GPU(s): using cuda:%d (ranks share GPUs)",
-            local_rank,
-            count,
-            index,
-        )
+    index = local_rank
+    if ranks > count:
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+            raise TooFewGpus(
+                f"{ranks} ranks on this node but {count} visible GPU(s): launch at most {count} "
+                f"per node (--nproc-per-node {count}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) "
+                "to train every rank on the CPU with gloo"
+            )
+        index = local_rank % count
+        if not _warned_narrowed:
+            _warned_narrowed = True
+            log.warning(
+                "LOCAL_RANK %d sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s): using cuda:%d, "
+                "assuming the launcher gave each rank its own",
+                local_rank,
+                count,
+                os.environ["CUDA_VISIBLE_DEVICES"],
+                index,
+            )
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

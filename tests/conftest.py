@@ -1,4 +1,5 @@
-"""Shared fixtures and markers: GPU tests skip without CUDA."""
+"""Shared fixtures and markers: GPU tests skip without CUDA; every other test runs with CUDA
+hidden (the CPU tiers), so a machine with a GPU runs them as a CPU-only one does."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # folders above the test, so a checkout in a folder named "gpu" skipped every test.
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide CUDA from a test not marked ``gpu``: ``CUDA_VISIBLE_DEVICES=""`` for every process it
+    starts (``zeroscope run``, torchrun, scripts; tests/distributed.py sets it in its ranks too)
+    and ``torch.cuda.is_available()`` False in this process (whose CUDA driver may be initialized
+    already, so the variable alone no longer hides it). The engine picks CUDA whenever it is
+    available: without this a machine with a GPU would run the CPU tiers on NCCL. A GPU test
+    opts in with the marker."""
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 @pytest.fixture(autouse=True)

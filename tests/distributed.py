@@ -5,6 +5,10 @@ Ranks are real processes started from a forkserver that has torch preloaded (fas
 the server never ran an OpenMP region, so forked children cannot inherit a dead thread pool).
 Each rank sees the same environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so engine code under test initializes exactly as under torchrun.
+
+Ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``) unless the call opts in with ``gpu=True``: the
+engine picks CUDA whenever it is available and ``LOCAL_RANK`` is set, so on a machine with a GPU
+the CPU tiers would otherwise run on NCCL (and two ranks on one GPU).
 """
 
 from __future__ import annotations
@@ -45,8 +49,19 @@ def connected_publisher(address: str) -> Any:
 
 
 def _entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, results: Any
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    port: int,
+    args: tuple,
+    results: Any,
+    visible: str | None,
 ) -> None:
+    # Before anything asks CUDA: the forkserver preloaded torch without initializing it.
+    if visible is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -75,18 +90,27 @@ def _entry(
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    gpu: bool = False,
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return each rank's
     result in rank order. ``fn`` must be a module-level function (it travels by reference).
+    The ranks see CUDA only with ``gpu=True`` (then as this process sees it).
 
     The first rank that raises fails the call at once with its traceback (the others are
     killed); a rank that dies without a word, or a run past ``timeout`` seconds, fails too.
     """
     port = free_port()
     results = _CTX.Queue()
+    # A GPU test is not hidden by conftest, so this process's own setting is the machine's.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if gpu else ""
     procs = [
-        _CTX.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+        _CTX.Process(
+            target=_entry, args=(fn, r, world_size, port, args, results, visible), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:

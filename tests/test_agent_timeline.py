@@ -25,6 +25,9 @@ from zeroscope.agent.schema import MemoryBytes, Message, StepReport
 class Sink:
     """Stands in for the Publisher: keeps what would have been sent."""
 
+    reached = connected = True  # the Publisher's connection state: always up
+    refused = ""
+
     def __init__(self) -> None:
         self.sent: list[Message] = []
         self.batches: list[list[Message]] = []
@@ -165,8 +168,8 @@ class FakeEvent:
     def __init__(self, device: FakeDevice, at: float) -> None:
         self.device, self.at = device, at
 
-    def record(self) -> None:
-        pass
+    def record(self, stream: Any = None) -> None:
+        self.stream = stream
 
     def query(self) -> bool:
         return self.device.completed >= self.at
@@ -284,6 +287,7 @@ def test_the_cuda_path_of_the_agent_on_a_stand_in_device(
         monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", cuda.reset_peak_memory_stats)
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: dev.event())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream", device))
     from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
     tel.hello(

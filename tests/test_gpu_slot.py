@@ -45,6 +45,27 @@ def test_gpu_slot_dry_run_writes_every_section(tmp_path: Path) -> None:
                 assert row["reported_MiB"]["grads"] == 0  # G left the device with O
     for name in ("alone", "with compute"):
         assert doc["allreduce"][name]["agent_duration_s"] > 0
+    # The run ends with its verdict table: every readiness item and timing check, none FAIL on
+    # the CPU (the GPU-only ones NA, each saying why), the CPU-checkable ones PASS.
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("wrote ")
+    assert "### GPU slot verdicts" in proc.stdout.split("### GPU slot (dry run, CPU)")[1]
+    verdicts = {v["item"]: v for v in doc["verdicts"]}
+    assert [v for v in verdicts.values() if v["verdict"] == "FAIL"] == []
+    for item in (
+        "profile partition broadcasts on the group's device",
+        "synchronous collective through the agent",
+        "stage-3 biased Linear keeps the autocast dtype",
+        "step 1 excludes initialize()",
+        "every engine config runs",
+        "agent counted no errors",
+    ):
+        assert verdicts[item]["verdict"] == "PASS", verdicts[item]
+    for item in (
+        "more local ranks than GPUs stop with one line",
+        "CUDA graph capture with the agent",
+        "offload syncs counted (event synchronize included)",
+    ):
+        assert verdicts[item]["verdict"] == "NA" and verdicts[item]["seen"], verdicts[item]
     copies = doc["copies"]
     assert copies["engine_bf16_h2d_GBps"] > 0 and copies["pinned_h2d_GBps"] > 0
     assert doc["agent_overhead"]["on / off"] > 0

@@ -111,3 +111,53 @@ def test_a_damaged_page_in_the_middle_costs_only_its_rows(tmp_path: Path) -> Non
     assert max(kept) == max(written)  # the rows after the bad page were read
     assert len(written) * 0.8 < len(kept) < len(written)
     assert not list(tmp_path.glob("*salvaged*"))  # the salvaged copy went with the reader
+
+
+FULL_DISK_WRITER = """
+import resource, sys
+from zeroscope.agent import schema
+from zeroscope.agent.schema import StepReport
+from zeroscope.store import trace
+trace.CHECKPOINT_INTERVAL = 0.0
+limit = int(sys.argv[2])
+w = trace.TraceWriter(sys.argv[1], commit_interval=0.0)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # every write past it: EFBIG
+step = 0
+try:
+    while True:
+        step += 1
+        for rank in range(2):
+            m = StepReport(rank=rank, step=step, wall_ns=step, duration_s=0.1, lr=step * 1e-3)
+            w.append(m, schema.encode(m))
+        w.commit()
+        print(step, flush=True)
+except Exception as exc:
+    print("full:", type(exc).__name__, flush=True)
+"""
+
+
+def test_a_trace_filled_to_a_full_disk_reads_every_committed_step(tmp_path: Path) -> None:
+    """A checkpoint that fails half-way on a full disk writes some pages (and page 1's size)
+    into the file while the WAL still holds every committed row: the trace is read through the
+    WAL, whole, not salvaged from the half-written file."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "full.zstrace"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_WRITER, str(path), str(48 * PAGE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out[-2] == "full:"
+    committed = int(out[-3])
+    assert committed > 10
+    with TraceReader(path) as r:
+        assert r.damage is None
+        assert r.steps() is not None and r.steps()[1] >= committed  # type: ignore[index]
+        assert r.count("step") >= 2 * committed

@@ -50,7 +50,8 @@ async def test_the_heatmap_has_a_colour_legend_per_metric() -> None:
     app = ZeroscopeApp(fixture_state(ranks=256, steps=4))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert "≤1.05x  ██ ≤1.15x  ██ ≤1.30x  ██ >1.30x  ██ NA" in screen_text(app)
+        # The rank table's scale (yellow above 1.05x, red above 1.20x), then 1.30x.
+        assert "≤1.05x  ██ ≤1.20x  ██ ≤1.30x  ██ >1.30x  ██ NA" in screen_text(app)
         await pilot.press("s", "s")  # slowness -> memory -> exposed
         await pilot.pause()
         assert "≤10%  ██ ≤20%  ██ ≤30%  ██ >30%" in screen_text(app)

@@ -182,6 +182,14 @@ def test_kill_9_leaves_no_job_running_and_gives_the_terminal_back(tmp_path: Path
         term.kill()
 
 
+def _described(proc: psutil.Process) -> str:
+    """Which process outlived its terminal, for the failure message."""
+    try:
+        return f"{proc.pid} (parent {proc.ppid()}, {proc.status()}): {' '.join(proc.cmdline())}"
+    except psutil.Error as exc:
+        return f"{proc.pid}: {exc!r}"
+
+
 def test_a_closed_terminal_stops_the_job_and_zeroscope(tmp_path: Path) -> None:
     """The terminal goes away (its tmux server is killed: SIGHUP to the pane's processes):
     zeroscope dies of it and its watchdog takes torchrun and the ranks along. (A SIGHUP handler
@@ -199,7 +207,7 @@ def test_a_closed_terminal_stops_the_job_and_zeroscope(tmp_path: Path) -> None:
         assert len(tree) >= 4  # zeroscope, torchrun and two ranks
         term.kill()
         _, alive = psutil.wait_procs(tree, timeout=90)
-        assert not alive, alive
+        assert not alive, [_described(p) for p in alive]
     finally:
         for p in tree:
             with contextlib.suppress(psutil.Error):

@@ -208,7 +208,7 @@ class PipelineModule(nn.Module):
             partition_method,
             profile=None
             if profile_input is None
-            else functools.partial(profiled_weights, self._build_all, profile_input),
+            else functools.partial(profiled_weights, self._build_all, profile_input, device=device),
         )
         self.stage_indices = self._my_stages()
         self.tied_modules = nn.ModuleDict()

@@ -5,6 +5,9 @@ example micro-batch, each layer fed the previous layer's output, forward then ba
 of its floating outputs; the median of a few repeats after one warm-up is the layer's weight.
 Rank 0 measures and broadcasts the times, so every rank cuts the model at the same places (ranks
 measuring for themselves would disagree by noise and build stages that do not fit together).
+The broadcast's tensors live on the group's device (the rank's GPU under NCCL, which has no CPU
+transport), and on a GPU each sample waits for the device before reading the clock, so a layer's
+time is its kernels', not their launch (this runs once, at start-up, never in the loop).
 """
 
 from __future__ import annotations
@@ -37,11 +40,21 @@ def _backward_of(out: Any) -> None:
         torch.autograd.backward([t.float().sum() for t in floats])
 
 
+def _settle(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_layers(
-    funcs: Sequence[Callable[[Any], Any]], example: Any, *, repeats: int = 3
+    funcs: Sequence[Callable[[Any], Any]],
+    example: Any,
+    *,
+    repeats: int = 3,
+    device: torch.device | None = None,
 ) -> list[float]:
     """Seconds of forward + backward of each of ``funcs`` in turn, on ``example`` and then on
-    each layer's output."""
+    each layer's output (on a GPU ``device``, waited for before each reading of the clock)."""
+    where = torch.device("cpu") if device is None else device
     times = []
     x = example
     for fn in funcs:
@@ -49,9 +62,11 @@ def time_layers(
         out: Any = None
         for i in range(repeats + 1):
             inp = _leaf_inputs(x)
+            _settle(where)
             t0 = time.perf_counter()
             out = fn(inp)
             _backward_of(out)
+            _settle(where)
             if i:  # the first run warms caches and allocators up
                 samples.append(time.perf_counter() - t0)
         times.append(statistics.median(samples))
@@ -63,20 +78,29 @@ def time_layers(
 
 
 def profiled_weights(
-    funcs: Callable[[], Sequence[Callable[[Any], Any]]], example: Any, *, repeats: int = 3
+    funcs: Callable[[], Sequence[Callable[[Any], Any]]],
+    example: Any,
+    *,
+    repeats: int = 3,
+    device: torch.device | None = None,
 ) -> list[float]:
     """Layer times measured on rank 0 and broadcast to every rank (``funcs`` builds the layers;
-    only rank 0 calls it)."""
+    only rank 0 calls it). ``device`` is the process group's (the rank's GPU under NCCL)."""
+    where = torch.device("cpu") if device is None else device
     initialized = dist.is_available() and dist.is_initialized()
     if not initialized or dist.get_rank() == 0:
         built = funcs()
-        times = time_layers(built, example() if callable(example) else example, repeats=repeats)
-        count = torch.tensor([len(times)], dtype=torch.int64)
+        example = example() if callable(example) else example
+        times = time_layers(built, example, repeats=repeats, device=where)
+        count = torch.tensor([len(times)], dtype=torch.int64, device=where)
     else:
-        times, count = [], torch.zeros(1, dtype=torch.int64)
+        times, count = [], torch.zeros(1, dtype=torch.int64, device=where)
     if not initialized:
         return times
     dist.broadcast(count, src=0)
-    values = torch.tensor(times if times else [0.0] * int(count), dtype=torch.float64)
+    n = len(times) if times else int(count.item())
+    values = torch.tensor(times or [0.0] * n, dtype=torch.float64, device=where)
     dist.broadcast(values, src=0)
-    return [float(v) for v in values]
+    if times:
+        return times  # rank 0 sent these very numbers
+    return [float(v) for v in values.cpu()]

@@ -35,7 +35,9 @@ class OpTotals:
     exposed_s: float = 0.0
     """Sum of the time the loop waited for them [s]."""
     bus_bytes: float = 0.0
-    """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes]."""
+    """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes], over
+    the collectives with a time (a synchronous op handed to the agent after it ran has none,
+    0 s: its bytes with no time would inflate the bandwidth)."""
 
     @property
     def busbw(self) -> float | None:
@@ -152,29 +154,31 @@ def fingerprint(report: StepReport) -> int:
 
 def summarize(report: StepReport) -> StepSummary:
     """Fold one StepReport into the figures the views need."""
-    # Per (op, group size): count, S, time, exposed; volume and bus bytes are linear in S, so
-    # they are applied once per group rather than per collective (1024 ranks x hundreds of
-    # collectives per report arrive at the collector).
+    # Per (op, group size): count, S, time, exposed, S of the timed ones; volume and bus bytes
+    # are linear in S, so they are applied once per group rather than per collective (1024
+    # ranks x hundreds of collectives per report arrive at the collector).
     groups: dict[tuple[str, int], list[float]] = {}
     prefetched = 0
     for c in report.collectives:
         g = groups.get((c.op, c.group_size))
         if g is None:
-            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0]
+            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0, 0]
         g[0] += 1
         g[1] += c.nbytes
         g[2] += c.duration_s
         g[3] += c.exposed_s
+        if c.duration_s > 0.0:
+            g[4] += c.nbytes
         prefetched += c.prefetched
     ops: dict[str, OpTotals] = {}
     total_volume = 0
     comm_s = exposed = bus_total = 0.0
-    for (op, size), (count, nbytes, seconds, waited) in groups.items():
+    for (op, size), (count, nbytes, seconds, waited, timed) in groups.items():
         totals = ops.get(op)
         if totals is None:
             totals = ops[op] = OpTotals()
         v = volume(op, int(nbytes))
-        bus = wire_bytes(op, nbytes, size)
+        bus = wire_bytes(op, timed, size)
         totals.count += int(count)
         totals.nbytes += int(nbytes)
         totals.volume += v

@@ -21,15 +21,22 @@ if TYPE_CHECKING:
     from zeroscope.store.trace import TraceReader
 
 
+def preamble(reader: TraceReader) -> list[Message]:
+    """What is folded in before the first report: every hello, then the collector's admissions
+    (an older trace, or a test double, has none)."""
+    return [*reader.hellos(), *getattr(reader, "admissions", list)()]
+
+
 def feed_trace(
     reader: TraceReader, state: ClusterState
 ) -> Iterator[tuple[Message | None, list[StepAggregate]]]:
     """Fold the whole trace into ``state``, yielding each recorded message with the steps it
     completed; the last item is ``(None, the steps the job's end closed)``. Hellos and
     admissions are ingested first and not yielded."""
-    if reader.job_id:
-        state.job_id = reader.job_id  # named even when no rank reported
-    for message in [*reader.hellos(), *reader.admissions()]:
+    job_id = getattr(reader, "job_id", "")
+    if job_id:
+        state.job_id = job_id  # named even when no rank reported
+    for message in preamble(reader):
         state.ingest(message)
     for message in reader.messages():
         yield message, state.ingest(message)

@@ -240,6 +240,11 @@ def _cut_short(path: Path) -> bool:
     """Is the file shorter than its own header says (a copy torn mid-way, a full disk)? O(1):
     the page size and the page count SQLite keeps in the header, trusted only while the
     header's "version valid for" number matches its change counter, as SQLite itself does."""
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        # A checkpoint that failed half-way (a full disk) has written page 1's new size but not
+        # every page: the WAL still holds them all, and SQLite reads them from there.
+        return False
     with open(path, "rb") as f:
         head = f.read(100)
     if len(head) < 100 or head[92:96] != head[24:28]:

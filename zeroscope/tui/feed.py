@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from zeroscope.agent.schema import Message
 from zeroscope.state import ClusterState
 from zeroscope.state.history import StepSeries
+from zeroscope.store.feed import feed_trace, preamble
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 BASE_STEPS_PER_S = 4.0
@@ -82,11 +83,10 @@ class ReplayFeed:
         self.trace = trace
         span = trace.steps()
         self.first, self.last = span if span else (0, -1)
-        self.hellos: list[Message] = list(trace.hellos())
-        world = max(1, len(self.hellos))
+        world = max(1, len(trace.hellos()))
         # The collector's records of senders it turned away name the ranks that never came;
-        # they are replayed with the Hellos (an older trace, or a test double, has none).
-        self.hellos += getattr(trace, "admissions", list)()
+        # they are replayed with the Hellos, in the order every reader of a trace uses.
+        self.hellos: list[Message] = preamble(trace)  # type: ignore[arg-type]
         self.window = max(2, min(64, 4096 // world))
         """Steps of history rebuilt on a seek: enough for the charts, bounded for 1024 ranks."""
         self.paused = paused
@@ -107,13 +107,9 @@ class ReplayFeed:
         until done, then the run's StepSeries (the figures the live view computed step by step)."""
         state = ClusterState()
         state.series = StepSeries(OVERVIEW_STEPS)
-        state.ingest_all(self.hellos)
-        messages: Iterable[Message] = self.trace.messages()  # type: ignore[assignment]
-        for i, message in enumerate(messages):
-            state.ingest(message)
+        for i, _ in enumerate(feed_trace(self.trace, state)):  # type: ignore[arg-type]
             if i % OVERVIEW_SLICE == OVERVIEW_SLICE - 1:
                 yield None
-        state.flush()
         yield state.series
 
     def _overview_slice(self) -> StepSeries | None:

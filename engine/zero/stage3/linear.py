@@ -11,7 +11,8 @@ Autocast: the hand-written backward runs outside the forward's autocast region, 
 ``torch.autocast`` with fp32 weights a bias-free Linear (the usual LLM layer) would multiply a
 bf16/fp16 ``grad_out`` by an fp32 weight and fail. As DeepSpeed does, the Function's forward and
 backward carry ``torch.amp.custom_fwd`` / ``custom_bwd`` for the input's device type, so backward
-runs under the same autocast state as forward.
+runs under the same autocast state as forward, and the output keeps the autocast dtype with a
+bias too, as ``F.linear`` (stage 0) and DeepSpeed's do.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ def _forward_impl(
     ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> Any:
     ctx.save_for_backward(x, weight, bias)
+    # DeepSpeed's forward, to the letter: under autocast ``addmm`` casts the bias with the
+    # rest, and the in-place add keeps the matmul's dtype (``out + bias`` would promote a bf16
+    # product with an fp32 bias to fp32, where ``F.linear`` and DeepSpeed give bf16).
+    if bias is not None and x.dim() == 2:
+        return torch.addmm(bias, x, weight.t())
     out = x.matmul(weight.t())
-    return out + bias if bias is not None else out
+    if bias is not None:
+        out += bias
+    return out
 
 
 def _backward_impl(ctx: Any, grad_out: torch.Tensor) -> Any:
