@@ -3,6 +3,7 @@
 chosen by the launch flags, not by the script. Each rank prints one ``LOSS`` line per step."""
 
 import argparse
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -36,4 +37,7 @@ for step, (x,) in enumerate(loader, start=1):
     accelerator.backward(loss)
     optimizer.step()
     optimizer.zero_grad()
-    print(f"LOSS rank {accelerator.process_index} step {step} {loss.item():.8f}", flush=True)
+    # one write per line: print() on the ranks' shared unbuffered stdout writes the text and its
+    # newline apart, and two ranks' lines glued together
+    sys.stdout.write(f"LOSS rank {accelerator.process_index} step {step} {loss.item():.8f}\n")
+    sys.stdout.flush()

@@ -5,6 +5,7 @@ prints one ``LOSS`` line per step (what tests compare between launchers) and the
 
 import argparse
 import os
+import sys
 
 import deepspeed
 import torch
@@ -26,8 +27,10 @@ for step in range(1, args.steps + 1):
     loss = engine(x).pow(2).mean()
     engine.backward(loss)
     engine.step()
-    print(
+    # one write per line (the launcher runs the ranks with -u: print() writes the text and its
+    # newline apart on the ranks' shared stdout)
+    sys.stdout.write(
         f"LOSS rank {rank} step {step} {loss.item():.8f} "
-        f"local_rank_arg {args.local_rank} LOCAL_RANK {os.environ.get('LOCAL_RANK')}",
-        flush=True,
+        f"local_rank_arg {args.local_rank} LOCAL_RANK {os.environ.get('LOCAL_RANK')}\n"
     )
+    sys.stdout.flush()
