@@ -123,6 +123,8 @@ class CollectiveRecord:
             exposed if exposed < duration else duration,
             self.prefetched,
             self.label,
+            "host" if self.cuda_events is None else "device",
+            True,
         )
 
 

@@ -202,6 +202,8 @@ def resolve_hosts_python(records: list[Any], step_start_ns: int) -> list[Collect
                 rec[EXPOSED] / 1e9 if rec[EXPOSED] / 1e9 < duration else duration,
                 rec[PREFETCHED],
                 rec[LABEL],
+                "host",  # CPU: the op ran while the host waited in wait(), on its clock
+                True,
             )
             for rec in records
         ]

@@ -30,6 +30,7 @@ from .cadence import ActivationCadence
 from .comm import EVENT_DEVICE, CollectiveTracker, _cuda_event
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
+from .loss_scale import LossScaleReading
 from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import RawTransfer, StepFacts
 from .phase_scope import PhaseScope
@@ -371,7 +372,7 @@ class LiveTelemetry(Telemetry):
         loss: Any = None,
         lr: float | None = None,
         grad_norm: Any = None,
-        loss_scale: float | None = None,
+        loss_scale: float | LossScaleReading | None = None,
         overflow: bool = False,
         skipped: bool = False,
         samples: int = 0,

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
+from .loss_scale import LossScaleReading
 from .pending import PendingReport, StepFacts
 from .schema import Event, Heartbeat, Message
 from .timeline import StepAxis, StepTimeline
@@ -198,6 +199,9 @@ class Outbox:
                     message=f"loss is {report.loss} at step {report.step}",
                 )
             )
+        scale = pending.facts.figures[1]
+        if isinstance(scale, LossScaleReading):  # a scaler's tensors, read on this thread
+            batch += scale.events(self._rank, report.step, report.wall_ns)
         batch.append(report)
 
     @property

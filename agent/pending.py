@@ -17,6 +17,7 @@ from typing import Any
 from . import capture
 from .activations import BlockSplit
 from .host_seam import resolve_host, resolve_hosts
+from .loss_scale import LossScaleReading
 from .scalars import DeferredScalar
 from .schema import (
     Collective,
@@ -137,6 +138,9 @@ class StepFacts:
         if self.device is not None:
             mem.device_allocated, mem.device_reserved, mem.device_peak = self.device
         lr, loss_scale, overflow, skipped, samples, host = self.figures
+        if isinstance(loss_scale, LossScaleReading):  # read here, on the sender thread
+            overflow = skipped = loss_scale.overflow
+            loss_scale = loss_scale.scale
         return StepReport(
             rank=self.rank,
             step=self.step,
@@ -176,7 +180,13 @@ class PendingReport:
         self.facts = facts
         self.loss, self.grad_norm = facts.loss, facts.grad_norm
         self.axis = axis
-        self.records = facts.records
+        self.records = records = facts.records
+        expand = getattr(records[-1], "expand", None) if records else None
+        if expand is not None:  # a step end's mark in a recorder read here, off the loop
+            try:
+                self.records = records[:-1] + expand()
+            except Exception:
+                self.records = records[:-1]
         self.age = 0
         """Step ends since this one."""
         self.report: StepReport | None = None
@@ -194,6 +204,9 @@ class PendingReport:
             return False  # no event may be touched while the training thread captures a graph
         force = block or self.age > MAX_DEFER_STEPS
         scalars = self.loss.ready(block) and self.grad_norm.ready(block)
+        scale = self.facts.figures[1]
+        if isinstance(scale, LossScaleReading):
+            scalars = scale.ready(block) and scalars
         device = self.axis.device
         if device and not self.axis.ready(block):
             if not force:

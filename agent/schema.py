@@ -26,6 +26,10 @@ collectives is well under 1 MiB)."""
 Precision = Literal["fp32", "bf16", "fp16"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "p2p"]
+CollectiveClock = Literal["device", "host", "none"]
+"""What measured a collective's ``duration_s``: CUDA events on the device's clock, the host's
+clock where the host really waits for the op (CPU / gloo), or nothing (``none``: the op was
+seen, its bytes are exact, but no clock saw it complete: duration, busbw and exposed are NA)."""
 TransferDirection = Literal["d2h", "h2d", "nvme_read", "nvme_write"]
 EventKind = Literal[
     "overflow",  # fp16 gradients had inf/nan on some rank; the step was skipped
@@ -230,6 +234,12 @@ class Collective(msgspec.Struct, array_like=True, gc=False):
     """Part of duration_s the training loop waited for (the rest was hidden behind compute)."""
     prefetched: bool = False
     label: str = ""
+    clock: CollectiveClock = "host"
+    """What measured ``duration_s`` (``none``: nothing did; the value is meaningless and every
+    figure built from it is NA). Appended last with a default: older traces decode as the host
+    clock they were measured on."""
+    exposed_measured: bool = True
+    """Whether ``exposed_s`` is a measurement of the loop's wait (False: NA)."""
 
 
 class Transfer(msgspec.Struct, array_like=True, gc=False):

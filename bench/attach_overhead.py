@@ -9,13 +9,19 @@ engine's wrapped methods and reader (memory counted on its schedule), one StepRe
 published to a real collector, the sampler thread. "Off" has every patch removed.
 
 - ``--engine ddp``: two identical DDP models; the "on" one was built with the attach installed
-  (it carries the attach's comm hook), the "off" one without. An MLP of ``--layers`` x
-  ``--width`` with 1 MB buckets.
+  (its group watched in torch's Flight Recorder, which the agent's sender thread reads; DDP's
+  reducer runs as it is), the "off" one without. The recorder itself is process-wide (set
+  before the groups exist), so both modes record into it: its per-collective cost is not in
+  the ratio, its reads are. An MLP of ``--layers`` x ``--width`` with 1 MB buckets.
 - ``--engine deepspeed``: one ZeRO-3 engine (every parameter sharded, none persistent, so each
   step issues a gather per layer in forward and backward and a reduce-scatter per bucket),
   toggled between modes: the many-collective case.
+- ``--engine ddp --amp``: the DDP loop under fp16 CPU autocast with a ``torch.amp.GradScaler``
+  per model (the attach's scaler wrappers on: the loss read before scaling, the scale copied
+  for the sender thread at ``step()`` and ``update()``).
 
-Usage: ``python bench/attach_overhead.py [--engine ddp|deepspeed] [--blocks 10] [--steps 2]``
+Usage: ``python bench/attach_overhead.py [--engine ddp|deepspeed] [--amp] [--blocks 10]
+[--steps 2]``
 """
 
 from __future__ import annotations
@@ -115,9 +121,20 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         ddp_hook.register_comm_hook(None, allreduce_hook)
         opt_hook = torch.optim.AdamW(ddp_hook.parameters(), lr=1e-4)
 
+        scalers = {id(o): torch.amp.GradScaler("cpu") for o in (opt_on, opt_off, opt_hook)}
+
         def train(ddp: Any, opt: Any, x: Any, y: Any) -> None:
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
+            if not args.amp:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                return
+            scaler = scalers[id(opt)]  # fp16 autocast with a dynamic loss scale
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad()
 
         def step_on(x: Any, y: Any) -> None:
@@ -184,7 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "steps_reported": steps,
             }
         )
-    return {"engine": args.engine, "ranks": ranks, "collector": received}
+    return {"engine": args.engine, "amp": args.amp, "ranks": ranks, "collector": received}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -195,6 +212,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--amp", action="store_true", help="ddp: fp16 autocast and torch.amp.GradScaler('cpu')"
+    )
     return parser
 
 

@@ -162,9 +162,9 @@ def attach(quick: bool) -> list[Table]:
             "goal <= 1.01 (CPU)",
         ],
     )
-    for engine in ("ddp", "deepspeed"):
-        argv = ["--engine", engine, "--blocks", "6" if quick else "20", "--steps", "2"]
-        result = attach_overhead.run(attach_overhead.parser().parse_args(argv))
+    for engine, extra in (("ddp", []), ("ddp+amp", ["--amp"]), ("deepspeed", [])):
+        argv = ["--engine", engine.split("+")[0], "--blocks", "6" if quick else "20"]
+        result = attach_overhead.run(attach_overhead.parser().parse_args([*argv, *extra]))
         for r in result["ranks"]:
             ratio = r["cpu_on_off"]
             t.add(
@@ -186,7 +186,9 @@ def attach(quick: bool) -> list[Table]:
         "collector), toggled in the same processes in blocks of 2 steps: on, off, off-again; "
         "ratios are medians of per-block pairs, the off-again/off ratio is the noise floor. "
         "DDP: identical models, the 'on' one carrying the attach's comm hook; a third with a bare "
-        "Python all-reduce hook (no attach) shows what any Python hook costs DDP. DeepSpeed: one "
+        "Python all-reduce hook (no attach) shows what any Python hook costs DDP. ddp+amp: the "
+        "same under fp16 CPU autocast with a torch.amp.GradScaler (the scaler's wrappers on). "
+        "DeepSpeed: one "
         "ZeRO-3 engine with every parameter sharded (a gather per layer in forward and backward). "
         "Same method as the agent table above, beside it."
     )

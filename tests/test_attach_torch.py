@@ -102,9 +102,14 @@ def test_the_header_names_each_engine_found(runs: dict) -> None:
 
 
 def test_ddp_memory_is_a_replica_plus_buckets_and_its_buckets_are_all_reduced(runs: dict) -> None:
+    """DDP's reducer is left alone (DDP's own logging data names no comm hook, as in the plain
+    run); its bucket all-reduces, read from torch's Flight Recorder, have DDP's logged bucket
+    sizes; no clock saw them end on gloo, so their duration and exposed time are NA."""
     shapes = [s for _, s in _params()]
     psi = sum(math.prod(s) for s in shapes)
     for rank in range(N):
+        assert runs["zs"][rank]["ddp"]["comm_hook"] is None
+        assert runs["plain"][rank]["ddp"]["comm_hook"] is None
         buckets = runs["zs"][rank]["ddp"]["bucket_sizes"]  # DDP's own logging data
         assert sum(buckets) == 4 * psi
         for step in _mode_steps(runs, rank, "ddp"):
@@ -113,9 +118,9 @@ def test_ddp_memory_is_a_replica_plus_buckets_and_its_buckets_are_all_reduced(ru
             assert m.grads == 4 * psi + sum(buckets)  # .grad tensors + the reducer's buckets
             assert m.optim == 8 * psi + 4 * len(shapes)  # AdamW m, v + a step tensor each
             assert bytes_by_op(step, "all_reduce") == buckets
-            labels = [c.label for c in step.collectives if c.op == "all_reduce"]
-            assert labels == [f"bucket {i}" for i in range(len(buckets))]
-            assert all(c.duration_s > 0 and c.exposed_s <= c.duration_s for c in step.collectives)
+            reduces = [c for c in step.collectives if c.op == "all_reduce"]
+            assert [c.label for c in reduces] == ["DDP"] * len(buckets)
+            assert all(c.clock == "none" and not c.exposed_measured for c in reduces)
             assert step.phases.forward is not None and step.phases.backward is not None
             assert step.memory.activations and step.memory.activations > 0
 
@@ -176,5 +181,5 @@ def test_summary_replay_and_export_read_an_attached_jobs_trace(
     out = tmp_path / "chrome.json"
     assert main(["export", trace, "--format", "chrome", "-o", str(out)]) == 0
     names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
-    assert {"all_reduce bucket 0", "all_gather FSDP 0", "reduce_scatter FSDP root"} <= names
+    assert {"all_reduce DDP", "all_gather FSDP 0", "reduce_scatter FSDP root"} <= names
     assert "(fsdp2)" in runs["stdout"]  # the run's own summary names the engine last found

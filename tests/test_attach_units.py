@@ -282,7 +282,8 @@ def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo:
 def test_an_op_running_at_the_step_boundary_stays_in_its_step_until_it_completes() -> None:
     """The live agent takes a step's ops at its end and resolves them later (agent/pending.py):
     an op still running then is not stamped at the boundary, nor lost, nor moved to a later
-    step; it resolves once its work object says it completed."""
+    step; it resolves once its work object says it completed. Nobody waited on it, so no clock
+    saw it end: its clock is ``none`` (bytes exact, duration and exposed NA)."""
     from zeroscope.agent.attach import collectives
 
     class SlowWork:
@@ -294,15 +295,14 @@ def test_an_op_running_at_the_step_boundary_stays_in_its_step_until_it_completes
     log = collectives.CollectiveLog()
     work = SlowWork()
     issue = collectives._now()
-    log.add("all_reduce", 64, 2, issue, work)
+    log.add("all_reduce", 64, 2, issue, work, False)
     (op,) = log.take_all()
     assert not log.records  # taken by the step that ended
     assert op.resolve(issue) is None  # still running: the report waits
-    boundary = collectives._now()
     work.done = True
     done = op.resolve(issue)
     assert done is not None and (done.op, done.nbytes, done.group_size) == ("all_reduce", 64, 2)
-    assert done.duration_s >= (boundary - issue) / 1e9 and done.exposed_s == 0.0
+    assert (done.clock, done.exposed_measured, done.duration_s) == ("none", False, 0.0)
     assert not log.waiting  # resolved: the Work wrappers no longer track it
 
 
@@ -474,6 +474,41 @@ def test_a_plain_loop_ends_steps_at_optimizer_step_with_its_own_collectives() ->
         assert result["memory"] == [(4 * psi, 4 * psi, 4 * psi)] * 3
 
 
+def test_a_part_whose_install_fails_half_way_leaves_nothing_behind_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A torch internal moved under one part of the attach: what that part had patched before
+    it failed is put back (the class is as torch made it), and the run's console says once
+    what is lost; the other parts' patches stay."""
+    from zeroscope.agent.attach import patches
+    from zeroscope.agent.attach.install import guarded
+
+    class Target:
+        def kept(self) -> str:
+            return "torch's"
+
+        def first(self) -> str:
+            return "torch's"
+
+    original = Target.__dict__["first"]
+    other = guarded("an earlier part", lambda: patches.replace(Target, "kept", lambda s: "ours"))
+
+    def half_way() -> None:
+        patches.replace(Target, "first", lambda self: "ours")
+        raise AttributeError("'FSDPState' has no attribute '_pre_forward'")
+
+    try:
+        assert other and not guarded("a drifted part", half_way)
+        assert Target.__dict__["first"] is original and Target().first() == "torch's"
+        assert Target().kept() == "ours"  # the earlier part stays installed
+        assert not guarded("a drifted part", half_way)
+        err = capsys.readouterr().err
+        assert err.count("a drifted part: not seen") == 1 and "_pre_forward" in err
+    finally:
+        patches.restore_all()
+    assert Target().kept() == "torch's"
+
+
 def test_an_op_its_future_completes_after_the_boundary_leaves_the_waiting_list() -> None:
     """An op the step boundary took unfinished, then completed through its future's callback
     (the backend's thread: it may run after ``future.wait()`` returned), is resolved by the
@@ -490,7 +525,7 @@ def test_an_op_its_future_completes_after_the_boundary_leaves_the_waiting_list()
     log = collectives.CollectiveLog()
     work = SlowWork()
     issue = collectives._now()
-    log.add("all_reduce", 64, 2, issue, work)
+    log.add("all_reduce", 64, 2, issue, work, False)
     (op,) = log.take_all()
     assert id(work) in log.waiting  # unfinished at the boundary: still awaited
     collectives.stamp_end(log.waiting[id(work)])  # its future's callback, on gloo's thread

@@ -158,6 +158,50 @@ def test_a_collector_hearing_one_node_of_two_still_closes_steps() -> None:
     assert all(sorted(a.summaries) == [0, 1] for a in state.complete_steps())
 
 
+def test_a_collective_no_clock_measured_counts_bytes_only_and_its_figures_print_na() -> None:
+    """A collective whose clock is ``none`` (seen, not timed: DDP's reducer on gloo read from
+    the Flight Recorder) adds to count, bytes and volume; its duration, busbw and exposed time
+    are NA, never 0 and never a host gap shown as a duration. A timed op beside it keeps its own
+    busbw, time-weighted over the timed ops only (the independent answer: nccl-tests' formula
+    on that op alone)."""
+    from zeroscope.state.report import run_report
+
+    untimed = Collective("all_reduce", 4000, 2, 0.1, 0.0, 0.0, False, "", "none", False)
+    timed = Collective("all_gather", 10**6, 2, 0.2, 0.5, 0.1)
+    state = ClusterState()
+    for step in range(3):
+        for rank in range(2):
+            state.ingest(_report(rank, step, collectives=[untimed, untimed, timed]))
+    state.flush()
+    s = state.ranks[0].summary
+    assert s is not None
+    ar, ag = s.ops["all_reduce"], s.ops["all_gather"]
+    assert (ar.count, ar.nbytes, ar.volume, ar.untimed) == (2, 8000, 16000, 2)
+    assert ar.busbw is None and ar.time_s is None and ar.exposed is None
+    assert ag.busbw == pytest.approx(busbw("all_gather", 10**6, 0.5, 2))
+    assert ag.time_s == 0.5 and ag.exposed == 0.1
+    assert s.comm_volume == 16000 + 10**6 and s.collectives == 3
+    assert s.busbw == pytest.approx(busbw("all_gather", 10**6, 0.5, 2))
+    assert s.busy_s == pytest.approx(0.5)  # the untimed ops span nothing
+    # Some waits unmeasured: the exposed share is NA for the rank, the step and the run.
+    assert s.exposed is None and s.exposed_share is None
+    assert state.steps[2].exposed_share is None
+    assert state.totals.exposed_share is None and state.ranks[0].totals.exposed_share is None
+    report = run_report(state)
+    assert report["exposed_percent"] is None
+    assert "exposed comm NA" in "\n".join(summary_lines(state))
+
+
+def test_old_traces_decode_as_host_timed() -> None:
+    """The clock fields come last with defaults: a collective encoded before they existed
+    (eight fields) decodes as what it was, measured on the host."""
+    import msgspec
+
+    old = msgspec.msgpack.encode(["all_reduce", 64, 2, 0.0, 0.5, 0.25, False, "x"])
+    c = msgspec.msgpack.decode(old, type=Collective)
+    assert (c.clock, c.exposed_measured, c.duration_s, c.label) == ("host", True, 0.5, "x")
+
+
 def test_unaligned_ranks_time_per_step_agrees_with_steps_per_s() -> None:
     """DDP-shaped ranks whose step ends are not aligned: rank 0 alternates 30/40 ms steps, rank 1
     40/30 ms, each rank's own steps tiling its clock. Each rank's mean is 35 ms and so is the

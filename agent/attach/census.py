@@ -64,6 +64,10 @@ class Census:
         (self.host if host else self.device)[part] += added
         return added
 
+    def add_bytes(self, part: str, nbytes: int, *, host: bool = False) -> None:
+        """Count ``nbytes`` held by storages the attach cannot reach (a C++ reducer's buckets)."""
+        (self.host if host else self.device)[part] += nbytes
+
     def counted(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is already counted."""
         t = local_tensor(tensor)

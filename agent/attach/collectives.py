@@ -2,10 +2,13 @@
 methods, wrapped at class level.
 
 DeepSpeed caches ``torch.distributed`` functions at start-up, FSDP2 calls the ``*_single``
-methods, DDP's comm hooks call ``dist.all_reduce``: all of them end in a Python call of a
-``ProcessGroup`` method, so wrapping the class catches every group, including groups created
-before the wrap. Each call costs the training thread two clock reads, a size computation and
-one list append; nothing is timed per op beyond that:
+methods, a script's own DDP comm hook calls ``dist.all_reduce``: all of them end in a Python
+call of a ``ProcessGroup`` method, so wrapping the class catches every group, including groups
+created before the wrap. (DDP's built-in reducer calls the backend from C++, below this: its
+all-reduces are read from torch's Flight Recorder, :mod:`.flight_recorder`.) Each call costs
+the training thread two clock reads, a size computation and one list append (and, on a group
+the recorder reader watches, two reads of its sequence number); nothing is timed per op beyond
+that:
 
 - completion: the end of ``Work.wait()`` (also wrapped at class level; the time spent inside
   it is the *exposed* time), or the work's future when a consumer asked for it
@@ -13,8 +16,11 @@ one list append; nothing is timed per op beyond that:
   whichever comes first. No future callback is attached to ops nobody asked a future of (that
   per-op callback, a GIL hand-off on the backend's thread, is what the agent's overhead budget rules out).
   An op nobody waited on is resolved at the step boundary, in bulk: complete then (or its
-  work object gone) means it ended by that boundary, which is the time recorded; one still
-  running is left to the step's pending report (agent/pending.py), which keeps it in its step.
+  work object gone) means it ended by that boundary; one still running is left to the step's
+  pending report (agent/pending.py), which keeps it in its step. No clock saw such an op end,
+  so its clock is ``none`` (bytes exact, duration and exposed NA); nor is an op on GPU tensors
+  timed here (``wait()`` returns at enqueue there): clock ``none`` too. Only an op on CPU
+  tensors whose end the host saw is clock ``host``.
 - bytes follow nccl-tests (``agent/schema.py``): the full gathered size for all-gather and
   reduce-scatter, the buffer for all-reduce and broadcast.
 
@@ -38,6 +44,7 @@ from zeroscope.agent.comm import CollectiveTracker
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 from . import patches
+from .flight_recorder import READER as RECORDER
 
 _now = time.perf_counter_ns
 
@@ -46,13 +53,26 @@ MAX_IN_FLIGHT = 10_000
 is dropped and counted in ``abandoned``."""
 
 # Record fields (a plain list per op: cheapest to build on the training thread).
-OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY = range(9)
+OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY, CUDA, MEASURED = range(11)
+"""``CUDA``: the op's tensors are on a GPU, where ``wait()`` returns once the op is enqueued on
+the device, so no host clock here measures it (its clock is ``none``). ``MEASURED``: the end
+was seen by the host (``wait()`` returned, or the work's future ran), not stamped at a step
+boundary."""
 
 
 def _bytes(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return x.nbytes
     return sum(_bytes(t) for t in x)
+
+
+def _is_cuda(x: Any) -> bool:
+    """Whether the first tensor in ``x`` (a tensor or nested lists of them) is on a GPU."""
+    while not isinstance(x, torch.Tensor):
+        if not x:
+            return False
+        x = x[0]
+    return x.is_cuda
 
 
 def _first(args: tuple) -> int:
@@ -104,12 +124,14 @@ class CollectiveLog(CollectiveTracker):
         self.recorded = 0
         self.abandoned = 0
 
-    def add(self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any) -> None:
+    def add(
+        self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any, cuda: bool
+    ) -> None:
         records = self.records
         if len(records) >= MAX_IN_FLIGHT:  # nobody takes them (no step boundary seen yet)
             self.abandoned += len(records) // 2
             del records[: len(records) // 2]
-        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0]
+        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0, cuda, False]
         if work is not None:
             rec[REF] = weakref.ref(work)
             rec[KEY] = key = id(work)
@@ -140,7 +162,11 @@ class CollectiveLog(CollectiveTracker):
             if rec[END] and waiting.get(rec[KEY]) is rec:
                 del waiting[rec[KEY]]
             out.append(LoggedOp(rec, waiting))
-        return out + super().take_all()
+        out += super().take_all()
+        mark = RECORDER.mark() if RECORDER.groups else None
+        if mark is not None:
+            out.append(mark)  # last: the pending report expands it on the sender thread
+        return out
 
     def clear(self) -> None:
         self.records = []
@@ -179,6 +205,21 @@ class LoggedOp:
         # agent's sender thread: the training thread's wait() may pop it meanwhile.
         if self._waiting.get(rec[KEY]) is rec:
             self._waiting.pop(rec[KEY], None)
+        # Host-timed only where the host saw the op end on CPU tensors (gloo: wait() returns
+        # when the op has run). On a GPU, wait() and the future return at enqueue; and an end
+        # stamped at the step boundary is the boundary's time: neither is a measurement.
+        if rec[CUDA] or not rec[MEASURED]:
+            return Collective(
+                op=rec[OP],
+                nbytes=rec[NBYTES],
+                group_size=rec[GROUP],
+                start_s=(rec[ISSUE] - step_start_ns) / 1e9,
+                duration_s=0.0,
+                exposed_s=0.0,
+                label=rec[LABEL],
+                clock="none",
+                exposed_measured=False,
+            )
         duration = max(rec[END] - rec[ISSUE], 0)
         return Collective(
             op=rec[OP],
@@ -188,6 +229,8 @@ class LoggedOp:
             duration_s=duration / 1e9,
             exposed_s=min(rec[EXPOSED], duration) / 1e9,
             label=rec[LABEL],
+            clock="host",
+            exposed_measured=True,
         )
 
 
@@ -201,14 +244,28 @@ _lock = threading.Lock()
 def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int]) -> Any:
     original = getattr(ProcessGroup, name)
     log = LOG
+    groups = RECORDER.groups
 
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not log.recording:
             return original(self, *args, **kwargs)
         issue = _now()
-        work = original(self, *args, **kwargs)
+        if groups:  # the Flight Recorder is read: claim this call's entries as ours
+            try:
+                before = self._get_sequence_number_for_group()
+            except Exception:
+                before = None
+            work = original(self, *args, **kwargs)
+            if before is not None:
+                try:
+                    RECORDER.claim(self, before)
+                except Exception:
+                    log.errors += 1
+        else:
+            work = original(self, *args, **kwargs)
         try:
-            log.add(op, size_of(args), self.size(), issue, work)
+            tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
+            log.add(op, size_of(tensors), self.size(), issue, work, _is_cuda(tensors[0]))
         except Exception:
             log.errors += 1
         return work
@@ -224,6 +281,8 @@ def _wrap_wait() -> Any:
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = waiting.pop(id(self), None)
+        if rec is not None and rec[REF]() is not self:
+            rec = None  # a dead op's address reused by this work: not its record
         if rec is None:
             return original(self, *args, **kwargs)
         t0 = _now()
@@ -232,17 +291,12 @@ def _wrap_wait() -> Any:
         finally:
             t1 = _now()
             rec[EXPOSED] += t1 - t0
+            rec[MEASURED] = True
             if not rec[END] or t1 < rec[END]:
                 rec[END] = t1
 
     wait.__doc__ = original.__doc__
     return wait
-
-
-def future_of(work: Any) -> Any:
-    """``work``'s future, not through the wrapper: for a caller that stamps completion in the
-    callback it attaches anyway (the DDP comm hook's: no second callback per bucket)."""
-    return _raw_get_future[0](work)
 
 
 def _stamp_when_done(rec: list[Any], _: Any) -> None:
@@ -253,22 +307,19 @@ def stamp_end(rec: list[Any] | None) -> None:
     """``rec`` completed now (called from a future callback, on the backend's thread)."""
     if rec is not None:
         t = _now()
+        rec[MEASURED] = True
         if not rec[END] or t < rec[END]:
             rec[END] = t
 
 
-_raw_get_future: list[Any] = [Work.get_future]
-
-
 def _wrap_get_future() -> Any:
     original = Work.get_future
-    _raw_get_future[0] = original
     waiting = LOG.waiting
 
     def get_future(self: Any, *args: Any, **kwargs: Any) -> Any:
         future = original(self, *args, **kwargs)
         rec = waiting.get(id(self))
-        if rec is not None:
+        if rec is not None and rec[REF]() is self:  # not a dead op's reused address
             try:
                 future.then(functools.partial(_stamp_when_done, rec))
             except Exception:

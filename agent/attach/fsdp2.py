@@ -107,6 +107,16 @@ class FSDP2Reader(EngineReader):
         memory.gathered_params = gathered
 
 
+def _is_root(state: Any) -> bool:
+    """``state._is_root``, read inside the user's forward: if torch renamed it, the forward
+    phase and FSDP2's discovery turn off (said once) and the forward runs on untouched."""
+    try:
+        return bool(state._is_root)
+    except Exception as exc:
+        SESSION.lost("FSDP2's forward phase", f"FSDPState._is_root is unreadable ({exc!r})")
+        return False
+
+
 def install_state(module: ModuleType) -> None:
     """Wrap ``FSDPState`` (``module`` is torch's ``_fsdp_state``)."""
     state_cls = module.FSDPState
@@ -115,7 +125,7 @@ def install_state(module: ModuleType) -> None:
     def _pre_forward(self: Any, mod: Any, args: Any, kwargs: Any) -> Any:
         out = pre(self, mod, args, kwargs)
         s = SESSION
-        if self._is_root and not s.passive:
+        if _is_root(self) and not s.passive:
             try:
                 reader = s.reader
                 if not isinstance(reader, FSDP2Reader) or reader._root() is not self:
@@ -128,7 +138,7 @@ def install_state(module: ModuleType) -> None:
 
     def _post_forward(self: Any, mod: Any, args: Any, output: Any) -> Any:
         output = post(self, mod, args, output)
-        if self._is_root:
+        if _is_root(self):
             s = SESSION
             s.exit("forward")
             time_backward(output)
@@ -149,7 +159,7 @@ def install_param_group(module: ModuleType) -> None:
         def named(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
             log = collectives.LOG
             label = log.label
-            log.label = f"FSDP {self._module_fqn or 'root'}"
+            log.label = f"FSDP {getattr(self, '_module_fqn', '') or 'root'}"
             try:
                 return __original(self, *args, **kwargs)
             finally:
@@ -160,8 +170,15 @@ def install_param_group(module: ModuleType) -> None:
 
 def install() -> None:
     from . import postimport
+    from .install import guarded
 
-    postimport.when_imported("torch.distributed.fsdp._fully_shard._fsdp_state", install_state)
+    def state_ready(module: ModuleType) -> None:
+        guarded("FSDP2", lambda: install_state(module))
+
+    def param_group_ready(module: ModuleType) -> None:
+        guarded("FSDP2's collective labels", lambda: install_param_group(module))
+
+    postimport.when_imported("torch.distributed.fsdp._fully_shard._fsdp_state", state_ready)
     postimport.when_imported(
-        "torch.distributed.fsdp._fully_shard._fsdp_param_group", install_param_group
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group", param_group_ready
     )

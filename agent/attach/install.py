@@ -1,7 +1,7 @@
 """What the bootstrap calls: post-import hooks that install the attach piece by piece.
 
 - ``torch.distributed`` finished importing (after the whole of ``torch``): ProcessGroup
-  collective wrappers, global optimizer hooks, DDP and FSDP2 readers.
+  collective wrappers, global optimizer hooks, loss scalers, DDP and FSDP2 readers.
 - ``deepspeed`` finished importing: the DeepSpeedEngine reader (unless ``deepspeed`` is the
   bundled engine under an import alias, which reports through the agent API itself).
 - ``transformers.trainer`` finished importing: the Trainer callback.
@@ -13,6 +13,7 @@ The first code to ask the agent API for its reporter (the bundled engine, a scri
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from . import postimport
@@ -32,12 +33,33 @@ def _stand_down() -> None:
 def _torch_ready(_: ModuleType) -> None:
     if _claimed:
         return
-    from . import collectives, ddp, fsdp2, torch_loop
+    from . import collectives, ddp, fsdp2, grad_scaler, torch_loop
 
-    collectives.install()
-    torch_loop.install()
-    ddp.install()
-    fsdp2.install()
+    for part, install_part in (
+        ("collectives issued from Python", collectives.install),
+        ("plain torch loop steps", torch_loop.install),
+        ("torch.amp GradScaler steps", grad_scaler.install),
+        ("DDP", ddp.install),
+        ("FSDP2", fsdp2.install),
+    ):
+        guarded(part, install_part)
+
+
+def guarded(part: str, install_part: Callable[[], object]) -> bool:
+    """Install one part of the attach; if it fails half-way (a torch internal moved), undo
+    what it had patched, say so once, and go on without it. Returns whether it installed."""
+    from . import patches
+
+    mark = patches.checkpoint()
+    try:
+        install_part()
+        return True
+    except Exception as exc:
+        patches.rollback(mark)
+        from .session import SESSION
+
+        SESSION.lost(part, f"its install failed ({exc!r})")
+        return False
 
 
 def _deepspeed_ready(module: ModuleType) -> None:
@@ -48,7 +70,7 @@ def _deepspeed_ready(module: ModuleType) -> None:
         return  # the bundled engine under an import alias: it reports for itself
     from . import deepspeed_engine
 
-    deepspeed_engine.install(module)
+    guarded("DeepSpeed", lambda: deepspeed_engine.install(module))
 
 
 def _trainer_ready(module: ModuleType) -> None:
@@ -56,7 +78,7 @@ def _trainer_ready(module: ModuleType) -> None:
         return
     from . import hf_trainer
 
-    hf_trainer.install(module)
+    guarded("the HF Trainer", lambda: hf_trainer.install(module))
 
 
 def install() -> None:
@@ -65,6 +87,10 @@ def install() -> None:
         return
     _done.append(True)
     from zeroscope.agent import api
+
+    from .flight_recorder import configure_environment
+
+    configure_environment()  # before the job creates its process groups
 
     api.on_claim(_stand_down)
     postimport.when_imported("torch.distributed", _torch_ready)

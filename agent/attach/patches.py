@@ -33,10 +33,26 @@ def on_restore(undo: Callable[[], Any]) -> None:
         _undo.append(undo)
 
 
+def checkpoint() -> tuple[int, int]:
+    """Where the record stands now: :func:`rollback` to it undoes what came after."""
+    with _lock:
+        return len(_replaced), len(_undo)
+
+
+def rollback(mark: tuple[int, int]) -> None:
+    """Undo the replacements and hooks made since ``mark`` (a part of the attach that failed
+    half-way through its install leaves nothing behind), newest first."""
+    _restore(*mark)
+
+
 def restore_all() -> None:
     """Undo every replacement and hook, newest first."""
+    _restore(0, 0)
+
+
+def _restore(replaced: int, undo: int) -> None:
     with _lock:
-        while _replaced:
+        while len(_replaced) > replaced:
             owner, name, original = _replaced.pop()
             try:
                 if original is _MISSING:
@@ -45,7 +61,7 @@ def restore_all() -> None:
                     setattr(owner, name, original)
             except Exception:
                 pass
-        while _undo:
+        while len(_undo) > undo:
             try:
                 _undo.pop()()
             except Exception:

@@ -4,9 +4,9 @@ Engines are found as they are built (a DeepSpeedEngine, an FSDP2 module, a DDP w
 Trainer, or a plain torch optimizer stepping). Each has an :class:`EngineReader`; the most
 specific one found is the one whose state is reported (DeepSpeed > FSDP2 > DDP > optimizer).
 Step boundaries come from one *step source*, the most specific seen: DeepSpeed's
-``engine.step()`` at an accumulation boundary, else the Trainer's ``on_step_end``, else the
-first torch optimizer's ``step()``. Sources of lower rank stay silent, so a step is never
-counted twice.
+``engine.step()`` at an accumulation boundary, else the Trainer's ``on_step_end``, else a
+loss scaler's ``update()`` (:mod:`.grad_scaler`), else the first torch optimizer's
+``step()``. Sources of lower rank stay silent, so a step is never counted twice.
 
 Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on steps 1-3 and then
 every ``ZEROSCOPE_MEMORY_EVERY``-th step (default 10): P and O after the optimizer step, G just
@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamC
 from . import collectives, patches
 from .census import Census
 
-STEP_SOURCES = {"optimizer": 0, "hf-trainer": 1, "deepspeed": 2}
+STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
 MEMORY_EVERY_DEFAULT = 10
 
@@ -93,6 +93,8 @@ class AttachSession:
         self._grads: tuple[int, int] = (0, 0)
         self._memory = MemoryBytes()
         self._layout: Any = None
+        self._lost: dict[str, str] = {}
+        """Parts of the attach that turned themselves off, and why (each said once)."""
         try:
             self._every = max(1, int(os.environ.get(MEMORY_EVERY_ENV, MEMORY_EVERY_DEFAULT)))
         except ValueError:
@@ -142,6 +144,22 @@ class AttachSession:
             tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
         api.set_telemetry(tel)
         self.tel = tel
+        for part, reason in self._lost.items():
+            tel.event("info", f"zeroscope lost {part}: {reason}")
+
+    def lost(self, part: str, reason: str) -> None:
+        """A part of the attach turned itself off (a private torch API moved, a recorder is
+        off): the job goes on untouched; said once, on the run's console and, once the agent
+        runs, on the Log screen."""
+        if part in self._lost:
+            return
+        self._lost[part] = reason
+        notice(f"{part}: not seen ({reason}); the job runs on unchanged")
+        if self.tel is not None and not self.passive:
+            try:
+                self.tel.event("info", f"zeroscope lost {part}: {reason}")
+            except Exception:
+                self.errors += 1
 
     def stand_down(self) -> None:
         """The job reports through the agent API itself: undo every patch, report nothing.

@@ -132,18 +132,42 @@ def first_tensor(output: Any, depth: int = 3) -> torch.Tensor | None:
     return None
 
 
+_backward_off: list[str] = []
+"""Why backward is no longer timed (empty while it is)."""
+
+
+def _turn_off_backward(exc: BaseException) -> None:
+    if not _backward_off:
+        _backward_off.append(repr(exc))
+        SESSION.lost("the backward phase", f"autograd's queue_callback failed ({exc!r})")
+
+
 def time_backward(output: Any) -> None:
     """Time the backward pass that will run through ``output`` (see the module docstring)."""
     s = SESSION
     if s.tel is None:
+        return
+    if _backward_off:
         return
     t = first_tensor(output)
     if t is None or t.grad_fn is None:
         return
 
     def started(grad_outputs: Any) -> None:
-        s.enter("backward")
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: s.exit("backward"))
+        # Runs inside the user's backward: nothing may raise from here. The end of backward
+        # is a callback queued on autograd's engine (a private API): if it is gone, backward
+        # is no longer timed, said once, and backward runs on untouched.
+        try:
+            queue = torch.autograd.Variable._execution_engine.queue_callback
+            s.enter("backward")
+        except Exception as exc:
+            _turn_off_backward(exc)
+            return
+        try:
+            queue(lambda: s.exit("backward"))
+        except Exception as exc:
+            s.exit("backward")
+            _turn_off_backward(exc)
 
     try:
         t.grad_fn.register_prehook(started)

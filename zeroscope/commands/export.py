@@ -155,29 +155,36 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
                     {"ph": "X", "name": name, "pid": pid, "tid": _TID_STEPS, "ts": ts, "dur": dur}
                 )
             for c in msg.collectives:
+                # A collective no clock measured is an instant at its issue: no duration, and
+                # NA (null) for its busbw and exposed time.
                 s = start_us + c.start_s * 1e6
-                lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + c.duration_s * 1e6)
-                thread(pid, _TID_COMM + lane, f"collectives {lane}")
                 fig = collective_figures(c)
-                bw = fig["busbw_bytes_s"]
-                out.append(
-                    {
-                        "ph": "X",
-                        "name": c.op + (f" {c.label}" if c.label else ""),
-                        "pid": pid,
-                        "tid": _TID_COMM + lane,
-                        "ts": s,
-                        "dur": c.duration_s * 1e6,
-                        "args": {
-                            "bytes": c.nbytes,
-                            "volume_bytes": fig["volume_bytes"],
-                            "group_size": c.group_size,
-                            "exposed_ms": c.exposed_s * 1e3,
-                            "busbw_GBps": None if bw is None else bw / 1e9,
-                            "step": msg.step,
-                        },
-                    }
-                )
+                duration = fig["duration_s"]
+                dur_us = 0.0 if duration is None else duration * 1e6
+                lane = lanes.setdefault((pid, _TID_COMM), _Lanes()).place(s, s + dur_us)
+                thread(pid, _TID_COMM + lane, f"collectives {lane}")
+                bw, exposed = fig["busbw_bytes_s"], fig["exposed_s"]
+                event: dict[str, Any] = {
+                    "ph": "X" if duration is not None else "i",
+                    "name": c.op + (f" {c.label}" if c.label else ""),
+                    "pid": pid,
+                    "tid": _TID_COMM + lane,
+                    "ts": s,
+                    "args": {
+                        "bytes": c.nbytes,
+                        "volume_bytes": fig["volume_bytes"],
+                        "group_size": c.group_size,
+                        "exposed_ms": None if exposed is None else exposed * 1e3,
+                        "busbw_GBps": None if bw is None else bw / 1e9,
+                        "clock": c.clock,
+                        "step": msg.step,
+                    },
+                }
+                if duration is not None:
+                    event["dur"] = dur_us
+                else:
+                    event["s"] = "t"  # an instant on its thread
+                out.append(event)
             for x in msg.transfers:
                 s = start_us + x.start_s * 1e6
                 lane = lanes.setdefault((pid, _TID_XFER), _Lanes()).place(s, s + x.duration_s * 1e6)

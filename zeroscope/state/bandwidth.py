@@ -22,6 +22,11 @@ This module lived in ``agent/metrics.py`` before derived figures moved to zerosc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroscope.agent.schema import Collective
+
 _FACTORS_2X = frozenset({"all_reduce"})
 _FACTORS_1X = frozenset({"all_gather", "reduce_scatter"})
 
@@ -66,3 +71,24 @@ def volume(op: str, nbytes: int) -> int:
     """A collective's communication volume in bytes (ZeRO paper section 7): 2S for an
     all-reduce (reduce-scatter + all-gather), S for every other op."""
     return 2 * nbytes if op == "all_reduce" else nbytes
+
+
+def timed(c: Collective) -> bool:
+    """Whether a clock measured ``c``'s duration (``Collective.clock`` is not ``none``): only
+    then are its duration and busbw figures; otherwise it counts for bytes and count alone."""
+    return c.clock != "none"
+
+
+def duration_of(c: Collective) -> float | None:
+    """``c``'s issue-to-completion time [s]; NA when no clock measured it."""
+    return c.duration_s if c.clock != "none" else None
+
+
+def exposed_of(c: Collective) -> float | None:
+    """The time the loop waited for ``c`` [s]; NA when that wait was not measured."""
+    return c.exposed_s if c.exposed_measured and c.clock != "none" else None
+
+
+def collective_busbw(c: Collective) -> float | None:
+    """``c``'s bus bandwidth [bytes/s]; NA when its duration was not measured."""
+    return busbw(c.op, c.nbytes, c.duration_s, c.group_size) if c.clock != "none" else None

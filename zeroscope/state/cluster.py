@@ -118,11 +118,16 @@ class StepAggregate:
     def exposed_s(self) -> float | None:
         """The cluster's exposed time: the least-exposed rank's wait in collectives [s]. The
         other ranks' extra wait is waiting for slower peers (a straggler), not communication
-        cost; NA when no rank reported a collective."""
+        cost; NA when no rank reported a collective, or no rank's wait was measured."""
         if self._closed is not None:
             return self._closed[2]
-        waits = [s.exposed_s for s in self.summaries.values() if s.ops]
+        waits = [s.exposed_s for s in self.summaries.values() if s.ops and not s.unexposed]
         return min(waits) if waits else None
+
+    @property
+    def exposed_unmeasured(self) -> bool:
+        """Some rank reported collectives, but no rank's wait in them was measured."""
+        return self.exposed_s is None and any(s.ops for s in self.summaries.values())
 
     @property
     def exposed_share(self) -> float | None:
@@ -287,6 +292,7 @@ class ClusterState:
             samples=agg.samples,
             skipped=agg.skipped,
             overflow=agg.overflow,
+            exposed_unmeasured=agg.exposed_unmeasured,
         )
 
     # ------------------------------------------------------------------ views

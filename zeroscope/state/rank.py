@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport
 
-from .bandwidth import busbw_of, volume, wire_bytes
+from .bandwidth import busbw_of, timed, volume, wire_bytes
 from .totals import RankTotals
 
 HISTORY_STEPS = 512
@@ -36,19 +36,36 @@ class OpTotals:
     """Sum of the time the loop waited for them [s]."""
     bus_bytes: float = 0.0
     """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes], over
-    the collectives with a time (a synchronous op handed to the agent after it ran has none,
-    0 s: its bytes with no time would inflate the bandwidth)."""
+    the collectives with a time (clock not ``none``, and more than 0 s: a synchronous op handed
+    to the agent after it ran has 0 s; bytes with no time would inflate the bandwidth)."""
+    untimed: int = 0
+    """Collectives no clock measured (``Collective.clock`` none): in count, bytes and volume,
+    never in seconds, busbw or exposed."""
+    unexposed: int = 0
+    """Collectives whose exposed time was not measured."""
 
     @property
     def busbw(self) -> float | None:
-        """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]."""
+        """Time-weighted bus bandwidth of the timed collectives: sum(S·factor) / sum(t)
+        [bytes/s]; NA when none was timed."""
         return busbw_of(self.bus_bytes, self.seconds)
+
+    @property
+    def time_s(self) -> float | None:
+        """Summed issue-to-completion time [s]; NA when no collective of the op was timed."""
+        return self.seconds if self.untimed < self.count else None
+
+    @property
+    def exposed(self) -> float | None:
+        """Summed exposed time [s]; NA when any collective of the op had it unmeasured (a
+        partial sum would pass for the whole)."""
+        return None if self.unexposed else self.exposed_s
 
 
 def busy_seconds(collectives: list[Collective]) -> float:
     """Time with at least one collective in flight [s]: the union of their [start, end)
     intervals, so overlapping collectives (prefetch, bucketed reduce-scatters) count once."""
-    spans = [(c.start_s, c.start_s + c.duration_s) for c in collectives]
+    spans = [(c.start_s, c.start_s + c.duration_s) for c in collectives if c.clock != "none"]
     if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
         spans.sort()  # reports list them in issue order, so this is rare
     if not spans:
@@ -103,6 +120,10 @@ class StepSummary:
     collectives: int
     """Collectives reported in the step."""
     ops: dict[str, OpTotals]
+    untimed: int = 0
+    """Collectives no clock measured: counted in ``collectives`` and ``comm_volume`` only."""
+    unexposed: int = 0
+    """Collectives whose exposed time was not measured: ``exposed_share`` is then NA."""
     sequence: int = 0
     """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), to
     compare ranks within this process (zeroscope.state.sequences); 0 = not comparable (some
@@ -115,10 +136,19 @@ class StepSummary:
         return max(self.duration_s - self.exposed_s, 0.0)
 
     @property
+    def exposed(self) -> float | None:
+        """The loop's wait in collectives [s]; NA when some collective's wait was not measured
+        (a partial sum would pass for the whole)."""
+        return None if self.unexposed else self.exposed_s
+
+    @property
     def exposed_share(self) -> float | None:
         """Exposed %: the share of the step the loop waited inside collectives
-        (exposed_s / duration_s) [fraction]; NA for a zero-length step."""
-        return self.exposed_s / self.duration_s if self.duration_s > 0 else None
+        (exposed_s / duration_s) [fraction]; NA for a zero-length step or when some
+        collective's wait was not measured."""
+        if self.unexposed or self.duration_s <= 0:
+            return None
+        return self.exposed_s / self.duration_s
 
     @property
     def busbw(self) -> float | None:
@@ -154,41 +184,62 @@ def fingerprint(report: StepReport) -> int:
 
 def summarize(report: StepReport) -> StepSummary:
     """Fold one StepReport into the figures the views need."""
-    # Per (op, group size): count, S, time, exposed, S of the timed ones; volume and bus bytes
-    # are linear in S, so they are applied once per group rather than per collective (1024
-    # ranks x hundreds of collectives per report arrive at the collector).
+    # Per (op, group size): count, S, time, exposed, untimed, unexposed, S of the timed ones;
+    # volume and bus bytes are linear in S, so they are applied once per group rather than per
+    # collective (1024 ranks x hundreds of collectives per report arrive at the collector).
+    # A collective no clock measured (clock "none") adds to count and bytes only: its bytes go
+    # to the volume but not to the busbw numerator, so busbw stays time-weighted over timed ops.
     groups: dict[tuple[str, int], list[float]] = {}
-    prefetched = 0
+    prefetched = untimed_all = unexposed_all = 0
     for c in report.collectives:
         g = groups.get((c.op, c.group_size))
         if g is None:
-            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0, 0]
+            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0, 0, 0, 0]
         g[0] += 1
         g[1] += c.nbytes
-        g[2] += c.duration_s
-        g[3] += c.exposed_s
-        if c.duration_s > 0.0:
-            g[4] += c.nbytes
+        if timed(c):
+            g[2] += c.duration_s
+            if c.duration_s > 0.0:
+                g[6] += c.nbytes
+            if c.exposed_measured:
+                g[3] += c.exposed_s
+            else:
+                g[5] += 1
+        else:
+            g[4] += 1
+            g[5] += 1
         prefetched += c.prefetched
     ops: dict[str, OpTotals] = {}
     total_volume = 0
     comm_s = exposed = bus_total = 0.0
-    for (op, size), (count, nbytes, seconds, waited, timed) in groups.items():
+    for (op, size), (
+        count,
+        nbytes,
+        seconds,
+        waited,
+        untimed,
+        unexposed,
+        timed_bytes,
+    ) in groups.items():
         totals = ops.get(op)
         if totals is None:
             totals = ops[op] = OpTotals()
         v = volume(op, int(nbytes))
-        bus = wire_bytes(op, timed, size)
+        bus = wire_bytes(op, timed_bytes, size)
         totals.count += int(count)
         totals.nbytes += int(nbytes)
         totals.volume += v
         totals.seconds += seconds
         totals.exposed_s += waited
         totals.bus_bytes += bus
+        totals.untimed += int(untimed)
+        totals.unexposed += int(unexposed)
         total_volume += v
         comm_s += seconds
         exposed += waited
         bus_total += bus
+        untimed_all += int(untimed)
+        unexposed_all += int(unexposed)
     m = report.memory
     return StepSummary(
         step=report.step,
@@ -217,6 +268,8 @@ def summarize(report: StepReport) -> StepSummary:
         samples=report.samples,
         prefetched=prefetched,
         collectives=len(report.collectives),
+        untimed=untimed_all,
+        unexposed=unexposed_all,
         ops=ops,
         sequence=fingerprint(report),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .bandwidth import busbw, busbw_of, volume
+from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volume
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
@@ -36,10 +36,13 @@ TOTAL_AGGREGATION = {
 
 def collective_figures(c: Collective) -> dict[str, Any]:
     """One collective's figures as ``export`` shows them on its slice: the paper's volume
-    (bytes) and its busbw (bytes/s, nccl-tests convention; None when not measurable)."""
+    (bytes), its duration and exposed time (s) and busbw (bytes/s, nccl-tests convention):
+    each None (NA) when not measurable or when no clock measured it (``Collective.clock``)."""
     return {
         "volume_bytes": volume(c.op, c.nbytes),
-        "busbw_bytes_s": busbw(c.op, c.nbytes, c.duration_s, c.group_size),
+        "duration_s": duration_of(c),
+        "exposed_s": exposed_of(c),
+        "busbw_bytes_s": collective_busbw(c),
     }
 
 

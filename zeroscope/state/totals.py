@@ -36,9 +36,12 @@ class _Sums:
     collectives: int = 0
     offload_bytes: int = 0
     offload_s: float = 0.0
+    unexposed: int = 0
+    """Collectives whose exposed time was not measured (the exposed share is then NA)."""
 
     def add(self, s: StepSummary) -> None:
         self.steps += 1
+        self.unexposed += s.unexposed
         self.duration_s += s.duration_s
         self.exposed_s += s.exposed_s
         self.comm_volume += s.comm_volume
@@ -101,9 +104,12 @@ class RankTotals:
 
     @property
     def exposed_share(self) -> float | None:
-        """Exposed %: time waiting in collectives / step time, over steady steps [fraction]."""
+        """Exposed %: time waiting in collectives / step time, over steady steps [fraction];
+        NA when some collective's wait was not measured."""
         s = self._sums
-        return s.exposed_s / s.duration_s if s and s.collectives and s.duration_s > 0 else None
+        if not s or not s.collectives or s.unexposed or s.duration_s <= 0:
+            return None
+        return s.exposed_s / s.duration_s
 
     @property
     def busbw(self) -> float | None:
@@ -138,6 +144,8 @@ class ClusterTotals:
     """Samples of the steady steps (every rank's share added up)."""
     skipped: int = 0
     overflows: int = 0
+    unexposed_steps: int = 0
+    """Steady steps whose exposed time was not measured on some rank (the share is NA)."""
 
     first_step_time_s: float = 0.0
 
@@ -151,6 +159,7 @@ class ClusterTotals:
         samples: int,
         skipped: bool,
         overflow: bool,
+        exposed_unmeasured: bool = False,
     ) -> None:
         self.steps += 1
         self.skipped += skipped
@@ -161,6 +170,7 @@ class ClusterTotals:
         else:
             self.step_time_s += step_time
             self.exposed_s += exposed or 0.0
+            self.unexposed_steps += exposed_unmeasured
             self.samples += samples
         self.last_wall_ns = wall_ns
 
@@ -202,5 +212,7 @@ class ClusterTotals:
     @property
     def exposed_share(self) -> float | None:
         """The cluster's exposed % over steady steps: sum of each step's least-exposed rank's
-        wait / sum of step times [fraction]."""
-        return self.exposed_s / self.step_time_s if self.step_time_s > 0 else None
+        wait / sum of step times [fraction]; NA when a steady step's wait was not measured."""
+        if self.unexposed_steps or self.step_time_s <= 0:
+            return None
+        return self.exposed_s / self.step_time_s

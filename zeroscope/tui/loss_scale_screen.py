@@ -50,10 +50,11 @@ class LossScaleScreen(StateScreen):
     def _chart(self, width: int) -> Text:
         steps = self.state.complete_steps()
         c = self.state.config
-        if c is not None and c.precision != "fp16":
-            return Text(f"{c.precision}: no loss scaling (only fp16 needs it)", style="dim")
         scales = [a.loss_scale for a in steps]
         if all(s is None for s in scales):
+            # fp32 parameters under fp16 autocast still report a GradScaler's scale
+            if c is not None and c.precision != "fp16":
+                return Text(f"{c.precision}: no loss scaling (only fp16 needs it)", style="dim")
             return Text("NA (no loss scale reported)", style="dim")
         chart, rows = loss_scale_chart(
             [a.step for a in steps], scales, [a.overflow for a in steps], self.zapp.cursor

@@ -17,7 +17,7 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
     step = [
         ("step time", units.seconds(s.duration_s if s else None)),
         ("compute", units.seconds(s.compute_s if s else None)),
-        ("comm wait", units.seconds(s.exposed_s if s else None)),
+        ("comm wait", units.seconds(s.exposed if s else None)),
         ("exposed", units.percent(s.exposed_share if s else None)),
         ("slowness", "NA" if rs.slowness is None else f"{rs.slowness:.2f}x"),
         ("samples", "NA" if not s or not s.samples else str(s.samples)),

@@ -165,12 +165,12 @@ class RankScreen(StateScreen):
             return text.append("\nno collectives reported", style="dim")
         for op, t in sorted(s.ops.items()):
             text.append(
-                f"\n{op:<15}{t.count:>6}{units.size(t.volume):>9}{units.seconds(t.seconds):>8}"
-                f"{units.rate(t.busbw):>11}{units.seconds(t.exposed_s):>9}"
+                f"\n{op:<15}{t.count:>6}{units.size(t.volume):>9}{units.seconds(t.time_s):>8}"
+                f"{units.rate(t.busbw):>11}{units.seconds(t.exposed):>9}"
             )
         share = s.exposed_share
         text.append(
-            f"\nexposed {units.seconds(s.exposed_s)} = {units.percent(share)} of the step",
+            f"\nexposed {units.seconds(s.exposed)} = {units.percent(share)} of the step",
             style="bold red" if self.state.rules.exposed_level(share) == "bad" else "dim",
         )
         return text
