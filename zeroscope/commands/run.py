@@ -1,4 +1,6 @@
 """``zeroscope run [torchrun flags] train.py [args]``: collector + torchrun + the live view.
+With the ``deepspeed`` launcher's flags (``--num_gpus 2`` ...) DeepSpeed's launcher runs the job
+instead (zeroscope.run.deepspeed_launcher).
 
 The job's exit code is zeroscope's. Ctrl-C stops the job the way torchrun does (SIGINT to its
 process group, then SIGTERM) and keeps the trace. Without a terminal, or with ``--headless``,
@@ -16,6 +18,12 @@ from pathlib import Path
 from types import FrameType
 
 from zeroscope.run import console
+from zeroscope.run.deepspeed_launcher import (
+    add_deepspeed_arguments,
+    deepspeed_argv,
+    mixed_launcher_flags,
+    uses_deepspeed_launcher,
+)
 from zeroscope.run.interrupts import Interrupts
 from zeroscope.run.launch import (
     Job,
@@ -29,7 +37,10 @@ from zeroscope.run.launch import (
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
 
-HELP = "launch a training script under torchrun with a collector and the live view"
+HELP = (
+    "launch a training script under torchrun (or DeepSpeed's launcher, given its flags) with a "
+    "collector and the live view"
+)
 
 DRAIN_S = 2.0
 """After the job exits, how long to wait for messages still in flight (Byes, last reports)."""
@@ -37,6 +48,7 @@ DRAIN_S = 2.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_torchrun_arguments(parser)
+    add_deepspeed_arguments(parser)
     parser.add_argument("--headless", action="store_true", help="print one line per step")
     parser.add_argument("--record", metavar="PATH", help="trace file (default runs/JOB.zstrace)")
     parser.add_argument("--bind", default="127.0.0.1", help="collector address (default loopback)")
@@ -65,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         plan = multinode.plan_from_run_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    argv = torchrun_argv(args, str(script), args.script_args)
+    argv = _launcher_argv(args, str(script))
     base: dict[str, str] = dict(os.environ)
     if args.as_deepspeed:
         from zeroscope.run.as_deepspeed import alias_environment
@@ -139,6 +151,28 @@ def main(args: argparse.Namespace) -> int:
         interrupts.restore()
         collector.stop()
         discovery.unregister(handle)
+
+
+def _launcher_argv(args: argparse.Namespace, script: str) -> list[str]:
+    """torchrun's command, or DeepSpeed's launcher's when a flag only it has was given."""
+    from zeroscope.cli import CliError
+
+    if not uses_deepspeed_launcher(args):
+        return torchrun_argv(args, script, args.script_args)
+    mixed = mixed_launcher_flags(args)
+    if mixed:
+        raise CliError(
+            f"{mixed} is torchrun's and the other launcher flags are DeepSpeed's launcher's: "
+            "use one launcher's flags"
+        )
+    if args.as_deepspeed:
+        # The alias would replace DeepSpeed in the launcher's own processes too, and
+        # deepspeed.launcher is no part of the bundled engine.
+        raise CliError(
+            "--as-deepspeed runs under torchrun's flags only (--nproc-per-node N for "
+            "--num_gpus N): DeepSpeed's launcher is itself DeepSpeed, which the alias replaces"
+        )
+    return deepspeed_argv(args, script, args.script_args)
 
 
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:

@@ -84,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept reports without the job token (refused unless bound to loopback)",
     )
     parser.add_argument(
+        "--as-deepspeed",
+        action="store_true",
+        help="the job's `import deepspeed` gets the bundled engine (as `zeroscope run`'s flag)",
+    )
+    parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="-- COMMAND ...: run it with the collector's environment; its exit code is ours",
@@ -193,6 +198,10 @@ def main(args: argparse.Namespace) -> int:
         else advertised_address(args.bind, port, args.advertise)
     )
     env = job_environment(ingest, token, job_id)
+    if args.as_deepspeed:
+        from zeroscope.run.as_deepspeed import alias_environment
+
+        env = alias_environment(env)
     handle = discovery.register(
         discovery.JobRecord.here(
             job_id=job_id,
