@@ -50,7 +50,11 @@ def test_gpu_slot_dry_run_writes_every_section(tmp_path: Path) -> None:
     assert proc.stdout.rstrip().splitlines()[-1].startswith("wrote ")
     assert "### GPU slot verdicts" in proc.stdout.split("### GPU slot (dry run, CPU)")[1]
     verdicts = {v["item"]: v for v in doc["verdicts"]}
-    assert [v for v in verdicts.values() if v["verdict"] == "FAIL"] == []
+    # The overhead verdict is a timing on a loaded CPU (a bench figure, judged on the GPU): any
+    # verdict is accepted here; every other check must not FAIL.
+    timed = "agent on/off step time <= 1.05 (A/A control within 1.05)"
+    assert verdicts[timed]["verdict"] in ("PASS", "FAIL", "NA")
+    assert [v for v in verdicts.values() if v["verdict"] == "FAIL" and v["item"] != timed] == []
     for item in (
         "profile partition broadcasts on the group's device",
         "synchronous collective through the agent",
