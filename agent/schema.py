@@ -245,9 +245,8 @@ class Collective(msgspec.Struct, array_like=True, gc=False):
     prefetched: bool = False
     label: str = ""
     clock: CollectiveClock = "host"
-    """What measured ``duration_s`` (``none``: nothing did; the value is meaningless and every
-    figure built from it is NA). Appended last with a default: older traces decode as the host
-    clock they were measured on."""
+    """What measured ``duration_s`` (``none``: nothing did, every figure from it is NA). Last,
+    with a default: older traces decode as the host clock they were measured on."""
     exposed_measured: bool = True
     """Whether ``exposed_s`` is a measurement of the loop's wait (False: NA)."""
 
