@@ -34,8 +34,7 @@ from zeroscope.run.launch import (
     torchrun_argv,
     with_bootstrap,
 )
-from zeroscope.state import ClusterState
-from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.viewmodel import ClusterState, step_line, summary_lines
 
 HELP = (
     "launch a training script under torchrun (or DeepSpeed's launcher, given its flags) with a "

@@ -50,8 +50,7 @@ def summarize(path: Path) -> dict[str, Any]:
     """The run report of a trace (zeroscope.state.report) with the trace's own facts; each
     rank also gets its ``mesh`` coordinates and, in a pipeline job, its ``pipeline`` figures
     (zeroscope.state.mesh)."""
-    from zeroscope.state.mesh import parallel_fields
-    from zeroscope.state.report import run_report
+    from zeroscope.state.viewmodel import parallel_fields, run_report
 
     state, facts = state_of(path)
     report = run_report(state)
@@ -67,7 +66,7 @@ def _pipeline_run(path: Path, hellos: list[Any]) -> Any:
     """Every rank's pipeline figures over the run: a second pass over the step reports, made
     only for a job that reported a pipeline layout."""
     from zeroscope.agent.schema import StepReport
-    from zeroscope.state.mesh import PipelineRun
+    from zeroscope.state.viewmodel import PipelineRun
     from zeroscope.store.trace import TraceReader
 
     run = PipelineRun(hellos)
@@ -154,7 +153,7 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def _missing_lines(missing: list[dict]) -> list[str]:
     """``missing r8-15 (node 1): <reason>``: one line per node and reason."""
-    from zeroscope.state.roster import MissingGroup
+    from zeroscope.state.viewmodel import MissingGroup
 
     grouped: dict[tuple[Any, str, str], list[int]] = {}
     for row in missing:

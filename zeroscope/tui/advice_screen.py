@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state.advice.model import ms, nbytes
+from zeroscope.state.viewmodel import ms, nbytes
 
 from .base import StateScreen
 from .header import ClusterHeader

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input
 
-from zeroscope.state.history import StepSeries
+from zeroscope.state.viewmodel import StepSeries
 
 from .alerts_strip import AlertsStrip
 from .base import StateScreen

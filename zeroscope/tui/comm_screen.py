@@ -11,8 +11,12 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from zeroscope.state import units
-from zeroscope.state.history import busbw_series, volume_series
-from zeroscope.state.prediction import paper_differences, predicted_traffic
+from zeroscope.state.viewmodel import (
+    busbw_series,
+    paper_differences,
+    predicted_traffic,
+    volume_series,
+)
 
 from .base import StateScreen
 from .charts import sparkline

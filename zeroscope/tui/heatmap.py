@@ -10,8 +10,8 @@ from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from zeroscope.state import AlertRules, units
-from zeroscope.state.alerts import HEAT_METRICS
+from zeroscope.state import units
+from zeroscope.state.viewmodel import HEAT_METRICS, AlertRules
 
 from .rank_rows import RankRow, filtered
 from .rank_table import RankTable

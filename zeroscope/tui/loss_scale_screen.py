@@ -13,7 +13,7 @@ from textual.widgets import Footer
 from textual_plotext.plot import Plot
 
 from zeroscope.state import units
-from zeroscope.state.history import skipped_steps
+from zeroscope.state.viewmodel import skipped_steps
 
 from .base import StateScreen
 from .header import ClusterHeader

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state import AlertRules, units
-from zeroscope.state.prediction import deviation, predicted_memory
+from zeroscope.state import units
+from zeroscope.state.viewmodel import AlertRules, deviation, predicted_memory
 
 from .base import StateScreen
 from .charts import PART_STYLES

@@ -19,7 +19,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from zeroscope.state import units
-from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
+from zeroscope.state.viewmodel import Act, PipelineView, layout_of, pipeline_view
 
 from .base import StateScreen
 from .header import ClusterHeader

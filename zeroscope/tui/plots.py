@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from zeroscope.state import ClusterState
-from zeroscope.state.history import StepPoint, StepSeries, rank_beside_cluster, stacked_parts
+from zeroscope.state.viewmodel import (
+    ClusterState,
+    StepPoint,
+    StepSeries,
+    rank_beside_cluster,
+    stacked_parts,
+)
 
 from .history_plot import Chart, Line
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroscope.state import ClusterState, Level
-from zeroscope.state.pipeline import layout_of
+from zeroscope.state.viewmodel import ClusterState, Level, layout_of
 
 SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
 """``mesh`` (pp, dp, tp) is offered only for jobs that report a 3D layout."""

@@ -14,8 +14,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from zeroscope.agent.schema import StepReport
-from zeroscope.state import RankState, units
-from zeroscope.state.mesh import role
+from zeroscope.state import units
+from zeroscope.state.viewmodel import RankState, role
 
 from .base import StateScreen
 from .charts import timeline
