@@ -89,23 +89,13 @@ def _is_trace(path: Path) -> bool:
 def format_advice(advisory: Any) -> str:
     """The text report: each advice with its evidence, change and price; then what was not
     judged and why."""
-    from zeroscope.state.viewmodel import ms, nbytes
+    from zeroscope.state.viewmodel import price_words
 
     lines = []
     if not advisory.advice:
         lines.append("no advice: no rule found a change worth making in what was measured")
     for i, a in enumerate(advisory.advice, 1):
-        price = []
-        if a.saves_ms is not None:
-            price.append(
-                ("saves " if a.saves_ms >= 0 else "costs ") + ms(abs(a.saves_ms) / 1e3) + "/step"
-            )
-        if a.saves_bytes is not None:
-            price.append(
-                ("saves " if a.saves_bytes >= 0 else "costs ")
-                + nbytes(abs(a.saves_bytes))
-                + "/rank"
-            )
+        price = price_words(a.saves_ms, a.saves_bytes)
         tag = "ERROR " if a.severity == "error" else ""
         lines.append(f"{i}. {tag}[{a.rule}] {a.title}")
         lines.append(f"   price:    {', '.join(price) or 'none'} (confidence {a.confidence})")

@@ -21,9 +21,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zeroscope.agent.schema import Hello, ParallelLayout, PipelineStep, StepReport
+
+if TYPE_CHECKING:
+    from .alerts import Level
 
 UNIT_COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
@@ -155,6 +158,8 @@ class StageRow:
     predicted_bubble: float | None = None
     span_s: float = 0.0
     """The replica's pipeline span this step (see the module docstring)."""
+    bubble_level: Level = "na"
+    """The bubble against the plan, set by the view-model (viewmodel.judged_pipeline)."""
 
     @property
     def compute_s(self) -> float:

@@ -8,17 +8,17 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 
 | screen or report | function |
 |---|---|
-| cluster (header, charts, alerts) | ``cluster_view``, ``header_facts``, ``evaluate`` via ClusterState.alerts |
-| rank table and heatmap | ``rank_rows``, ``heat_view`` |
-| rank detail | ``rank_comm_view`` |
-| memory | ``memory_view`` |
-| communication | ``comm_view`` |
-| pipeline | ``pipeline_view`` (rows carry their bubble level) |
-| loss scale | ``loss_scale_view`` |
-| advice | ``advise``, ``preflight``, ``price_words`` |
-| headless lines | ``step_line``, ``summary_lines`` |
-| summary and export | ``run_report``, ``collective_figures``, ``parallel_fields`` |
-| estimate | ``stage_estimates`` |
+| cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``StepSeries`` |
+| rank table and heatmap | ``rank_rows`` (slowness judged), ``heat_view`` (bands) |
+| rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster`` |
+| memory | ``memory_view`` (each part's deviation judged) |
+| communication | ``comm_view`` (traffic ratio and exposed share judged) |
+| pipeline | ``judged_pipeline`` (each stage's bubble judged against its plan) |
+| loss scale | ``loss_scale_view`` (log2 axis, skipped steps, events judged) |
+| advice (screen and ``advise``) | ``advise``, ``preflight``, ``price_words`` |
+| headless lines (``run``, ``replay``) | ``step_line``, ``summary_lines`` |
+| ``summary`` and ``export`` | ``run_report``, ``collective_figures``, ``parallel_fields`` |
+| ``estimate`` | ``stage_estimates`` |
 """
 
 from __future__ import annotations
@@ -50,26 +50,52 @@ from zeroscope.state.rank import RankState
 from zeroscope.state.report import collective_figures, run_report
 from zeroscope.state.roster import MissingGroup, headcount
 
+from .comm import CommView, RankCommView, comm_view, rank_comm_view
+from .memory import MemoryRow, MemoryView, PartCell, memory_view
+from .ranks import HeatView, RankRow, heat_value, heat_view, rank_rows
+from .screens import (
+    EVENT_LEVELS,
+    LossScaleView,
+    judged_pipeline,
+    loss_scale_view,
+    price_words,
+)
+
 __all__ = [
+    "EVENT_LEVELS",
     "HEAT_METRICS",
     "Act",
     "Advisory",
     "Alert",
     "AlertRules",
     "ClusterState",
+    "CommView",
+    "HeatView",
     "Level",
+    "LossScaleView",
+    "MemoryRow",
+    "MemoryView",
     "MissingGroup",
+    "PartCell",
     "PipelineRun",
     "PipelineView",
+    "RankCommView",
+    "RankRow",
     "RankState",
     "StepPoint",
     "StepSeries",
     "advise",
     "busbw_series",
     "collective_figures",
+    "comm_view",
     "deviation",
     "headcount",
+    "heat_value",
+    "heat_view",
+    "judged_pipeline",
     "layout_of",
+    "loss_scale_view",
+    "memory_view",
     "mesh_shape",
     "ms",
     "nbytes",
@@ -79,7 +105,10 @@ __all__ = [
     "predicted_memory",
     "predicted_traffic",
     "preflight",
+    "price_words",
     "rank_beside_cluster",
+    "rank_comm_view",
+    "rank_rows",
     "role",
     "run_report",
     "skipped_steps",
