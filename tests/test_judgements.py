@@ -193,3 +193,30 @@ def test_the_scan_catches_a_threshold() -> None:
     # Layout passes: a width, a count, an alternation.
     layout = "def f(width, rows, pp):\n    return width < 84 or len(rows) > 1 or pp % 2 == 0\n"
     assert judgements_in(layout) == []
+
+
+def test_the_advisor_and_the_straggler_alert_have_their_own_listed_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The advisor's thresholds are AlertRules' (``advice``), listed in the same help; the
+    straggler alert's excess rule is its own (not the slowness colours'), listed too."""
+    from zeroscope.state import advice
+    from zeroscope.state.advice import advise
+    from zeroscope.state.advice.model import Thresholds
+    from zeroscope.state.cluster import ClusterState
+
+    rules = AlertRules(advice=Thresholds(bubble_excess=0.07, bubble_bound_max=0.3))
+    lines = rules.thresholds()
+    assert any("1F1B bound + 7% or bound > 30%" in line for line in lines), lines
+    [straggler] = [line for line in lines if line.startswith("straggler ")]
+    assert "max(10 ms, 10% of the median step) in 3 of 5 steps" in straggler
+    # 10 ms floor on a short step, 10 % of a long one.
+    assert rules.straggler_limit_s(0.05) == 0.010
+    assert rules.straggler_limit_s(2.0) == pytest.approx(0.2)
+    # The advisor reads the state's thresholds unless it is given its own.
+    seen: list[Thresholds] = []
+    monkeypatch.setattr(advice, "RULES", (("probe", lambda f, t: seen.append(t)),))
+    advise(ClusterState(rules=rules))
+    own = Thresholds(skipped_min=0.5)
+    advise(ClusterState(rules=rules), thresholds=own)
+    assert seen == [rules.advice, own]
