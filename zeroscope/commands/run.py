@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from zeroscope.run import console
 from zeroscope.run.deepspeed_launcher import (
@@ -24,6 +22,7 @@ from zeroscope.run.deepspeed_launcher import (
     mixed_launcher_flags,
     uses_deepspeed_launcher,
 )
+from zeroscope.run.hangup import HangUp
 from zeroscope.run.interrupts import Interrupts
 from zeroscope.run.launch import (
     Job,
@@ -126,14 +125,12 @@ def main(args: argparse.Namespace) -> int:
     state.recording_error = collector.recording_error  # in case it stopped already
     job: Job | None = None
 
-    def hang_up(signum: int, frame: FrameType | None) -> None:
-        # Terminal closed: unwind, and stop the job below. Once: the shell forwards its own
-        # SIGHUP to its jobs, and a second one raised inside the stop cut it short (zeroscope
-        # died, the watchdog's SIGTERM met torchrun mid-shutdown and it left its ranks alive).
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
+    def stop_everything() -> None:
+        if job is not None and job.returncode is None:
+            job.stop(grace_s=5.0, reason="the terminal closed")
+        collector.stop()
 
-    signal.signal(signal.SIGHUP, hang_up)
+    HangUp(stop_everything).install()  # a closed terminal: unwind, and stop the job below
     log = str(trace.with_suffix(".log"))  # all of the job's output, whatever the terminal shows
     interrupts = Interrupts().install()  # before the job starts: any Ctrl-C is a stop
     try:
