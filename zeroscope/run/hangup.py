@@ -3,11 +3,12 @@
 The hang-up unwinds the main thread (``SystemExit`` from the handler) so that the ordinary stop
 runs: the job is stopped, the trace committed and closed. That is not enough on its own: an
 exception raised by a signal handler is lost when the signal lands while the main thread runs a
-finalizer or a callback from C (Python prints "Exception ignored" and carries on), and the live
-view, with nobody left to answer it, would then run for ever (seen in a clean-clone run:
-``zeroscope run`` alive, parent 1, 90 s after its terminal closed, its job already gone). So the
-hang-up also arms a backstop: if the process is still alive after a grace period, a daemon
-thread runs the stop itself and ends the process with the hang-up's exit status.
+finalizer or a callback from C (Python prints "Exception ignored" and carries on), and an
+event-loop shutdown that waits on a task for ever never reaches the stop. Either way the live
+view, with nobody left to answer it, would run for ever (a clean-clone run saw ``zeroscope run``
+alive, parent 1, 90 s after its terminal closed, its job already gone). So the hang-up also arms
+a backstop: if the process is still alive after a grace period, a daemon thread runs the stop
+itself and ends the process with the hang-up's exit status.
 """
 
 from __future__ import annotations
