@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from zeroscope.run import console
 from zeroscope.run.deepspeed_launcher import (
@@ -192,17 +193,22 @@ def _finish(job: Job, state: ClusterState, trace: str) -> int:
     # A rank that failed with its own error before reporting explains the silence itself.
     explained = end.rank is not None and not (end.error or "").startswith("exited with code")
     silent = [] if explained else silent_job_notice(state)
-    for line in [*summary_lines(state, trace), *silent, *end.sentences(job.log)]:
+    for line in [*summary_lines(state, trace), *silent]:
         say(line, wait=False)
+    # A failure is a diagnostic: on stderr, where plain torchrun puts it (and ``2>err.txt``
+    # catches it); a stop on request is not one.
+    failed = end.code != 0 and not end.stopped
+    for line in end.sentences(job.log):
+        say(line, wait=False, stream=sys.stderr if failed else sys.stdout)
     say(f"job exit code {end.code}", wait=False)
     return end.code
 
 
-def say(line: str, *, wait: bool = True) -> None:
-    """print, on a line of its own (zeroscope.run.console), to a stdout that may have gone
-    away (``| head``): the job is not stopped for that, only the printing."""
+def say(line: str, *, wait: bool = True, stream: TextIO | None = None) -> None:
+    """print, on a line of its own (zeroscope.run.console), to a stdout (or ``stream``) that
+    may have gone away (``| head``): the job is not stopped for that, only the printing."""
     try:
-        console.own_line(sys.stdout, line, wait=wait)
+        console.own_line(stream or sys.stdout, line, wait=wait)
     except BrokenPipeError:
         from zeroscope.cli import quiet_stdout
 
