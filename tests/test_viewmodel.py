@@ -184,3 +184,26 @@ def test_price_words_sign_is_saves_or_costs() -> None:
     assert price_words(-4.0, 2_000_000_000) == ["costs 4.00 ms/step", "saves 2.0GB/rank"]
     assert price_words(0.0, -3e9) == ["saves 0.00 ms/step", "costs 3.0GB/rank"]
     assert price_words(None, None) == []
+
+
+def test_the_run_report_carries_the_exposed_level_summary_marks() -> None:
+    from zeroscope.commands.summary import format_table
+    from zeroscope.state.viewmodel import run_report
+
+    # Rank 0 waits 0.31 s of each 1 s step (past the 30 % alert), rank 1 0.10 s. Steady
+    # steps only: the first step is left out of run figures, so three steps are reported.
+    state = _state(
+        [
+            *_hellos(None),
+            *(_comm_step(r, s, 4000, 0.31 if r == 0 else 0.10) for s in (1, 2, 3) for r in (0, 1)),
+        ]
+    )
+    report = run_report(state)
+    r0, r1 = report["ranks"]
+    assert (r0["exposed_level"], r1["exposed_level"]) == ("bad", "ok")
+    # The cluster's share is the least-exposed rank's: 10 %, ok.
+    assert report["exposed_level"] == report["total"]["exposed_level"] == "ok"
+    table = format_table(
+        {**report, "trace": "t", "step_range": "1-3", "events": 0, "missing_ranks": []}
+    )
+    assert "31.0!" in table and "10.0!" not in table

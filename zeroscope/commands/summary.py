@@ -96,6 +96,14 @@ def _rate(v: float | None) -> str:
     return "NA" if v is None else f"{v / 1e9:.3f}"
 
 
+def _exposed(row: dict[str, Any]) -> str:
+    """The exposed share, marked ``!`` where its level is bad (above the exposed alert's
+    threshold, as the screens colour it)."""
+    if row["exposed_percent"] is None:
+        return "NA"
+    return f"{row['exposed_percent']:.1f}" + ("!" if row.get("exposed_level") == "bad" else "")
+
+
 def format_table(summary: dict[str, Any]) -> str:
     head = (
         "rank",
@@ -123,7 +131,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 _bytes(r["optim_peak"]),
                 _bytes(r["activations_peak"]),
                 _bytes(r["comm_bytes_per_step"]),
-                "NA" if r["exposed_percent"] is None else f"{r['exposed_percent']:.1f}",
+                _exposed(r),
                 _rate(r["busbw_bytes_s"]),
                 _rate(r["offload_bytes_s"]),
                 str(r["overflows"]),
@@ -145,7 +153,8 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     lines.append(
         "all: steps, step ms, exposed% and overflows of the cluster; P/G/O/A peak = max over "
-        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations"
+        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
+        "! exposed above the alert's threshold"
     )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     return "\n".join(lines)
