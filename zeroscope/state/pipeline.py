@@ -44,7 +44,8 @@ def one_f_one_b_bound(stages: int, microbatches: int) -> float | None:
 def bubble_fraction(span_s: float, compute_s: float) -> float | None:
     """A stage's bubble: the share of the pipeline span it spent not computing,
     max(0, span - compute) / span; NA for an empty span. The Pipeline screen's rows, its mean
-    over the stages (:func:`mean_bubble`) and the advisor's pipeline rule all use this one."""
+    over the stages (:func:`mean_bubble`), the advisor's pipeline rule and the summary's pipeline
+    fields (``state.mesh.PipelineRun``) all use this one."""
     return max(0.0, span_s - compute_s) / span_s if span_s > 0 else None
 
 
