@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from zeroscope.agent import schema
 from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Admission, Hello, Message, SenderClaim, StepReport
-from zeroscope.collector.relay import Relay, is_hello
+from zeroscope.collector.relay import Relay
 from zeroscope.collector.server import Collector, wait_for
+from zeroscope.collector.uplink import is_hello
 from zeroscope.state.cluster import ClusterState
 
 TOKEN = b"relay-test-token"

@@ -8,19 +8,19 @@ one reconnection storm per rank. A relay per node turns that into one connection
   :class:`~zeroscope.collector.gate.Gate` with the same token: the same refusals, for the same
   reasons, counted the same way. Its records (who it turned away, who connected and sent
   nothing) travel to the collector like reports and name the node's ranks there;
-- the forwarding itself is ZeroMQ's own proxy (``zmq.proxy_steerable``: frontend PULL, backend
-  PUSH to the collector, a capture socket, a control socket to stop it). ZeroMQ's I/O thread
-  writes what the proxy queued as few TCP writes as it can, so the ranks' reports reach the
-  collector in batches on that one connection;
-- the buffer is bounded: the backend queues at most ``buffer`` messages while the collector is
-  slow or restarting (kept, delivered once it is back), then the proxy stops reading, the
-  frontend fills, and each rank's own non-blocking sender drops and counts (agent/publish.py):
-  the count rides on the rank's next report, so the collector's ``dropped_by_agents`` says what
-  was lost, as it does without a relay;
-- a restarted collector knows no rank: the relay keeps every rank's newest Hello (read off the
-  proxy's capture) and sends them again whenever its connection is made anew;
-- every ``BEAT_INTERVAL_S`` it sends a beat (``[RELAY_BEAT, token]``), so the collector can tell
-  a quiet node from a dead relay and name the node's ranks (collector/relays.py).
+- the ranks' messages leave the node-facing socket through ZeroMQ's own proxy
+  (``zmq.proxy_steerable``, with a control socket to stop it) into the uplink
+  (collector/uplink.py), which owns the one connection to the collector and merges what is
+  waiting into batches of up to 64 reports, the framing the collector takes from an agent;
+- the buffer is bounded: the uplink queues at most ``buffer`` batches while the collector is
+  slow or restarting (kept, delivered once it is back), then it waits, the proxy stops reading,
+  the frontend fills, and each rank's own non-blocking sender drops and counts
+  (agent/publish.py): the count rides on the rank's next report, so the collector's
+  ``dropped_by_agents`` says what was lost, as it does without a relay;
+- a restarted collector knows no rank: the uplink keeps every rank's newest Hello and sends them
+  again whenever its connection is made anew;
+- twice a second it sends a beat (``[RELAY_BEAT, token]``), so the collector can tell a quiet
+  node from a dead relay and name the node's ranks (collector/relays.py).
 """
 
 from __future__ import annotations
@@ -30,32 +30,18 @@ import socket
 import threading
 import time
 
-import msgspec
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import SenderClaim
 from zeroscope.collector.gate import Gate
-from zeroscope.collector.protocol import RELAY_BEAT
+from zeroscope.collector.uplink import Uplink
 
-BUFFER = 100_000
-"""Messages the relay holds for the collector (its backend's send high-water mark)."""
+BUFFER = 2_000
+"""Batches (each at most ``uplink.MAX_BATCH`` reports) the relay holds for the collector."""
 
 FRONTEND_HWM = 10_000
 """Messages the node-facing socket buffers before the ranks' own senders see EAGAIN."""
-
-BEAT_INTERVAL_S = 0.5
-"""How often the relay says it is alive (the collector names it unreachable after a few)."""
-
-_HELLO_TAG = msgspec.msgpack.encode("kind") + msgspec.msgpack.encode("hello")
-"""A Hello's first key and tag as msgpack; found in its first bytes (after the map header)."""
-
-
-def is_hello(payload: bytes) -> bool:
-    """Whether ``payload`` is an encoded Hello, without decoding it (the capture sees every
-    report; only Hellos are kept)."""
-    return payload.find(_HELLO_TAG, 0, 16) >= 0
 
 
 class Relay:
@@ -80,23 +66,35 @@ class Relay:
         self.hostname = hostname or socket.gethostname()
         self.buffer = buffer
         self.gate = Gate(token)
-        self.hellos: dict[int, bytes] = {}
-        """The newest Hello per rank seen through this relay (re-sent to a new collector)."""
-        self.forwarded = 0
-        """Messages seen on the proxy's capture (every message forwarded, unless the capture
-        itself fell behind: it never slows the proxy)."""
-        self.connections = 0
-        """Handshakes with the collector that succeeded (more than one: it was restarted)."""
-        self.hellos_resent = 0
+        self.uplink: Uplink | None = None
         self.local_dropped = 0
-        """The relay's own messages (beats, Hellos, door records) it could not queue."""
+        """The relay's own door records it could not queue."""
         self.address = ""
         self._ctx: zmq.Context | None = None
         self._tag = os.urandom(4).hex()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._local_socket: zmq.Socket | None = None
+
+    # -- what the uplink counted ------------------------------------------------------------
+
+    @property
+    def hellos(self) -> dict[int, bytes]:
+        """The newest Hello per rank seen through this relay."""
+        return self.uplink.hellos if self.uplink is not None else {}
+
+    @property
+    def forwarded(self) -> int:
+        """Reports handed to the collector's connection."""
+        return self.uplink.forwarded if self.uplink is not None else 0
+
+    @property
+    def connections(self) -> int:
+        """Successful handshakes with the collector (more than one: it came back)."""
+        return self.uplink.connections if self.uplink is not None else 0
+
+    @property
+    def hellos_resent(self) -> int:
+        return self.uplink.hellos_resent if self.uplink is not None else 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -122,27 +120,13 @@ class Relay:
             raise OSError(exc.errno, f"cannot bind {self.bind_host}:{self.port}: {exc}") from None
         self.address = front.getsockopt_string(zmq.LAST_ENDPOINT)
         local = f"inproc://zeroscope-relay-{self._tag}"
-        front.bind(local)  # the relay's own messages: inproc skips the handshake
+        front.bind(local)  # the relay's own door records: inproc skips the handshake
+        claim = SenderClaim(role="relay", node_rank=self.node_rank, hostname=self.hostname)
+        uplink = self.uplink = Uplink(ctx, self.collector, self.token, claim, self.buffer)
         back = ctx.socket(zmq.PUSH)
-        back.setsockopt(zmq.SNDHWM, self.buffer)
+        back.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
         back.setsockopt(zmq.LINGER, 0)
-        back.setsockopt(zmq.RECONNECT_IVL, 100)
-        back.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        back.plain_username = SenderClaim(
-            role="relay", node_rank=self.node_rank, hostname=self.hostname
-        ).username()
-        back.plain_password = self.token or b"-"
-        monitor = back.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        back.connect(self.collector)
-        capture = ctx.socket(zmq.PUB)
-        capture.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
-        capture.setsockopt(zmq.LINGER, 0)
-        capture.bind(f"inproc://zeroscope-relay-capture-{self._tag}")
-        captured = ctx.socket(zmq.SUB)
-        captured.setsockopt(zmq.SUBSCRIBE, b"")
-        captured.setsockopt(zmq.RCVHWM, FRONTEND_HWM)
-        captured.setsockopt(zmq.LINGER, 0)
-        captured.connect(f"inproc://zeroscope-relay-capture-{self._tag}")
+        back.connect(uplink.endpoint)
         control = ctx.socket(zmq.PAIR)
         control.setsockopt(zmq.LINGER, 0)
         control.bind(f"inproc://zeroscope-relay-control-{self._tag}")
@@ -153,24 +137,25 @@ class Relay:
         own.setsockopt(zmq.SNDHWM, FRONTEND_HWM)
         own.setsockopt(zmq.LINGER, 0)
         own.connect(local)
-        self._local_socket = own
 
         def proxy() -> None:
             try:
-                zmq.proxy_steerable(front, back, capture, control)
+                zmq.proxy_steerable(front, back, None, control)
             except zmq.ZMQError:
                 pass  # the context ended under it
             finally:
-                back.disable_monitor()
-                for s in (front, back, capture, control):
+                for s in (front, back, control):
                     s.close(linger=0)
 
         self._threads = [
             threading.Thread(target=proxy, name="zeroscope-relay-proxy", daemon=True),
             threading.Thread(
+                target=uplink.run, args=(self._stop,), name="zeroscope-relay-uplink", daemon=True
+            ),
+            threading.Thread(
                 target=self._warden,
-                args=(zap, captured, monitor, steer),
-                name="zeroscope-relay-warden",
+                args=(zap, own, steer),
+                name="zeroscope-relay-door",
                 daemon=True,
             ),
         ]
@@ -179,7 +164,7 @@ class Relay:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop forwarding (what the backend still holds is dropped: the relay is going away)."""
+        """Stop forwarding (what the buffer still holds is dropped: the relay is going away)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout)
@@ -194,81 +179,31 @@ class Relay:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- the warden: door, Hellos, reconnections, beats -------------------------------------
+    # -- the door ----------------------------------------------------------------------------
 
-    def _warden(
-        self, zap: zmq.Socket, captured: zmq.Socket, monitor: zmq.Socket, steer: zmq.Socket
-    ) -> None:
-        own = self._local_socket
-        assert own is not None
-        poller = zmq.Poller()
-        for s in (zap, captured, monitor):
-            poller.register(s, zmq.POLLIN)
-        next_beat = next_records = 0.0
+    def _warden(self, zap: zmq.Socket, own: zmq.Socket, steer: zmq.Socket) -> None:
+        """Answer the ranks' handshakes and send the door's records (the Gate is not shared
+        with another thread); at the end, stop the proxy."""
+        next_records = 0.0
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(50))
-                if zap in events:
+                if zap.poll(50):
                     self.gate.answer(zap)
-                if captured in events:
-                    self._read_capture(captured)
-                if monitor in events:
-                    self._reconnected(monitor, own)
                 now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + BEAT_INTERVAL_S
-                    self._send_own(own, [RELAY_BEAT, self.token])
                 if now >= next_records:
                     next_records = now + 0.25
                     self._door_records(own, final=False)
             self._door_records(own, final=True)
             steer.send(b"TERMINATE")
         finally:
-            for s in (zap, captured, monitor, steer, own):
+            for s in (zap, own, steer):
                 s.close(linger=0)
 
-    def _read_capture(self, captured: zmq.Socket) -> None:
-        for _ in range(10_000):
-            try:
-                frames = captured.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if frames[0] == RELAY_BEAT:
-                continue
-            self.forwarded += max(len(frames) - 1, 1)
-            for payload in frames[1:]:
-                if is_hello(payload):
-                    try:
-                        hello = schema.decode(payload)
-                    except schema.SchemaError:
-                        continue  # the collector rejects and counts it
-                    if isinstance(hello, schema.Hello):
-                        self.hellos[hello.rank] = payload
-
-    def _reconnected(self, monitor: zmq.Socket, own: zmq.Socket) -> None:
-        while monitor.poll(0):
-            parse_monitor_message(monitor.recv_multipart())
-            self.connections += 1
-            if self.connections > 1 and self.hellos:
-                # A new collector (or the old one after a network cut): tell it who the
-                # node's ranks are, behind whatever the backend still holds.
-                hellos = list(self.hellos.values())
-                for i in range(0, len(hellos), 64):
-                    if self._send_own(own, [self.token, *hellos[i : i + 64]]):
-                        self.hellos_resent += len(hellos[i : i + 64])
-
     def _door_records(self, own: zmq.Socket, *, final: bool) -> None:
-        records = self.gate.due(self._heard, final=final)
-        if records:
-            self._send_own(own, [self.token, *(schema.encode(r) for r in records)])
-
-    def _heard(self, rank: int) -> bool:
-        return rank in self.hellos
-
-    def _send_own(self, own: zmq.Socket, frames: list[bytes]) -> bool:
+        records = self.gate.due(self.hellos.__contains__, final=final)
+        if not records:
+            return
         try:
-            own.send_multipart(frames, zmq.NOBLOCK)
-            return True
+            own.send_multipart([self.token, *(schema.encode(r) for r in records)], zmq.NOBLOCK)
         except zmq.Again:
             self.local_dropped += 1
-            return False

@@ -118,6 +118,7 @@ class Collector:
         self.gate = Gate(self.token)
         self.relays = RelayBook()
         """Node relays forwarding here, by their beats (collector/relays.py)."""
+        self._behind = False
         self._next_admissions = 0.0
         self._listeners: list[Listener] = []
         self._context: zmq.Context | None = None
@@ -260,12 +261,14 @@ class Collector:
 
     def _drain(self, pull: zmq.Socket, pub: zmq.Socket) -> None:
         taken = 0
+        self._behind = True
         while taken < _BATCH:  # schema messages: an agent's batch counts as what it holds
             try:
                 # The first frame as a zmq.Frame: it knows the sender's address and claim, asked
                 # for only when the message is rejected.
                 first = pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self._behind = False
                 return
             frames = [first.bytes]
             more = first.more  # (cheaper than asking the socket: as fast as recv_multipart)
@@ -377,7 +380,9 @@ class Collector:
         self._next_admissions = now + 0.25
         try:
             records = self.gate.due(self._reported.__contains__, final=final)
-            for record in [*records, *self.relays.due()]:
+            # Behind on ingest, a relay's beats wait in the queue: silence would be ours.
+            silent = [] if self._behind else self.relays.due()
+            for record in [*records, *silent]:
                 self._publish(record, schema.encode(record), pub)
         except Exception as exc:  # never let bookkeeping stop ingest
             self.internal_errors += 1
@@ -385,13 +390,11 @@ class Collector:
 
     @staticmethod
     def _from_relay(source: zmq.Frame | None) -> bool:
-        """Whether ``source`` came over a node relay's connection (its door's records, the
-        same Admission records as this collector's own, are accepted from it)."""
+        """Whether ``source`` came over a node relay's connection (its door's records too)."""
         return schema.SenderClaim.parse(frame_origin(source)[1]).role == "relay"
 
     def _relay_beat(self, frames: list[bytes], pub: zmq.Socket, source: zmq.Frame) -> None:
-        """``[RELAY_BEAT, token]`` from a node relay: it is alive (not a message; not counted
-        as received)."""
+        """``[RELAY_BEAT, token]``: a node relay is alive (not a message, not counted)."""
         peer, user = frame_origin(source)
         claim = schema.SenderClaim.parse(user)
         token = frames[1] if len(frames) == 2 else b""

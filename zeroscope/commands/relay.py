@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--buffer",
         type=int,
         default=BUFFER,
-        help=f"messages held while the collector is away (default {BUFFER})",
+        help=f"batches (of up to 64 reports) held while the collector is away (default {BUFFER})",
     )
 
 
