@@ -208,3 +208,19 @@ def test_relay_keeps_forwarding_through_a_collector_restart() -> None:
         finally:
             for pub in pubs:
                 pub.close(0)
+
+
+def test_relayed_ingest_bench_loses_nothing_and_batches() -> None:
+    """bench/relay_ingest.py at a small size: both paths deliver every report the agents'
+    senders sent (counted at the collector), and the relays' batches reach the collector
+    (its rejections stay at zero: the merged framing is the agent's)."""
+    from bench import relay_ingest
+
+    args = relay_ingest.parser().parse_args(
+        ["--sizes", "256", "--steps", "2", "--interval", "0.2", "--procs", "1"]
+    )
+    rows = relay_ingest.run(args)
+    assert [r["path"] for r in rows] == ["direct", "relayed"]
+    for r in rows:
+        assert r["sent"] == 256 * 2 and r["received"] == r["sent"] and r["lost"] == 0, r
+        assert r["rejected"] == 0, r
