@@ -14,6 +14,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+import pytest
+
 from zeroscope.agent import schema
 from zeroscope.agent.publish import Publisher
 from zeroscope.agent.schema import Admission, Hello, Message, SenderClaim, StepReport
@@ -224,3 +226,43 @@ def test_relayed_ingest_bench_loses_nothing_and_batches() -> None:
     for r in rows:
         assert r["sent"] == 256 * 2 and r["received"] == r["sent"] and r["lost"] == 0, r
         assert r["rejected"] == 0, r
+
+
+def test_relay_book_says_only_transitions() -> None:
+    """A healthy relay writes nothing; silence past RELAY_SILENT_S is one relay_down record;
+    its next beat is one relay_up record; a second silence counts a second outage."""
+    from zeroscope.collector.relays import RELAY_SILENT_S, RelayBook
+
+    book = RelayBook()
+    claim = SenderClaim(role="relay", node_rank=7, hostname="gpu-7")
+    assert book.beat(claim, "10.0.0.7", now_s=0.0) is None
+    assert book.beat(claim, "10.0.0.7", now_s=0.5) is None
+    assert book.due(now_s=0.5 + RELAY_SILENT_S) == []  # not past the limit yet
+    (down,) = book.due(now_s=0.6 + RELAY_SILENT_S)
+    assert (down.reason, down.role, down.node_rank, down.peer, down.count) == (
+        "relay_down",
+        "relay",
+        7,
+        "10.0.0.7",
+        1,
+    )
+    assert down.detail.startswith("relay on node 7 unreachable")
+    assert book.due(now_s=100.0) == []  # said once
+    up = book.beat(claim, "10.0.0.7", now_s=101.0)
+    assert up is not None and up.reason == "relay_up"
+    assert [r.count for r in book.due(now_s=102.0 + RELAY_SILENT_S)] == [2]
+
+
+def test_relay_command_refuses_what_the_collector_refuses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No collector address, or a network-facing bind without the job token: one-line errors,
+    exit 2, nothing bound."""
+    from zeroscope.cli import main
+
+    monkeypatch.delenv("ZEROSCOPE_TOKEN", raising=False)
+    monkeypatch.delenv("ZEROSCOPE_COLLECTOR", raising=False)
+    assert main(["relay"]) == 2
+    assert "--collector tcp://HOST:PORT is required" in capsys.readouterr().err
+    assert main(["relay", "--collector", "tcp://127.0.0.1:9", "--bind", "0.0.0.0"]) == 2
+    assert "without a token" in capsys.readouterr().err

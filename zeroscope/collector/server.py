@@ -156,6 +156,7 @@ class Collector:
             "internal_errors": self.internal_errors,
             "recording_error": self.recording_error,
             "seq": self.seq,
+            "relays": len(self.relays),
         }
 
     def start(self) -> Collector:
