@@ -203,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1024,4096,16384")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--paths", default="direct,relayed", help="direct, relayed or both")
     p.add_argument("--interval", type=float, default=1.0, help="seconds per step")
     p.add_argument("--per-node", type=int, default=64, help="ranks per node (one sender each)")
     p.add_argument("--procs", type=int, default=2, help="sender processes")
@@ -214,7 +215,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (int(s) for s in args.sizes.split(",")):
-            for relayed in (False, True):
+            for relayed in [p == "relayed" for p in args.paths.split(",")]:
                 trace = Path(tmp) / f"{ranks}-{relayed}.zst"
                 row = run_one(ranks, relayed, args, trace)
                 row["load_avg"] = round(os.getloadavg()[0], 2)
@@ -234,12 +235,13 @@ def main() -> int:
         rate = r["records_per_cpu_s"] or 0.0
         if r["path"] == "direct":
             direct[r["ranks"]] = r["cpu_per_step_ms"]
-        ratio = r["cpu_per_step_ms"] / direct[r["ranks"]] if r["path"] == "relayed" else 1.0
+        base = direct.get(r["ranks"])
+        ratio = r["cpu_per_step_ms"] / base if base else float("nan")
         print(
             f"{r['ranks']:>6} ranks {r['path']:>8}: {rate / 1e6:5.2f} M records/CPU-s, collector "
             f"CPU {r['cpu_per_step_ms']:7.1f} ms/step (x{ratio:.2f} of direct), sent "
             f"{r['sent']}, received {r['received']}, lost {r['lost']}, RSS "
-            f"{(r['rss_bytes'] or 0) / 2**20:.0f} MiB, load {r['load_avg']}"
+            f"{(r['rss_bytes'] or 0) / 2**20:.0f} MiB, {r['wall_s']:.0f} s wall, load {r['load_avg']}"
         )
     return 0
 
