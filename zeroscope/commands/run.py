@@ -270,18 +270,27 @@ def _print_steps(state: ClusterState, messages: list) -> None:
             say(step_line(agg))
 
 
-def _drain(state: ClusterState, source: QueueSource) -> None:
+def _drain(state: ClusterState, source: QueueSource, *, lines: bool = True) -> None:
     """Take the messages still in flight: stop once every rank said Bye, or after a quiet
-    moment, or at DRAIN_S at the latest."""
+    moment, or at DRAIN_S at the latest. ``lines=False`` (after the live view): fold them in
+    for the summary without a step line each, which after the view closed were stale lines
+    (12-16 of them on a stop, some for half-reported steps) under a view that had shown more."""
+    fold = _print_steps if lines else _fold_steps
     deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
         messages = source.poll(0.3)
-        _print_steps(state, messages)
+        fold(state, messages)
         if not messages:
             return
         if state.ranks and all(r.bye for r in state.ranks.values()):
-            _print_steps(state, source.poll(0.05))
+            fold(state, source.poll(0.05))
             return
+
+
+def _fold_steps(state: ClusterState, messages: list) -> None:
+    now = time.time()
+    for m in messages:
+        state.ingest(m, now)
 
 
 def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
@@ -297,6 +306,6 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
             return run_headless(job, source, state, trace)
         print("zeroscope: stopping the job", file=sys.stderr, flush=True)
         job.stop(reason="stopped from the view")
-    _drain(state, source)
+    _drain(state, source, lines=False)
     state.flush()
     return _finish(job, state, trace)
