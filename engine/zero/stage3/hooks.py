@@ -14,6 +14,11 @@ A module whose inputs need no gradient (an embedding fed token ids) never gets t
 its parameters are released at the end of backward with everything else. Autograd runs a
 parameter's AccumulateGrad before other ready nodes, so its gradient is taken (hooks in
 ``grads``) before the release can run.
+
+A parameter read outside its own module (a tied head multiplied in the parent's forward) is
+found as DeepSpeed finds it: every module's ``_parameters`` becomes a dict whose getter, during
+a forward, gathers a parameter that is not available and registers it as external to the module
+running now (DeepSpeed's ``ZeROOrderedDict`` in ``parameter_offload.py``).
 """
 
 from __future__ import annotations
@@ -72,14 +77,30 @@ def _splice(fn: type[torch.autograd.Function], callback: Callable[[], None], val
     return tree_unflatten(leaves, spec)
 
 
+class _GatheringParams(dict[str, Any]):
+    """A module's ``_parameters`` whose getter (``nn.Module.__getattr__`` reads parameters
+    through it) tells the hooks which parameter a forward touched."""
+
+    def __init__(self, items: dict[str, Any], touched: Callable[[Any], None]) -> None:
+        super().__init__(items)
+        self._touched = touched
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        if value is not None:
+            self._touched(value)
+        return value
+
+
 class Stage3Hooks:
     """Installs the fetch/release hooks on every module that owns parameters."""
 
     def __init__(self, root: nn.Module, coordinator: ParameterCoordinator) -> None:
         self.coordinator = coordinator
         self._ids = itertools.count()
-        self._forward_uses: dict[nn.Module, list[tuple[int, int]]] = {}
-        """Per module, a stack of (forward use id, backward use id) of the calls running now."""
+        self._running: list[tuple[nn.Module, int, int]] = []
+        """The module calls running now, innermost last: (module, forward use id, backward use
+        id); a parameter read while not gathered is registered to the innermost one."""
         self._depth = 0
         self.handles: list[RemovableHandle] = [
             root.register_forward_pre_hook(self._start_of_forward, prepend=True),
@@ -91,25 +112,38 @@ class Stage3Hooks:
             )
             self.handles.append(module.register_forward_hook(self._post_forward))
         self.linears = patch_linears(root)
+        self._watched = list(root.modules())
+        for module in self._watched:
+            module._parameters = _GatheringParams(module._parameters, self._touched)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         unpatch_linears(self.linears)
+        for module in self._watched:
+            if isinstance(module._parameters, _GatheringParams):
+                module._parameters = dict(module._parameters)
+
+    def _touched(self, param: Any) -> None:
+        """A forward read ``param``: gather it for the module running now if it is not."""
+        if self._running:
+            module, use_id, _ = self._running[-1]
+            self.coordinator.fetch_external(module, param, use_id)
 
     def _start_of_forward(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
             self.coordinator.reset_step()
+            self._running.clear()  # a forward that raised left its calls here
         self._depth += 1
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._depth -= 1
 
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        use_id, backward_id = next(self._ids), next(self._ids)
+        self._running.append((module, use_id, backward_id))
         if not self.coordinator.params_of(module):
             return None
-        use_id, backward_id = next(self._ids), next(self._ids)
-        self._forward_uses.setdefault(module, []).append((use_id, backward_id))
         self.coordinator.fetch(module, use_id)
         if not torch.is_grad_enabled():
             return None
@@ -121,9 +155,10 @@ class Stage3Hooks:
         )
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
+        _, use_id, backward_id = self._running.pop()
+        # (found now even when the pre-hook had none: an external parameter read in this call)
         if not self.coordinator.params_of(module):
             return None
-        use_id, backward_id = self._forward_uses[module].pop()
         self.coordinator.release(module, use_id)
         if not torch.is_grad_enabled():
             return None
