@@ -16,9 +16,8 @@ parameter's AccumulateGrad before other ready nodes, so its gradient is taken (h
 ``grads``) before the release can run.
 
 A parameter read outside its own module (a tied head multiplied in the parent's forward) is
-found as DeepSpeed finds it: every module's ``_parameters`` becomes a dict whose getter, during
-a forward, gathers a parameter that is not available and registers it as external to the module
-running now (DeepSpeed's ``ZeROOrderedDict`` in ``parameter_offload.py``).
+found as DeepSpeed finds it, by a getter on every module's ``_parameters``, and gathered when an
+operation uses its data (``external.py`` says why not at the read).
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
 from .coordinator import ParameterCoordinator
+from .external import GatherOnUse, WatchedParams
 from .linear import patch_linears, unpatch_linears
 
 
@@ -77,21 +77,6 @@ def _splice(fn: type[torch.autograd.Function], callback: Callable[[], None], val
     return tree_unflatten(leaves, spec)
 
 
-class _GatheringParams(dict[str, Any]):
-    """A module's ``_parameters`` whose getter (``nn.Module.__getattr__`` reads parameters
-    through it) tells the hooks which parameter a forward touched."""
-
-    def __init__(self, items: dict[str, Any], touched: Callable[[Any], None]) -> None:
-        super().__init__(items)
-        self._touched = touched
-
-    def __getitem__(self, key: str) -> Any:
-        value = super().__getitem__(key)
-        if value is not None:
-            self._touched(value)
-        return value
-
-
 class Stage3Hooks:
     """Installs the fetch/release hooks on every module that owns parameters."""
 
@@ -112,20 +97,31 @@ class Stage3Hooks:
             )
             self.handles.append(module.register_forward_hook(self._post_forward))
         self.linears = patch_linears(root)
+        self._gather_on_use = GatherOnUse(self._used)
         self._watched = list(root.modules())
         for module in self._watched:
-            module._parameters = _GatheringParams(module._parameters, self._touched)
+            module._parameters = WatchedParams(module._parameters, self._read)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         unpatch_linears(self.linears)
+        self._gather_on_use.stop()
         for module in self._watched:
-            if isinstance(module._parameters, _GatheringParams):
+            if isinstance(module._parameters, WatchedParams):
                 module._parameters = dict(module._parameters)
 
-    def _touched(self, param: Any) -> None:
-        """A forward read ``param``: gather it for the module running now if it is not."""
+    def _read(self, param: Any) -> None:
+        """A forward read ``param``: if it is not gathered, gather it at its first data use."""
+        if (
+            self._running
+            and not self._gather_on_use.is_paused
+            and self.coordinator.not_gathered(param)
+        ):
+            self._gather_on_use.note(param)
+
+    def _used(self, param: Any) -> None:
+        """An operation uses ``param``'s data: gather it for the module running now."""
         if self._running:
             module, use_id, _ = self._running[-1]
             self.coordinator.fetch_external(module, param, use_id)
@@ -134,14 +130,32 @@ class Stage3Hooks:
         if self._depth == 0:
             self.coordinator.reset_step()
             self._running.clear()  # a forward that raised left its calls here
+            self._gather_on_use.stop()
         self._depth += 1
 
     def _end_of_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._depth -= 1
 
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        with self._gather_on_use.paused():
+            return self._fetch_for_forward(module, args, kwargs)
+
+    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
+        with self._gather_on_use.paused():
+            return self._release_after_forward(module, output)
+
+    def _fetch(self, module: nn.Module, use_id: int) -> None:
+        with self._gather_on_use.paused():
+            self.coordinator.fetch(module, use_id)
+
+    def _release(self, module: nn.Module, use_id: int) -> None:
+        with self._gather_on_use.paused():
+            self.coordinator.release(module, use_id)
+
+    def _fetch_for_forward(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
         use_id, backward_id = next(self._ids), next(self._ids)
         self._running.append((module, use_id, backward_id))
+        self._gather_on_use.enter_call((args, kwargs))
         if not self.coordinator.params_of(module):
             return None
         self.coordinator.fetch(module, use_id)
@@ -149,19 +163,18 @@ class Stage3Hooks:
             return None
         # Keyword inputs too (transformers pass hidden states by keyword), all through one node.
         return _splice(
-            _RunAfterBackward,
-            lambda: self.coordinator.release(module, backward_id),
-            (args, kwargs),
+            _RunAfterBackward, lambda: self._release(module, backward_id), (args, kwargs)
         )
 
-    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
+    def _release_after_forward(self, module: nn.Module, output: Any) -> Any:
         _, use_id, backward_id = self._running.pop()
+        self._gather_on_use.exit_call()
+        if not self._running:
+            self._gather_on_use.stop()
         # (found now even when the pre-hook had none: an external parameter read in this call)
         if not self.coordinator.params_of(module):
             return None
         self.coordinator.release(module, use_id)
         if not torch.is_grad_enabled():
             return None
-        return _splice(
-            _RunBeforeBackward, lambda: self.coordinator.fetch(module, backward_id), output
-        )
+        return _splice(_RunBeforeBackward, lambda: self._fetch(module, backward_id), output)
