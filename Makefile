@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch-extensions
 
-.PHONY: setup demo test test-fast test-stability lint bench ds-ops
+.PHONY: setup demo test test-fast test-soak test-stability lint bench ds-ops
 setup: $(VENV)/.installed
 
 # DeepSpeed's CPU ops (shared-memory comm, CPU Adam), built once before the tests so no timed test
@@ -51,6 +51,10 @@ test: lint ds-ops
 # For your own loop: lint, then everything but the slow end-to-end and fault tests.
 test-fast: lint ds-ops
 	$(BIN)/pytest -m "not slow" -x -q
+
+# The generated differential suite's soak: 300 generated models on both engines (long).
+test-soak: ds-ops
+	$(BIN)/python -m tests.differential.soak --count $(or $(SEEDS),300)
 
 # Before calling an issue resolved: the end-to-end and fault tests STABILITY_RUNS times (10) in a
 # row under a CPU load generator, stopping at the first failure (.ci/stability says how).

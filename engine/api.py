@@ -24,7 +24,7 @@ from .dataloader import training_loader
 from .engine import ZeroEngine
 from .lr_schedules import schedule_from_config
 from .offload import make_offload
-from .optim import ZeroOptimizer
+from .optim import AdamState, ZeroOptimizer
 from .parallel.setup import plan_parallel
 from .precision import DTYPES, make_loss_scaler
 from .process_group import Comm, pick_device
@@ -38,10 +38,16 @@ __all__ = ["ConfigError", "ZeroEngine", "add_config_arguments", "init_distribute
 _GROUP_KEYS = {"params", "lr", "betas", "eps", "weight_decay"}
 
 
+def _is_adam(client: Any) -> bool:
+    return isinstance(client, torch.optim.Adam | torch.optim.AdamW)
+
+
 def _param_groups(
-    module: torch.nn.Module, model_parameters: Any, client_optimizer: Any
+    module: torch.nn.Module, model_parameters: Any, client_optimizer: Any, *, any_keys: bool
 ) -> list[dict[str, Any]]:
-    """Trainable parameter groups (each parameter once, even when tied)."""
+    """Trainable parameter groups (each parameter once, even when tied). ``any_keys``: a torch
+    optimizer other than Adam(W) steps the shards, and its groups keep whatever keys it takes
+    (momentum, dampening, ...)."""
     if client_optimizer is not None:
         raw: list[Any] = [dict(g) for g in client_optimizer.param_groups]
     elif model_parameters is None:
@@ -71,14 +77,15 @@ def _param_groups(
                 "decoupled_weight_decay",
             }
         )
-        if unknown:
+        if unknown and not any_keys:
             raise ConfigError(
                 f"param group key {sorted(unknown)[0]!r} is not supported (supported: {sorted(_GROUP_KEYS)})"
             )
         params = [p for p in g["params"] if p.requires_grad and id(p) not in seen]
         seen.update(id(p) for p in params)
         if params:
-            groups.append({**{k: v for k, v in g.items() if k in _GROUP_KEYS}, "params": params})
+            kept = {k: v for k, v in g.items() if any_keys or k in _GROUP_KEYS}
+            groups.append({**kept, "params": params})
     if not groups:
         raise ConfigError("the model has no trainable parameters")
     return groups
@@ -90,11 +97,18 @@ def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) 
             raise ConfigError(
                 "an optimizer is given both in ds_config and to initialize(); give one"
             )
-        if not isinstance(client, torch.optim.Adam | torch.optim.AdamW):
-            raise ConfigError(
-                f"client optimizer {type(client).__name__} is not supported (Adam or AdamW, or "
-                f"an 'optimizer' block in ds_config)"
+        if not _is_adam(client):
+            # DeepSpeed runs any torch optimizer on its fp32 partitions: so does the engine.
+            d = {k: v for k, v in client.defaults.items() if k != "params"}
+            zero_opt = ZeroOptimizer(
+                groups,
+                defaults=d,
+                name=type(client).__name__,
+                decoupled=False,
+                torch_class=type(client),
             )
+            client.param_groups = zero_opt.param_groups
+            return zero_opt
         if any(g.get("amsgrad") or g.get("maximize") for g in client.param_groups):
             raise ConfigError("amsgrad / maximize are not supported")
         d = client.defaults
@@ -109,6 +123,15 @@ def _optimizer(cfg: DeepSpeedConfig, groups: list[dict[str, Any]], client: Any) 
         return zero_opt
     if cfg.optimizer is None:
         raise ConfigError("no optimizer: add an 'optimizer' block to ds_config or pass optimizer=")
+    if cfg.optimizer.torch_params is not None:
+        cls = getattr(torch.optim, cfg.optimizer.type)
+        return ZeroOptimizer(
+            groups,
+            defaults=dict(cfg.optimizer.torch_params),
+            name=cfg.optimizer.type,
+            decoupled=False,
+            torch_class=cls,
+        )
     p = cfg.optimizer.params
     defaults = {"lr": p.lr, "betas": tuple(p.betas), "eps": p.eps, "weight_decay": p.weight_decay}
     return ZeroOptimizer(
@@ -240,7 +263,10 @@ def initialize(
     model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
     if parallel is not None:
         model_parameters = parallel.prepare_model(model, cfg, model_parameters, optimizer)
-    groups = _param_groups(model, model_parameters, optimizer)
+    other = (optimizer is not None and not _is_adam(optimizer)) or (
+        cfg.optimizer is not None and cfg.optimizer.torch_params is not None
+    )
+    groups = _param_groups(model, model_parameters, optimizer, any_keys=other)
     if parallel is not None:
         groups = parallel.split_groups(groups)
     zero_opt = _optimizer(cfg, groups, optimizer)
@@ -251,6 +277,14 @@ def initialize(
         strategy_groups = parallel.strategy_groups(strategy_groups)
     strategy = make_strategy(module=model, groups=strategy_groups, comm=comm, config=cfg)
     strategy = make_offload(strategy, config=cfg, comm=comm)
+    if zero_opt.shard_optimizer is not None:
+        if getattr(strategy, "optimizer_step", None) is not None:
+            raise ConfigError(
+                f"optimizer offload steps Adam(W) only; {zero_opt.name} is not supported there "
+                "(DeepSpeed's own CPU Adagrad/Lion kernels are not built)"
+            )
+        for shard in strategy.shards:  # the torch optimizer keeps its own state
+            shard.state = AdamState.elsewhere(shard.master.device)
     scheduler: Any = lr_scheduler
     if cfg.scheduler is not None:
         if lr_scheduler is not None:

@@ -160,6 +160,18 @@ def restore_optimizer_hyper(engine: Any, saved: list[dict[str, Any]] | None) -> 
         group.update({k: tuple(v) if k == "betas" else v for k, v in values.items()})
 
 
+def _shard_optimizer_state(engine: Any) -> dict[str, Any]:
+    """A torch optimizer other than Adam(W) keeps its own per-shard state (momentum, sums)."""
+    other = engine.optimizer.shard_optimizer
+    return {} if other is None else {"shard_optimizer": other.state()}
+
+
+def _restore_shard_optimizer(engine: Any, saved: list[dict[str, Any]] | None) -> None:
+    other = engine.optimizer.shard_optimizer
+    if other is not None:
+        other.load(saved or [])
+
+
 def save_checkpoint(
     engine: Any, save_dir: str, tag: str | None, client_state: dict[str, Any], save_latest: bool
 ) -> bool:
@@ -178,6 +190,7 @@ def save_checkpoint(
     stage = engine.zero_optimization_stage()
     optim = {
         "optimizer_state_dict": engine.strategy.state_dict(),
+        **_shard_optimizer_state(engine),
         "rank": rank,
         "dp_world_size": engine.comm.world_size,
         "zero_stage": stage,
@@ -291,11 +304,13 @@ def load_checkpoint(
     inner = getattr(engine.strategy, "inner", engine.strategy)
     if with_optimizer and "optimizer" in model:  # stage 0: one file holds it all
         engine.strategy.load_state_dict(model["optimizer"]["optimizer_state_dict"])
+        _restore_shard_optimizer(engine, model["optimizer"].get("shard_optimizer"))
         restore_optimizer_hyper(engine, model.get("optimizer_hyper"))
         _restore_rng(model["rng_states"][engine.comm.rank])
     elif with_optimizer:
         optim = _load(path / optim_file(engine.comm.rank, engine._config.precision))
         engine.strategy.load_state_dict(optim["optimizer_state_dict"])
+        _restore_shard_optimizer(engine, optim.get("shard_optimizer"))
         restore_optimizer_hyper(engine, model.get("optimizer_hyper"))
         _restore_rng(optim)
     elif stage == 3:
@@ -313,6 +328,7 @@ def load_checkpoint(
             saved["exp_avg_sq"].zero_()
             saved["step"] = 0
         engine.strategy.load_state_dict(state)
+        _restore_shard_optimizer(engine, [])
     if not load_module_only:
         scheduler = engine.lr_scheduler
         if load_lr_scheduler_states and scheduler is not None and model["lr_scheduler"]:

@@ -125,13 +125,29 @@ class AdamParams(Block):
 
 _OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
 
+DEEPSPEED_ONLY_OPTIMIZERS = (
+    "Lamb",
+    "Lion",
+    "OneBitAdam",
+    "OneBitLamb",
+    "ZeroOneAdam",
+    "MuAdam",
+    "MuAdamW",
+    "MuSGD",
+    "Muon",
+)
+"""ds_config optimizer types DeepSpeed builds from its own (fused, 1-bit, muP) kernels."""
+
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
     """``optimizer``: {type, params}."""
 
-    type: Literal["Adam", "AdamW"] = "AdamW"
+    type: str = "AdamW"
     params: AdamParams = field(default_factory=AdamParams)
+    torch_params: dict[str, Any] | None = None
+    """Another torch.optim type (SGD, Adagrad, ...; DeepSpeed builds ``getattr(torch.optim,
+    type)`` for a type it does not know): its params, passed to it as given."""
 
     @property
     def decoupled_weight_decay(self) -> bool:
@@ -160,25 +176,39 @@ def read_optimizer(raw: Mapping[str, Any], notes: Notes | None = None) -> Optimi
     if notes is not None and raw.get("legacy_fusion"):
         notes.ignored["optimizer.legacy_fusion"] = _LEGACY_FUSION.reason
     name = str(raw.get("type", "AdamW"))
-    if name.lower() not in _OPTIMIZERS:
-        raise ConfigError(
-            f"optimizer.type {name!r} is not supported yet (supported: Adam, AdamW)"
-            + suggest(name, list(_OPTIMIZERS.values()))
-        )
     params = dict(_object(raw.get("params"), "optimizer.params"))
+    if name.lower() not in _OPTIMIZERS:
+        return _torch_optimizer(name, params)
     if "max_grad_norm" in params:  # DeepSpeed refuses it too
         raise ConfigError(
             "optimizer.params.max_grad_norm is not an optimizer parameter: use the top-level "
             "gradient_clipping"
         )
     config = OptimizerConfig(
-        type=_OPTIMIZERS[name.lower()],  # type: ignore[arg-type]
+        type=_OPTIMIZERS[name.lower()],
         params=read_block(AdamParams, params, "optimizer.params", notes),
     )
     p = config.params
     if p.weight_decay is None:  # runtime/engine.py get_optimizer_configuration
         p.weight_decay = 0.01 if p.torch_adam and config.decoupled_weight_decay else 0.0
     return config
+
+
+def _torch_optimizer(name: str, params: dict[str, Any]) -> OptimizerConfig:
+    """A type DeepSpeed takes from torch.optim; DeepSpeed's own kernels refused in one line."""
+    import torch
+
+    own = {n.lower(): n for n in DEEPSPEED_ONLY_OPTIMIZERS}
+    cls = getattr(torch.optim, name, None)
+    if own.get(name.lower().replace("_", "")) or not (
+        isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
+    ):
+        ds_own = ", ".join(DEEPSPEED_ONLY_OPTIMIZERS)
+        raise ConfigError(
+            f"optimizer.type {name!r} is not supported: DeepSpeed's own {ds_own} are not "
+            "built; Adam, AdamW and the torch.optim types (SGD, Adagrad, RMSprop, ...) are"
+        )
+    return OptimizerConfig(type=name, torch_params=params)
 
 
 WarmupType = Literal["log", "linear"]

@@ -114,12 +114,17 @@ class ZeroEngine(EngineAccessors, EngineCalls):
     ) -> torch.Tensor:
         """Backward of ``loss / gradient_accumulation_steps`` (``loss`` as given when
         ``scale_wrt_gas`` is False: the Hugging Face Trainer normalizes it itself), times the
-        loss scale. Returns the loss divided by the accumulation steps, as DeepSpeed does."""
+        loss scale. Returns the loss divided by the accumulation steps, as DeepSpeed does.
+
+        The step's reported loss is the sum of these returned values over the step's
+        micro-batches: the mean micro-batch loss either way (a loss the caller already divided
+        by the accumulation steps is not divided again), which is what the Hugging Face Trainer
+        logs from the same values."""
         gas = self._config.accumulation_steps if scale_wrt_gas else 1
         with self.reporter.phase("backward"):
             boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
             self.strategy.begin_micro_step(boundary=boundary)
-            detached = loss.detach().float()
+            detached = loss.detach().float() / gas
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
             factor = self.scaler.loss_scale / gas
             scaled = loss.float() * factor if factor != 1.0 else loss
@@ -163,7 +168,12 @@ class ZeroEngine(EngineAccessors, EngineCalls):
                 g.mul_(coef)
         # 4. Adam on the fp32 masters, then the parameters
         offloaded_step = getattr(self.strategy, "optimizer_step", None)
-        if offloaded_step is not None:  # offload (engine/offload.py): Adam where O lives
+        other = self.optimizer.shard_optimizer
+        if other is not None:  # a torch optimizer other than Adam(W), on the fp32 shards
+            shards = self.strategy.shards
+            groups = [self.optimizer.param_groups[s.group] for s in shards]
+            other.step([s.master for s in shards], grads32, groups)
+        elif offloaded_step is not None:  # offload (engine/offload.py): Adam where O lives
             offloaded_step(grads32, self.optimizer.hyper)
         else:
             for shard, g in zip(self.strategy.shards, grads32):
@@ -171,6 +181,8 @@ class ZeroEngine(EngineAccessors, EngineCalls):
         del grads32
         self.strategy.publish_params()
         memory = self.strategy.memory()
+        if other is not None:  # its state is the shard optimizer's, not the Adam moments
+            memory.optim = (memory.optim or 0) + other.nbytes
         self.strategy.zero_grads()
         # 5. scaler, schedule, report
         self.scaler.update(False)
@@ -240,9 +252,8 @@ class ZeroEngine(EngineAccessors, EngineCalls):
     ) -> None:
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
-        loss = None
-        if self._loss_sum is not None:
-            loss = self._loss_sum / self._config.accumulation_steps
+        # already divided by the accumulation steps, micro-batch by micro-batch
+        loss = self._loss_sum
         self._loss_sum = None
         fp16 = self._config.precision == "fp16"
         self.reporter.step_end(

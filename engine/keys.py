@@ -85,7 +85,7 @@ def config_rows() -> list[Row]:
     rows = [r for r in rows if r.name not in ("optimizer", "scheduler")]
     rows += [
         Row("optimizer", IMPLEMENTED, "a block"),
-        Row("optimizer.type", IMPLEMENTED, "Adam, AdamW (case-insensitive); others refused"),
+        Row("optimizer.type", IMPLEMENTED, "Adam, AdamW, torch.optim types; Lamb, Lion... refused"),
         Row("optimizer.params", IMPLEMENTED, "a block"),
         Row("optimizer.legacy_fusion", IGNORED, _LEGACY_FUSION.reason),
         *_block_rows(AdamParams, "optimizer.params."),

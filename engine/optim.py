@@ -6,6 +6,11 @@ It mirrors torch.optim.Adam/AdamW's single-tensor path op for op (decoupled deca
 ``1 - beta**t``), so a flat shard steps exactly like the per-parameter torch optimizer: every op
 is elementwise, and flat or not changes nothing. Stages 0-2, stage 3 and CPU offload all call it.
 
+Any other torch optimizer (a client ``torch.optim.SGD`` / ``Adagrad`` ..., or a ds_config type
+torch has) runs as DeepSpeed runs it: the optimizer's own ``step`` on the flat fp32 master
+shards, one param group per shard (:class:`ShardOptimizer`). Elementwise optimizers (SGD with
+momentum, Adagrad, RMSprop, ...) step a flat shard exactly as they step the parameters.
+
 ``decoupled`` follows DeepSpeed: type "AdamW" always, type "Adam" unless
 ``adam_w_mode: false`` (DeepSpeed's ADAM_W_MODE_DEFAULT is True; runtime/engine.py
 ``_configure_basic_optimizer``), so a ported config with "Adam" + weight_decay keeps
@@ -78,6 +83,70 @@ def adam_step(master: torch.Tensor, grad: torch.Tensor, state: AdamState, hp: Ad
     master.addcdiv_(state.exp_avg, denom, value=-step_size)
 
 
+class ShardOptimizer:
+    """A torch optimizer class run on the flat fp32 master shards (DeepSpeed puts its fp32
+    partitions into the client optimizer's param groups and calls its ``step``). Built at the
+    first step; before each step every shard's group takes the hyperparameters of its param
+    group in :class:`ZeroOptimizer` (where LR schedules write)."""
+
+    def __init__(self, cls: type[torch.optim.Optimizer]) -> None:
+        self.cls = cls
+        self.inner: torch.optim.Optimizer | None = None
+        self._pending: list[dict[str, Any]] | None = None
+
+    def step(
+        self, masters: list[torch.Tensor], grads: list[torch.Tensor], groups: list[dict[str, Any]]
+    ) -> None:
+        hyper = [{k: v for k, v in g.items() if k not in ("params", "initial_lr")} for g in groups]
+        if self.inner is None:
+            groups = [{"params": [m], **h} for m, h in zip(masters, hyper)]
+            self.inner = self.cls(groups)  # type: ignore[call-arg]
+            if self._pending is not None:
+                self.load(self._pending)
+        for group, h in zip(self.inner.param_groups, hyper):
+            group.update(h)
+        for m, g in zip(masters, grads):
+            m.grad = g
+        self.inner.step()
+        for m in masters:
+            m.grad = None
+
+    def state(self) -> list[dict[str, Any]]:
+        """Each shard's optimizer state (tensors cloned), in shard order, for checkpoints."""
+        if self.inner is None:
+            return self._pending or []
+        out = []
+        for group in self.inner.param_groups:
+            st = self.inner.state.get(group["params"][0], {})
+            out.append({k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()})
+        return out
+
+    def load(self, saved: list[dict[str, Any]]) -> None:
+        if self.inner is None:  # the shards are known at the first step
+            self._pending = saved or None
+            return
+        if not saved:  # a fresh optimizer state
+            self.inner.state.clear()
+            return
+        for group, st in zip(self.inner.param_groups, saved, strict=True):
+            p = group["params"][0]
+            self.inner.state[p] = {
+                k: v.to(p.device).clone() if torch.is_tensor(v) else v for k, v in st.items()
+            }
+        self._pending = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.inner is None:
+            return 0
+        return sum(
+            v.numel() * v.element_size()
+            for st in self.inner.state.values()
+            for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0
+        )
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """What ``initialize`` returns as the optimizer: the param groups and their
     hyperparameters (LR schedules, DeepSpeed's and torch's alike, rewrite ``lr`` here).
@@ -88,7 +157,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
     torch._dynamo (~8 s on a CPU box) and would hold per-parameter state we never use."""
 
     def __init__(
-        self, groups: list[dict[str, Any]], *, defaults: dict[str, Any], name: str, decoupled: bool
+        self,
+        groups: list[dict[str, Any]],
+        *,
+        defaults: dict[str, Any],
+        name: str,
+        decoupled: bool,
+        torch_class: type[torch.optim.Optimizer] | None = None,
     ) -> None:
         self.defaults = dict(defaults)
         self.state: Any = {}
@@ -100,6 +175,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.overflow = False
         """Whether the last optimizer step was skipped for inf/NaN gradients (DeepSpeed's ZeRO
         optimizers carry it; accelerate reads it to skip the LR schedule's step)."""
+        self.shard_optimizer = ShardOptimizer(torch_class) if torch_class is not None else None
+        """None: Adam(W) by :func:`adam_step`; else that torch optimizer on the shards."""
 
     def hyper(self, group: int) -> AdamHyper:
         g = self.param_groups[group]

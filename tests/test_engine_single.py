@@ -163,3 +163,43 @@ def test_strategy_state_dict_resumes_exactly(precision: str) -> None:
     train(resumed, data[2:])
     for (name, a), b in zip(straight.module.named_parameters(), resumed.module.parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_prenormalized_loss_is_shown_as_the_trainer_logs_it(
+    recorder: RecordingTelemetry, stage: int
+) -> None:
+    """The Hugging Face Trainer divides the loss by the accumulation steps itself and calls
+    ``backward(loss, scale_wrt_gas=False)``; it logs the sum of those values (the mean
+    micro-batch loss). The engine's step loss must be that mean too, not half of it, and equal
+    to the step loss of the same run driven DeepSpeed's default way (``scale_wrt_gas=True``)."""
+    cfg = {
+        "train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.02}},
+    }
+    data = batches(3, 4, seed=4)
+    runs = []
+    for prenormalized in (True, False):
+        recorder.steps.clear()
+        torch.manual_seed(0)
+        engine, *_ = initialize(model=TinyGPT(), config=cfg)
+        means, returned = [], []
+        for x, y in data:
+            micro, back = [], 0.0
+            for k in range(2):
+                loss = engine(x[2 * k : 2 * k + 2], y[2 * k : 2 * k + 2])
+                micro.append(float(loss.detach()))
+                if prenormalized:
+                    back += float(engine.backward(loss / 2, scale_wrt_gas=False))
+                else:
+                    back += float(engine.backward(loss))
+                engine.step()
+            means.append(sum(micro) / 2)
+            returned.append(back)
+        shown = [float(s.figures["loss"]) for s in recorder.steps]
+        assert shown == pytest.approx(means, rel=1e-6)
+        assert shown == pytest.approx(returned, rel=1e-6)  # what the Trainer sums and logs
+        runs.append(shown)
+    assert runs[0] == pytest.approx(runs[1], rel=1e-6)

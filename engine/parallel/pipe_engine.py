@@ -231,7 +231,7 @@ class PipelineEngine(ParallelEngine):
             self.strategy.begin_micro_step(boundary=True)
             self.strategy.end_micro_step()
         local, agg = self._aggregate_loss(m)
-        self._loss_sum = local * self._config.accumulation_steps
+        self._loss_sum = local
         self.reporter.pipeline_step(times)
         self._step_applied = False
         with self.reporter.phase("optimizer"):

@@ -14,6 +14,23 @@ from typing import Any
 
 LR, BETAS, EPS, WD = 2e-2, (0.9, 0.99), 1e-6, 0.01
 
+OTHER_OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "SGD": {"lr": 0.05, "momentum": 0.9, "weight_decay": WD},
+    "Adagrad": {"lr": 0.05, "weight_decay": WD},
+}
+"""Hyperparameters of the non-Adam optimizers, ds_config or client alike."""
+
+
+def client_optimizer(name: str, params: Any) -> Any:
+    """The torch optimizer a ``client-<type>`` cell passes to ``initialize``."""
+    import torch
+
+    kind = name.removeprefix("client-")
+    if kind == "AdamW":
+        return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    return getattr(torch.optim, kind)(params, **OTHER_OPTIMIZERS[kind])
+
+
 SCHEDULERS: dict[str, dict[str, Any]] = {
     # No warmup_max_lr: DeepSpeed 0.19 then warms up to the optimizer's lr; log warm-up.
     "warmup": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}},
@@ -50,6 +67,10 @@ class Cell:
     """Optimizer steps."""
     resume_at: int | None = None
     """Save after this many optimizer steps, rebuild from another seed, load, continue."""
+    optimizer: str = "AdamW"
+    """A ds_config optimizer type (AdamW, SGD, Adagrad), or ``client-SGD`` /
+    ``client-Adagrad`` / ``client-AdamW``: a torch optimizer given to ``initialize`` (with
+    ``zero_allow_untested_optimizer``), as the pipeline tutorial does."""
     tags: tuple[str, ...] = field(default=())
 
     @property
@@ -64,6 +85,8 @@ class Cell:
         parts.append(self.scheduler or "const")
         if self.resume_at is not None:
             parts.append(f"resume@{self.resume_at}")
+        if self.optimizer != "AdamW":
+            parts.append(self.optimizer)
         return "/".join(parts)
 
     def ds_config(self, nvme_path: str) -> dict[str, Any]:
@@ -86,9 +109,16 @@ class Cell:
             "train_micro_batch_size_per_gpu": 2,
             "gradient_accumulation_steps": self.accumulation,
             "steps_per_print": 10**9,
-            "optimizer": {"type": "AdamW", "params": params},
             "zero_optimization": zero,
         }
+        if self.optimizer != "AdamW":  # DeepSpeed's ZeRO refuses other optimizers without it
+            cfg["zero_allow_untested_optimizer"] = True
+        if self.optimizer.startswith("client-"):
+            pass
+        elif self.optimizer == "AdamW":
+            cfg["optimizer"] = {"type": "AdamW", "params": params}
+        else:
+            cfg["optimizer"] = {"type": self.optimizer, "params": OTHER_OPTIMIZERS[self.optimizer]}
         if self.clip is not None:
             cfg["gradient_clipping"] = self.clip
         if self.scheduler is not None:

@@ -69,6 +69,29 @@ def odd(register: Register) -> nn.Module:
     return OddModel(register)
 
 
+class TiedHeadScript(nn.Module):
+    """A hand-written tied head, as scripts write it: the embedding's weight multiplied in the
+    root's own forward, nothing registered. At stage 3 with persistence 0 the weight is
+    partitioned when the root reads it; DeepSpeed finds and gathers it (its parameter dict's
+    getter), and so must the engine."""
+
+    def __init__(self, dim: int = 12) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)
+        x = x + F.gelu(self.mix(x))
+        logits = self.norm(x) @ self.tok.weight.t()
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def tiedhead(register: Register) -> nn.Module:
+    return TiedHeadScript()
+
+
 def llama(register: Register) -> nn.Module:
     """LlamaForCausalLM: tied embeddings, grouped-query attention (4 heads, 2 KV heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -105,11 +128,24 @@ def gpt2(register: Register) -> nn.Module:
     return GPT2LMHeadModel(cfg)
 
 
-MODELS: dict[str, Callable[[Register], nn.Module]] = {"odd": odd, "llama": llama, "gpt2": gpt2}
+MODELS: dict[str, Callable[[Register], nn.Module]] = {
+    "odd": odd,
+    "llama": llama,
+    "gpt2": gpt2,
+    "tiedhead": tiedhead,
+}
+
+SCRIPT_MODELS = (OddModel, TiedHeadScript)
+"""Models called as ``model(idx, targets)`` and returning the loss (the rest are transformers
+models, called with ``input_ids`` and ``labels``)."""
 
 
 def build_model(name: str, register: Register, seed: int) -> nn.Module:
     torch.manual_seed(seed)
+    if name.startswith("gen"):  # a generated model: "gen<seed>" (tests/differential/generated.py)
+        from .generated import build_generated
+
+        return build_generated(int(name[3:]))
     return MODELS[name](register)
 
 
@@ -121,7 +157,9 @@ def loss_of(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tenso
 
 
 def _is_odd(model: Any) -> bool:
-    return isinstance(getattr(model, "module", model), OddModel)
+    from .generated import GeneratedModel
+
+    return isinstance(getattr(model, "module", model), (*SCRIPT_MODELS, GeneratedModel))
 
 
 def micro_batches(count: int, rank: int, world: int, *, batch: int = 2, seed: int = 0) -> list:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cells import Cell
+from .cells import Cell, client_optimizer
 from .models import build_model, loss_of, micro_batches
 
 
@@ -68,18 +68,24 @@ class _Engine:
 
             self.register = register_external_parameter
 
-    def initialize(self, model: torch.nn.Module, config: dict[str, Any]) -> Any:
+    def initialize(self, model: torch.nn.Module, config: dict[str, Any], optimizer: str) -> Any:
+        client = None
+        if optimizer.startswith("client-"):
+            client = client_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
         if self.name == "deepspeed":
             engine, *_ = self.ds.initialize(
                 model=model,
                 model_parameters=model.parameters(),
+                optimizer=client,
                 config=config,
                 dist_init_required=False,
             )
             return engine
         from zeroscope.engine.api import initialize
 
-        engine, *_ = initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine, *_ = initialize(
+            model=model, model_parameters=model.parameters(), optimizer=client, config=config
+        )
         return engine
 
     def full_weights(self, engine: Any) -> dict[str, torch.Tensor]:
@@ -135,7 +141,7 @@ def run_cell(eng: _Engine, cell: Cell, rank: int, world: int, tmp: str) -> dict[
     config = cell.ds_config(os.path.join(folder, "swap"))
     data = micro_batches(cell.steps * cell.accumulation, rank, world)
     out: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": []}
-    engine = eng.initialize(build_model(cell.model, eng.register, 0), config)
+    engine = eng.initialize(build_model(cell.model, eng.register, 0), config, cell.optimizer)
     if cell.resume_at is None:
         _train(engine, cell, data, range(cell.steps), out)
     else:
@@ -143,15 +149,16 @@ def run_cell(eng: _Engine, cell: Cell, rank: int, world: int, tmp: str) -> dict[
         _train(engine, cell, data, range(cell.steps), whole)
         eng.destroy(engine)
         out["uninterrupted"] = whole
-        engine = eng.initialize(build_model(cell.model, eng.register, 0), config)
+        engine = eng.initialize(build_model(cell.model, eng.register, 0), config, cell.optimizer)
         _train(engine, cell, data, range(cell.resume_at), out)
         engine.save_checkpoint(os.path.join(folder, "resume"))
         eng.destroy(engine)
-        engine = eng.initialize(build_model(cell.model, eng.register, 1), config)
+        engine = eng.initialize(build_model(cell.model, eng.register, 1), config, cell.optimizer)
         path, _ = engine.load_checkpoint(os.path.join(folder, "resume"))
         assert path is not None, "load_checkpoint found nothing"
         _train(engine, cell, data, range(cell.resume_at, cell.steps), out)
-    out["adam_steps"] = eng.adam_steps(engine)
+    if cell.optimizer in ("AdamW", "client-AdamW"):
+        out["adam_steps"] = eng.adam_steps(engine)
     weights = eng.full_weights(engine)
     # DeepSpeed's default name; DeepSpeed 0.19.8 writes torch.save whatever the name says.
     engine.save_16bit_model(folder, "pytorch_model.bin")

@@ -123,6 +123,28 @@ class ParameterCoordinator:
         self.external.setdefault(module, []).append(self.partition.by_param[param])
         self._params_of.pop(module, None)
 
+    def not_gathered(self, param: nn.Parameter) -> bool:
+        """``param`` is partitioned and its full data is not here now."""
+        sp = self.partition.by_param.get(param)
+        return sp is not None and sp.status is not ParamStatus.AVAILABLE
+
+    def fetch_external(self, module: nn.Module, param: nn.Parameter, use_id: int) -> None:
+        """``module``'s forward (call ``use_id``) read ``param``, owned by another module,
+        while it was not gathered (a tied head multiplied in the parent's forward), and an
+        operation now uses its data: register it as external to ``module`` and gather it, as
+        DeepSpeed's ``ZeROOrderedDict`` getter does at the read. ``module`` releases it with its own parameters and fetches it again for its
+        backward; from the next forward on its pre-hook gathers it like any of its own."""
+        sp = self.partition.by_param.get(param)
+        if sp is None or sp.status is ParamStatus.AVAILABLE:
+            return
+        if sp not in self.params_of(module):
+            self.register_external_parameter(module, param)
+        sp.active_uses.add(use_id)
+        self._consume_prefetched(sp)
+        if sp.status is ParamStatus.NOT_AVAILABLE:
+            self._gather([sp], prefetched=False)
+        self._wait(sp)
+
     # -- fetch and release -------------------------------------------------------------------
 
     def fetch(self, module: nn.Module, use_id: int) -> None:
