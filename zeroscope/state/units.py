@@ -70,3 +70,18 @@ def scale(value: float | None) -> str:
     if value is None:
         return NA
     return f"{value:.0f}" if value >= 1 else f"{value:g}"
+
+
+def count(value: float | None) -> str:
+    """A count or a rate of them with an SI suffix: 950, 12.3k, 4.56M, 1.2G."""
+    if value is None:
+        return NA
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def fine_percent(fraction: float | None) -> str:
+    """A percentage with one decimal (MFU: a few points matter)."""
+    return NA if fraction is None else f"{fraction * 100:.1f}%"
