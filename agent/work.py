@@ -12,7 +12,7 @@ FLOPs: counting runs on one step, from the first forward of the step to its ``st
 convolution and attention kernels as they run and changes nothing they compute (the losses
 are bit-identical with and without it: tests/test_work_numerics.py). Later steps with the same
 input shapes reuse the count; a step with new shapes is counted again, at most
-``MAX_COUNTS`` times per process (each count costs Python dispatch on every op of one step),
+``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
 after which a step of uncounted shapes has its FLOPs NA with the reason.
 ``ZEROSCOPE_FLOPS=0`` turns the counting off.
 """
@@ -119,6 +119,29 @@ def precision_of(module: Any, device: torch.device) -> str:
     return "fp32"
 
 
+def cpu_attention_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the CPU kernel of ``scaled_dot_product_attention``, which torch's
+    FlopCounterMode counts on CUDA (flash, efficient, cuDNN) but not on CPU (it counted an HF
+    Llama's attention as 0 FLOPs here): the same formulas, the attention's two batched matmuls
+    forward and four backward, causal or not (as torch counts the CUDA kernels)."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+
+    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+        return int(flop_counter.sdpa_flop_count(q, k, v))
+
+    def backward(
+        grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any
+    ) -> int:
+        return int(flop_counter.sdpa_backward_flop_count(grad, q, k, v))
+
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
 class WorkMeter:
     """One rank's tokens and FLOPs per step. ``inputs`` runs on the training thread at each
     forward (a few attribute reads; the count's start on the one step counted); ``take`` at
@@ -128,6 +151,7 @@ class WorkMeter:
     def __init__(self) -> None:
         self.peak = PeakProbe()
         self.enabled = os.environ.get(FLOPS_ENV, "1") != "0"
+        self._module = 0
         self._shape: tuple[int, int | None, int | None] | None = None
         self._positions = 0
         self._seq: int | None = None
@@ -142,8 +166,11 @@ class WorkMeter:
     def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
         """One micro-batch about to enter ``module``'s forward."""
         try:
-            if self._shape is None:
+            if id(module) != self._module:  # a new model (a script may train several)
+                self._module = id(module)
                 self._shape = model_shape(module)
+                self._counted.clear()
+                self._counted_first.clear()
                 p = next(module.parameters(), None)
                 device = p.device if p is not None else torch.device("cpu")
                 self.peak.start(torch, device, precision_of(module, device))
@@ -163,7 +190,7 @@ class WorkMeter:
             if first and self._due(shape):
                 from torch.utils.flop_counter import FlopCounterMode
 
-                counter = FlopCounterMode(display=False)
+                counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
                 counter.__enter__()
                 self._counter = counter
                 self._counted_first.add(shape)

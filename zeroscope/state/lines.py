@@ -42,7 +42,7 @@ def throughput_text(agg: StepAggregate) -> str:
     """The step's cluster tokens/s, TFLOP/s and MFU (zeroscope.state.throughput)."""
     t = cluster_step(agg)
     return (
-        f"tok/s {units.count(t.tokens_per_s)}  TFLOP/s {units.number(t.tflops_per_s, '.3g')}  "
+        f"tok/s {units.count(t.tokens_per_s)}  {units.flop_rate(t.tflops_per_s)}  "
         f"MFU {units.fine_percent(t.mfu)}"
     )
 
@@ -66,14 +66,13 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"exposed comm {units.percent(t.exposed_share)}"
         )
         w = cluster_run(state)
+        peak_text = ""
+        if w.peak_tflops is not None:
+            peak_text = f" of {units.flop_rate(w.peak_tflops)} peak ({w.peak_source})"
         lines.append(
             f"model throughput {units.count(w.tokens_per_s)} tokens/s, "
-            f"{units.number(w.tflops_per_s, '.3g')} TFLOP/s, MFU {units.fine_percent(w.mfu)}"
-            + (
-                f" of {units.number(w.peak_tflops, '.3g')} TFLOP/s peak ({w.peak_source})"
-                if w.peak_tflops is not None
-                else ""
-            )
+            f"{units.flop_rate(w.tflops_per_s)}, MFU {units.fine_percent(w.mfu)}"
+            + peak_text
             + (f"; NA: {w.na}" if w.na else "")
         )
         peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total or 0)

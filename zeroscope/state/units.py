@@ -83,5 +83,19 @@ def count(value: float | None) -> str:
 
 
 def fine_percent(fraction: float | None) -> str:
-    """A percentage with one decimal (MFU: a few points matter)."""
-    return NA if fraction is None else f"{fraction * 100:.1f}%"
+    """A percentage with one decimal (MFU: a few points matter); two digits below 1%."""
+    if fraction is None:
+        return NA
+    value = fraction * 100
+    return f"{value:.1f}%" if abs(value) >= 1 else f"{value:.2g}%"
+
+
+def flop_rate(tflops: float | None) -> str:
+    """Model FLOP/s given in TFLOP/s, with the prefix that fits: 312TFLOP/s, 52.4GFLOP/s."""
+    if tflops is None:
+        return NA
+    value = tflops * 1e12
+    for limit, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{prefix}FLOP/s"
+    return f"{value:.3g}FLOP/s"
