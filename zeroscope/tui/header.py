@@ -8,13 +8,15 @@ from textual.widget import Widget
 from zeroscope.state import ClusterState, units
 from zeroscope.state.mesh import mesh_shape
 from zeroscope.state.roster import headcount
+from zeroscope.state.throughput import cluster_step
 
 
 def header_segments(
     state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
 ) -> list[tuple[str, str]]:
     """(text, style) pieces: job, world size (or, under a filter, how many ranks it shows),
-    stage, precision, offload, step, steps/s, samples/s, status; NA until known."""
+    stage, precision, offload, step, steps/s, samples/s, the newest step's tokens/s, model
+    FLOP/s and MFU (once ranks report them), status; NA until known."""
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
@@ -43,6 +45,15 @@ def header_segments(
     segments.append(
         (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")
     )
+    if latest is not None and any(s.work is not None for s in latest.summaries.values()):
+        t = cluster_step(latest)  # shown once the job's reporter says its tokens and FLOPs
+        segments.append(
+            (
+                f"{units.count(t.tokens_per_s)} tok/s {units.flop_rate(t.tflops_per_s)} "
+                f"MFU {units.fine_percent(t.mfu)}",
+                "",
+            )
+        )
     if status:
         segments.append((status, "bold cyan"))
     return segments

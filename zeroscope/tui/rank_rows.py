@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from zeroscope.state import ClusterState, Level
 from zeroscope.state.pipeline import layout_of
+from zeroscope.state.throughput import rank_step
 
 SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
 """``mesh`` (pp, dp, tp) is offered only for jobs that report a 3D layout."""
@@ -35,6 +36,10 @@ class RankRow:
     """"" or a short word: raised, killed, died, exited, silent, mem!, slow, comm, drops."""
     mesh: tuple[int, int, int] | None = None
     """(pp, dp, tp) of a 3D-parallel job's rank: the table groups by stage, then replica."""
+    mfu: float | None = None
+    """The rank's MFU in its newest step (zeroscope.state.throughput) [fraction]."""
+    reports_work: bool = False
+    """Whether the rank reports its tokens and FLOPs at all (the MFU column shows if any does)."""
 
 
 def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[RankRow]:
@@ -62,6 +67,8 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
                 loss_scale=s.loss_scale if s else None,
                 flag=flagged.get(r, ""),
                 mesh=None if layout is None else (layout.pp, layout.dp, layout.tp),
+                mfu=rank_step(s).mfu if s is not None and s.work is not None else None,
+                reports_work=s is not None and s.work is not None,
             )
         )
     return rows
