@@ -1,8 +1,8 @@
 """Tokens, model FLOPs and MFU of unmodified jobs under ``zeroscope run`` (the attach): one
 launch of tests/jobs/throughput_train.py trains an HF Llama built from a config under DDP
 (token ids with right padding through an attention mask), the known-shape GPT under FSDP2,
-and an MLP on feature vectors under DDP, each with 2 micro-batches per optimizer step; the
-same script also runs under bare torchrun.
+an MLP on feature vectors under DDP and the GPT again under DeepSpeed ZeRO-3, each with 2
+micro-batches per optimizer step; the same script also runs under bare torchrun.
 
 Oracles: the run without zeroscope (losses, bit for bit: the FLOP count ran on each model's
 first step); the mask sums the script counted itself (tokens leave padding out); micro x seq x
@@ -23,7 +23,7 @@ from zeroscope.commands.summary import summarize
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRIPT = Path(__file__).parent / "jobs" / "throughput_train.py"
-MODES = ["ddp-llama", "fsdp2-gpt", "mlp-ddp"]
+MODES = ["ddp-llama", "fsdp2-gpt", "mlp-ddp", "ds-zero3-gpt"]
 STEPS = 3
 N = 2
 
@@ -93,6 +93,19 @@ def test_gpt_under_fsdp2_flops_match_the_closed_form(runs: dict) -> None:
             w = report.work
             assert w is not None and w.tokens == w.positions == positions
             assert w.flops == dense + attention and w.flops_step == STEPS + 1
+
+
+def test_gpt_under_deepspeed_zero3_flops_match_the_closed_form(runs: dict) -> None:
+    # ZeRO-3's hooks gather each parameter for its use: the count sees the whole matmuls, and
+    # N is read through the partitioned parameters' ds_numel / ds_shape.
+    positions = MICRO * SEQ * ACCUMULATION
+    dense, attention = closed_form(positions, seq=SEQ)
+    first = 3 * STEPS + 1
+    for rank in range(N):
+        for report in steps_of(runs, rank, "ds-zero3-gpt"):
+            w = report.work
+            assert w is not None and w.tokens == w.positions == positions
+            assert w.flops == dense + attention and w.flops_step == first
 
 
 def test_mlp_tokens_are_na_with_the_reason(runs: dict) -> None:

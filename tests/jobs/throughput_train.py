@@ -1,8 +1,8 @@
 """A plain PyTorch script with nothing of zeroscope in it, for the throughput figures of
 attached jobs: an HF Llama built from a config under DDP (token ids with an attention mask
 that pads some positions), the known-shape GPT of tests/throughput_support.py under FSDP2, and
-an MLP on feature vectors under DDP (not a sequence model: tokens are NA). Each optimizer step
-takes ``ACCUMULATION`` micro-batches.
+an MLP on feature vectors under DDP (not a sequence model: tokens are NA), and the GPT again
+under DeepSpeed ZeRO-3. Each optimizer step takes ``ACCUMULATION`` micro-batches.
 
 Per mode and rank it writes each step's loss (the exact float, hex) and the tokens the step's
 masks let through (their sum, counted here) to ``--out``.RANK.
@@ -48,6 +48,8 @@ def train(mode: str, steps: int) -> dict:
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
+    elif mode == "ds-zero3-gpt":
+        return deepspeed_gpt(steps)
     else:
         model = DistributedDataParallel(
             torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
@@ -80,9 +82,37 @@ def train(mode: str, steps: int) -> dict:
     return {"losses": losses, "tokens": tokens}
 
 
+def deepspeed_gpt(steps: int) -> dict:
+    """The known-shape GPT under DeepSpeed ZeRO-3 (its hooks gather every parameter in
+    forward and backward), the accumulation done by DeepSpeed's engine."""
+    import deepspeed
+
+    model = KnownGPT(seq=SEQ)
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": ACCUMULATION,
+        "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, config=config, model_parameters=model.parameters()
+    )
+    data = torch.Generator().manual_seed(dist.get_rank())
+    losses, tokens = [], []
+    for _ in range(steps * ACCUMULATION):
+        ids = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=data)
+        loss = engine(ids[:, :-1], ids[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item().hex())
+    tokens = [MICRO * SEQ * ACCUMULATION] * steps
+    engine.destroy()
+    return {"losses": losses, "tokens": tokens}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", default="ddp-llama,fsdp2-gpt,mlp-ddp")
+    parser.add_argument("--modes", default="ddp-llama,fsdp2-gpt,mlp-ddp,ds-zero3-gpt")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
