@@ -20,6 +20,8 @@ after which a step of uncounted shapes has its FLOPs NA with the reason.
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -151,7 +153,7 @@ class WorkMeter:
     def __init__(self) -> None:
         self.peak = PeakProbe()
         self.enabled = os.environ.get(FLOPS_ENV, "1") != "0"
-        self._module = 0
+        self._module: Callable[[], Any] = lambda: None
         self._shape: tuple[int, int | None, int | None] | None = None
         self._positions = 0
         self._seq: int | None = None
@@ -166,8 +168,10 @@ class WorkMeter:
     def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
         """One micro-batch about to enter ``module``'s forward."""
         try:
-            if id(module) != self._module:  # a new model (a script may train several)
-                self._module = id(module)
+            if self._module() is not module:  # a new model (a script may train several)
+                # A weak reference, not id(): a later model may reuse a freed one's id (an
+                # FSDP2 GPT after a DDP Llama got the Llama's cached count that way).
+                self._module = weakref.ref(module)
                 self._shape = model_shape(module)
                 self._counted.clear()
                 self._counted_first.clear()

@@ -230,3 +230,12 @@ def test_views_show_the_figures_once_ranks_report_them() -> None:
     silent.ingest(_report(0, 1, 1.0, None))
     assert "MFU" not in " ".join(t for t, _ in header_segments(silent))
     assert "model throughput" not in rank_figures(silent.ranks[0], 96).plain
+
+
+def test_a_new_model_is_counted_anew_even_where_it_reuses_a_freed_ones_id() -> None:
+    meter = WorkMeter()
+    idx = torch.zeros(2, 16, dtype=torch.long)
+    first = _step(meter, KnownGPT(seq=16, layers=1), 1, idx, idx)  # freed after this step
+    second = _step(meter, KnownGPT(seq=16, layers=2), 2, idx, idx)
+    assert first.flops == sum(closed_form(32, layers=1, seq=16))
+    assert second.flops == sum(closed_form(32, layers=2, seq=16)) and second.flops_step == 2
