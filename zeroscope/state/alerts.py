@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from .relays import relay_outages_of
 from .roster import headcount, missing_summary
 
 if TYPE_CHECKING:
@@ -320,6 +321,12 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 ranks=tuple(r for g in missing for r in g.ranks),
                 message=missing_summary(missing, reported, world),
             )
+        )
+
+    # A node relay the collector cannot hear: its node's ranks named at once, with the reason.
+    for outage in relay_outages_of(state):
+        alerts.append(
+            Alert(kind="relay", severity="critical", ranks=outage.ranks, message=outage.text)
         )
 
     if state.recording_error:
