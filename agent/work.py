@@ -50,6 +50,8 @@ def _sequence(x: Any) -> tuple[int, int] | str:
 
 def first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(the input that carries the sequence, its attention mask or None)."""
+    if not kwargs and args and isinstance(args[0], torch.Tensor):  # model(ids, ...): the most
+        return args[0], None  # common call, kept short (it runs every micro-batch)
     batch = kwargs
     if args and isinstance(args[0], dict):  # engine(batch) with a dict of tensors
         batch = args[0]
@@ -163,6 +165,7 @@ class WorkMeter:
         self._counter: Any = None
         self._counted: dict[tuple[tuple[int, ...], ...], tuple[float, int]] = {}
         self._counted_first: set[tuple[int, ...]] = set()
+        self._kinds: dict[Any, tuple[int, int] | str] = {}
         self.errors = 0
 
     def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
@@ -179,7 +182,13 @@ class WorkMeter:
                 device = p.device if p is not None else torch.device("cpu")
                 self.peak.start(torch, device, precision_of(module, device))
             x, mask = first_input(args, kwargs)
-            seq = _sequence(x)
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+            kind = (x.dtype, shape) if shape else None
+            seq = self._kinds.get(kind)  # what a shape and dtype are, judged once
+            if seq is None:
+                seq = _sequence(x)
+                if kind is not None and len(self._kinds) < 64:
+                    self._kinds[kind] = seq
             if isinstance(seq, str):
                 self._na = seq
             else:
@@ -188,7 +197,6 @@ class WorkMeter:
                 self._seq = length
                 if isinstance(mask, torch.Tensor) and tuple(mask.shape) == (batch, length):
                     self._masks.append(DeferredScalar(mask.detach().sum()))
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
             first = not self._shapes
             self._shapes.append(shape)
             if first and self._due(shape):
