@@ -211,27 +211,6 @@ def test_peak_probe_measures_on_cpu_or_says_why_not(monkeypatch: pytest.MonkeyPa
     )
 
 
-def test_views_show_the_figures_once_ranks_report_them() -> None:
-    from zeroscope.tui.header import header_segments
-    from zeroscope.tui.rank_figures import rank_figures
-    from zeroscope.tui.rank_rows import rank_rows
-
-    state = _state(2)
-    state.ingest(_report(0, 1, 2.0, _work()))
-    state.ingest(_report(1, 1, 4.0, _work(tokens=None, positions=None, na="not a sequence")))
-    header = " ".join(text for text, _ in header_segments(state))
-    assert "NA tok/s 2TFLOP/s MFU 1.0%" in header  # 8e12 FLOPs / 4 s / 2e14; tokens NA
-    rows = {r.rank: r for r in rank_rows(state)}
-    assert rows[0].mfu == pytest.approx(4e12 / 2.0 / 1e14) and rows[0].reports_work
-    pane = rank_figures(state.ranks[1], 96).plain
-    assert "model throughput" in pane and "NA because   not a sequence" in pane
-    assert "peak from    datasheet H100 bf16 dense" in rank_figures(state.ranks[0], 96).plain
-    silent = _state(1)
-    silent.ingest(_report(0, 1, 1.0, None))
-    assert "MFU" not in " ".join(t for t, _ in header_segments(silent))
-    assert "model throughput" not in rank_figures(silent.ranks[0], 96).plain
-
-
 def test_a_new_model_is_counted_anew_even_where_it_reuses_a_freed_ones_id() -> None:
     meter = WorkMeter()
     idx = torch.zeros(2, 16, dtype=torch.long)

@@ -34,8 +34,7 @@ from zeroscope.run.launch import (
     torchrun_argv,
     with_bootstrap,
 )
-from zeroscope.state import ClusterState
-from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.viewmodel import ClusterState, step_line, summary_lines
 
 if TYPE_CHECKING:
     from zeroscope.remote.multinode import CollectorPlan

@@ -5,10 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from zeroscope.state import ClusterState, units
-from zeroscope.state.mesh import mesh_shape
-from zeroscope.state.roster import headcount
-from zeroscope.state.throughput import cluster_step
+from zeroscope.state import units
+from zeroscope.state.viewmodel import ClusterState, headcount, mesh_shape
 
 
 def header_segments(
@@ -17,8 +15,7 @@ def header_segments(
     """(text, style) pieces: job, status (REPLAY, job exited ...: right after the job, so
     that at 80 columns, where the header wraps and keeps two lines, it is never the piece cut
     off), world size (or, under a filter, how many ranks it shows), stage, precision, offload,
-    step, steps/s, samples/s, the newest step's tokens/s, model FLOP/s and MFU (once ranks
-    report them); NA until known."""
+    step, steps/s, samples/s; NA until known."""
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
@@ -49,15 +46,6 @@ def header_segments(
     segments.append(
         (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")
     )
-    if latest is not None and any(s.work is not None for s in latest.summaries.values()):
-        t = cluster_step(latest)  # shown once the job's reporter says its tokens and FLOPs
-        segments.append(
-            (
-                f"{units.count(t.tokens_per_s)} tok/s {units.flop_rate(t.tflops_per_s)} "
-                f"MFU {units.fine_percent(t.mfu)}",
-                "",
-            )
-        )
     return segments
 
 

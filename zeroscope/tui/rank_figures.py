@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from zeroscope.state import RankState, StepSummary, units
-from zeroscope.state.throughput import rank_step
+from zeroscope.state import units
+from zeroscope.state.viewmodel import RankState
 
 
 def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -64,32 +64,7 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
         ("pcie tx", units.rate(host.pcie_tx_bytes_s if host else None)),
         ("pcie rx", units.rate(host.pcie_rx_bytes_s if host else None)),
     ]  # fmt: skip
-    groups = [("step", step), ("memory", memory), ("comm", comm)]
-    if s is not None and s.work is not None:  # the reporter says its tokens and FLOPs
-        groups.append(("model throughput", model_cells(s)))
-    return [*groups, ("host/GPU sampler", sampler)]
-
-
-def model_cells(s: StepSummary) -> list[tuple[str, str]]:
-    """Tokens/s, FLOP/s and MFU of the rank's newest step, what they rest on, why NA (the
-    sentences last: each takes a line of its own)."""
-    t = rank_step(s)
-    w = s.work
-    cells = [
-        ("tokens/s", units.count(t.tokens_per_s)),
-        ("model FLOP/s", units.flop_rate(t.tflops_per_s)),
-        ("MFU", units.fine_percent(t.mfu)),
-        ("peak", units.flop_rate(t.peak_tflops)),
-        ("tokens", units.count(t.tokens_per_step)),
-        ("FLOPs counted", units.count(t.flops_per_step)),
-        ("FLOPs 6NT+attn", units.count(t.predicted_flops_per_step)),
-        ("counted at step", str(w.flops_step) if w is not None and w.flops_step else "NA"),
-    ]
-    if t.peak_source:
-        cells.append(("peak from", t.peak_source))
-    if t.na:
-        cells.append(("NA because", t.na))
-    return cells
+    return [("step", step), ("memory", memory), ("comm", comm), ("host/GPU sampler", sampler)]
 
 
 def rank_figures(rs: RankState | None, width: int) -> Text:
@@ -104,8 +79,7 @@ def rank_figures(rs: RankState | None, width: int) -> Text:
             text.append("\n")
         text.append(group, style="bold")
         for i, (label, value) in enumerate(cells):
-            # A sentence (where a peak came from, why a figure is NA) gets a line of its own.
-            text.append("\n" if i % per_line == 0 or len(value) > cell - 13 else "")
+            text.append("\n" if i % per_line == 0 else "")
             text.append(f"{label:<13}", style="dim")
             text.append(f"{value:<{cell - 13}}")
     return text

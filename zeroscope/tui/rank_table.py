@@ -12,9 +12,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from zeroscope.state import units
+from zeroscope.state.viewmodel import RankRow
 
 from .charts import PART_STYLES, stacked_bar
-from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
+from .rank_rows import SORT_KEYS, filtered, sort_rows
 
 SLOWNESS_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "", "na": ""}
 """Colour of a rank's slowness by its level (AlertRules.slowness_level)."""
@@ -120,8 +121,7 @@ class RankTable(Widget, can_focus=True):
         fixed = 6 + 7 + 7 + 6 + 5 + 9 + 7 + 7
         host = width >= 120
         mesh = 10 if any(r.mesh is not None for r in self._rows) else 0
-        mfu = 7 if any(r.reports_work for r in self._rows) else 0
-        bar = max(8, min(48, width - fixed - mesh - mfu - (10 if host else 0) - 2))
+        bar = max(8, min(48, width - fixed - mesh - (10 if host else 0) - 2))
         return bar, host
 
     def render(self) -> Text:
@@ -134,7 +134,6 @@ class RankTable(Widget, can_focus=True):
             return label.ljust(w) if left else label.rjust(w)
 
         mesh = any(r.mesh is not None for r in self._rows)
-        mfu = any(r.reports_work for r in self._rows)  # jobs whose reporter says no tokens: none
         text = Text(no_wrap=True, overflow="crop")
         text.append(
             head("rank", "rank", 6, True)
@@ -153,7 +152,6 @@ class RankTable(Widget, can_focus=True):
             + head("slow", "slowness", 6)
             + head("expo", "exposed", 5)
             + head("offload", "offload", 9)
-            + ("    MFU" if mfu else "")
             + "  scale"
             + "  flag",
             style="bold",
@@ -187,8 +185,6 @@ class RankTable(Widget, can_focus=True):
             line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
             line.append(f"{units.percent(row.exposed):>5}{units.rate(row.offload_bw):>9}")
-            if mfu:
-                line.append(f"{units.fine_percent(row.mfu):>7}")
             line.append(f"{units.scale(row.loss_scale):>7}")
             line.append(f"  {row.flag}", style="bold red" if row.flag else "")
             if i == cursor:
