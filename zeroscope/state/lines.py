@@ -47,6 +47,19 @@ def throughput_text(agg: StepAggregate) -> str:
     )
 
 
+def header_throughput(state: ClusterState) -> str | None:
+    """The header's tokens/s, model FLOP/s and MFU of the newest step; None when no rank of it
+    reports its tokens and FLOPs (a trace from before they existed: the header stays as was)."""
+    latest = state.latest()
+    if latest is None or all(s.work is None for s in latest.summaries.values()):
+        return None
+    t = cluster_step(latest)
+    return (
+        f"{units.count(t.tokens_per_s)} tok/s {units.flop_rate(t.tflops_per_s)} "
+        f"MFU {units.fine_percent(t.mfu)}"
+    )
+
+
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     """The final summary: the run's figures (zeroscope.state.totals: steady steps), the worst
     memory, and the alerts still standing."""
