@@ -114,6 +114,11 @@ class Telemetry:
     ) -> None:
         """One completed offload transfer (``time.perf_counter_ns`` instants)."""
 
+    def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """One micro-batch is about to enter ``module``'s forward (call it at each forward):
+        the live agent takes the step's tokens from it and counts model FLOPs on one step
+        (agent/work.py)."""
+
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
         """Something that happened now (overflow, scale change, checkpoint ...); the live agent
         sends it from its sender thread with the step reports (at most ~0.5 s later,

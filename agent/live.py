@@ -55,6 +55,7 @@ from .schema import (
 )
 from .termination import TerminationBye
 from .timeline import RawMark, StepAxis
+from .work import WorkMeter
 
 RECONNECT_WAIT_S = 3.0
 """At the end of a run whose collector was lost mid-run (never one that was never reached, nor
@@ -110,6 +111,8 @@ class LiveTelemetry(Telemetry):
         self._activations = ActivationCounter()
         self._activations.cost = self.cost
         self._cadence = ActivationCadence.from_env()
+        self.work = WorkMeter()
+        """Tokens and model FLOPs per step, from the model's forward inputs (agent/work.py)."""
         self._plain = False
         """Whether this step's phases take the lean path (agent/phase_scope.py): on CPU, in a
         step whose activations cannot be counted."""
@@ -348,6 +351,11 @@ class LiveTelemetry(Telemetry):
             self._begin(start_ns)
         self.cost.ns += now_ns() - t0
 
+    def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        t0 = now_ns()
+        self.work.inputs(module, args, kwargs, self.step)
+        self.cost.ns += now_ns() - t0
+
     def event(self, kind: EventKind, message: str = "", value: float | None = None) -> None:
         t0 = now_ns()
         try:
@@ -424,6 +432,7 @@ class LiveTelemetry(Telemetry):
                     pipeline,
                     (lr, loss_scale, overflow, skipped, samples, self._host),
                     share,
+                    self.work.take(self.step),
                 ),
                 now,
             )

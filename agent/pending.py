@@ -28,6 +28,7 @@ from .schema import (
     TransferDirection,
 )
 from .timeline import RawMark, StepAxis
+from .work import work_report
 
 RawTransfer = tuple[TransferDirection, int, int, int, str]
 """(direction, nbytes, start_ns, end_ns, label) as ``transfer()`` was given them."""
@@ -61,6 +62,7 @@ class StepFacts:
         "step",
         "transfers",
         "wall_ns",
+        "work",
     )
 
     def __init__(
@@ -82,6 +84,7 @@ class StepFacts:
         pipeline: PipelineStep | None,
         figures: tuple[Any, ...],
         overhead_ns: int,
+        work: tuple[Any, ...] | None = None,
     ) -> None:
         self.rank, self.step, self.wall_ns = rank, step, wall_ns
         self.end_ns, self.end_event = end_ns, end_event
@@ -104,6 +107,8 @@ class StepFacts:
         """(lr, loss_scale, overflow, skipped, samples, host sample) as the caller gave them."""
         self.overhead_ns = overhead_ns
         self.bad_transfers = 0
+        self.work = work
+        """The step's tokens and FLOPs as agent/work.py took them (None: no forward seen)."""
 
     def _transfers(self, start_ns: int) -> list[Transfer]:
         """The step's transfers on its axis; one the caller gave unreadable figures for is left
@@ -156,6 +161,7 @@ class StepFacts:
             host=host,
             pipeline=self.pipeline,
             agent_overhead_s=self.overhead_ns / 1e9,
+            work=None if self.work is None else work_report(self.work),
         )
 
 

@@ -300,6 +300,32 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     pcie_rx_bytes_s: float | None = None
 
 
+class Work(msgspec.Struct, omit_defaults=True):
+    """The model's work in one rank's step, for tokens/s, TFLOP/s and MFU (agent/work.py).
+    None is NA; ``na`` says why tokens or FLOPs are not known."""
+
+    tokens: int | None = None
+    """Sequence positions the model's forward took in the step (every micro-batch; padding
+    left out where an attention mask was handed in)."""
+    positions: int | None = None
+    """batch x seq of every micro-batch: what the model computed on, padding included."""
+    seq_len: int | None = None
+    flops: float | None = None
+    """Model FLOPs of the step (forward + backward), counted by torch's FlopCounterMode on one
+    step of these input shapes."""
+    flops_step: int = 0
+    """The step the count ran on."""
+    peak_flops: float | None = None
+    """The device's peak [FLOP/s] that MFU divides by; ``peak_source`` says which."""
+    peak_source: str = ""
+    dense_params: int | None = None
+    """Parameters that do matmul work (embedding tables left out), and the attention shape,
+    for the closed-form prediction 6·N·positions + 12·layers·hidden·seq·positions."""
+    layers: int | None = None
+    hidden: int | None = None
+    na: str = ""
+
+
 class StepReport(_Base, tag="step"):
     """Everything measured on one rank in one optimizer step, sent once at the step's end (or
     a little later: it waits for the collectives issued in the step to complete, so that each
@@ -339,6 +365,8 @@ class StepReport(_Base, tag="step"):
     """Time the agent's own calls took on the training thread since the previous report
     (phases, collective wrapping, wait bookkeeping, step_end: agent/cost.py; the previous
     step_end's own time included). None from reporters that do not measure it."""
+    work: Work | None = None
+    """Tokens and model FLOPs of the step (None: the reporter says nothing of them)."""
 
 
 class Event(_Base, tag="event"):

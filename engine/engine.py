@@ -107,6 +107,7 @@ class ZeroEngine(EngineAccessors, EngineCalls):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.reporter.phase("forward"):
+            self.reporter.model_inputs(self.module, args, kwargs)
             return self.module(*args, **kwargs)
 
     def backward(

@@ -168,6 +168,11 @@ class Reporter:
             handles.append(block.register_forward_hook(leave))
         return handles
 
+    def model_inputs(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any) -> None:
+        """A micro-batch entering the model: the agent takes its tokens (and counts model
+        FLOPs on one step) from it."""
+        self.tel.model_inputs(module, args, kwargs)
+
     def overflow(self, scale: float) -> None:
         self.tel.event(
             "overflow", f"fp16 gradient overflow at loss scale {scale:g}: step skipped", value=scale

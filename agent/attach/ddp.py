@@ -132,6 +132,7 @@ def install() -> None:
         if s.passive or s.tel is None:
             return forward(self, *inputs, **kwargs)
         s.enter("forward")
+        s.model_inputs(self.module, inputs, kwargs)
         try:
             out = forward(self, *inputs, **kwargs)
         finally:

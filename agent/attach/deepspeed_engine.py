@@ -255,6 +255,7 @@ def install(module: ModuleType) -> None:
 
     def forward_(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         with SESSION.phase("forward"):
+            SESSION.model_inputs(self.module, inputs, kwargs)
             return forward(self, *inputs, **kwargs)
 
     def backward_(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:

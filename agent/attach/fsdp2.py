@@ -155,6 +155,8 @@ def install_state(module: ModuleType) -> None:
                     # Found at its first forward, whose all-gathers were just issued: keep them.
                     s.found(FSDP2Reader(self), just_built=False)
                 s.enter("forward")
+                if isinstance(out, tuple) and len(out) == 2:  # the (args, kwargs) forward gets
+                    s.model_inputs(mod, out[0], out[1])
             except Exception:
                 s.errors += 1
         return out

@@ -232,6 +232,15 @@ class AttachSession:
         finally:
             self.exit(name)
 
+    def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A micro-batch entering the model's forward (tokens, FLOPs: agent/work.py)."""
+        tel = self.tel
+        if tel is not None and not self.passive:
+            try:
+                tel.model_inputs(module, args, kwargs)
+            except Exception:
+                self.errors += 1
+
     def add_loss(self, loss: Any, weight: float = 1.0) -> None:
         """A micro-batch's loss (a tensor, detached here; read at the step end without a sync).
         ``weight`` undoes a scaling the caller applied (a loss already divided by the

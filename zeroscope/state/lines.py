@@ -10,6 +10,7 @@ from . import units
 from .alerts import interrupted, ranks_text
 from .cluster import ClusterState, StepAggregate
 from .roster import headcount
+from .throughput import cluster_run, cluster_step
 
 
 def step_line(agg: StepAggregate) -> str:
@@ -30,9 +31,32 @@ def step_line(agg: StepAggregate) -> str:
         + (f" host {units.size(w.host_bytes)}" if w.host_bytes else "")
         + (f" nvme {units.size(w.nvme_bytes)}" if w.nvme_bytes else "")
         + f"  exposed {units.percent(agg.exposed_share):>4}  "
-        f"slowest r{slowest}"
+        + throughput_text(agg)
+        + f"  slowest r{slowest}"
         + (f" (+{units.seconds(excess)} compute)" if excess is not None and excess > 0 else "")
         + f"  ranks {len(agg.summaries)}{flags}"
+    )
+
+
+def throughput_text(agg: StepAggregate) -> str:
+    """The step's cluster tokens/s, TFLOP/s and MFU (zeroscope.state.throughput)."""
+    t = cluster_step(agg)
+    return (
+        f"tok/s {units.count(t.tokens_per_s)}  {units.flop_rate(t.tflops_per_s)}  "
+        f"MFU {units.fine_percent(t.mfu)}"
+    )
+
+
+def header_throughput(state: ClusterState) -> str | None:
+    """The header's tokens/s, model FLOP/s and MFU of the newest step; None when no rank of it
+    reports its tokens and FLOPs (a trace from before they existed: the header stays as was)."""
+    latest = state.latest()
+    if latest is None or all(s.work is None for s in latest.summaries.values()):
+        return None
+    t = cluster_step(latest)
+    return (
+        f"{units.count(t.tokens_per_s)} tok/s {units.flop_rate(t.tflops_per_s)} "
+        f"MFU {units.fine_percent(t.mfu)}"
     )
 
 
@@ -53,6 +77,16 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"{units.number(t.steps_per_s, '.3f')} steps/s, "
             f"{units.number(t.samples_per_s, '.2f')} samples/s; "
             f"exposed comm {units.percent(t.exposed_share)}"
+        )
+        w = cluster_run(state)
+        peak_text = ""
+        if w.peak_tflops is not None:
+            peak_text = f" of {units.flop_rate(w.peak_tflops)} peak ({w.peak_source})"
+        lines.append(
+            f"model throughput {units.count(w.tokens_per_s)} tokens/s, "
+            f"{units.flop_rate(w.tflops_per_s)}, MFU {units.fine_percent(w.mfu)}"
+            + peak_text
+            + (f"; NA: {w.na}" if w.na else "")
         )
         peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total or 0)
         r = peak.worst_memory_rank

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport
+from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport, Work
 
 from .bandwidth import busbw_of, timed, volume, wire_bytes
 from .totals import RankTotals
@@ -130,6 +130,9 @@ class StepSummary:
     collectives unfinished) or none issued."""
     frozen_params: int | None = None
     """Of ``params``: bytes of frozen parameters (no G or O of their own); None = not said."""
+    work: Work | None = None
+    """Tokens, model FLOPs and the device's peak as the rank sent them (None = not reported);
+    the figures made of them are zeroscope.state.throughput's."""
 
     @property
     def compute_s(self) -> float:
@@ -275,6 +278,7 @@ def summarize(report: StepReport) -> StepSummary:
         unexposed=unexposed_all,
         ops=ops,
         sequence=fingerprint(report),
+        work=report.work,
     )
 
 

@@ -3,7 +3,7 @@ embeds, read off ClusterState after the whole trace went through it — so the s
 export, ``replay --headless`` and the live view's final lines are the same numbers.
 
 Units are in the key names: ``*_s`` seconds, ``*_bytes*`` bytes, ``*_per_s`` per second,
-``*_percent`` percent. None is NA.
+``*_percent`` percent, ``mfu`` a fraction of the peak. None is NA.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volume
+from .throughput import Throughput, cluster_run, rank_run
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
@@ -32,6 +33,10 @@ TOTAL_AGGREGATION = {
     "busbw_bytes_s": "time-weighted over every rank's collectives",
     "offload_bytes_s": "over every rank's transfers (bytes / time)",
     "overflows": "cluster: steps with an overflow on any rank",
+    "tokens_per_s": "cluster: every rank's tokens / the step time (its slowest rank's), steady steps",
+    "tflops_per_s": "cluster: every rank's counted model FLOPs / the step time, steady steps",
+    "mfu": "cluster: the ranks' FLOPs / (step time x the sum of their peaks) [fraction]",
+    "mfu_percent": "the same, in percent",
 }
 """How the ``all`` row of the summary combines the ranks, column by column."""
 
@@ -120,11 +125,33 @@ def missing_rows(state: ClusterState) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: row["rank"])
 
 
+def throughput_fields(t: Throughput) -> dict[str, Any]:
+    """Tokens/s, TFLOP/s and MFU with what they rest on (zeroscope.state.throughput); None is
+    NA and ``throughput_na`` says why."""
+    return {
+        "tokens_per_s": t.tokens_per_s,
+        "tflops_per_s": t.tflops_per_s,
+        "mfu": t.mfu,
+        "mfu_percent": t.mfu_percent,
+        "peak_tflops": t.peak_tflops,
+        "peak_source": t.peak_source,
+        "tokens_per_step": t.tokens_per_step,
+        "flops_per_step": t.flops_per_step,
+        "predicted_flops_per_step": t.predicted_flops_per_step,
+        "throughput_na": t.na,
+    }
+
+
 def run_report(state: ClusterState) -> dict[str, Any]:
     """Cluster figures, alerts and the per-rank table of a run (after ``state.flush()``).
     Alerts about silence or lost ranks are left out: after a run, silence is its end."""
     rows = [rank_row(state.ranks[r], state.rules) for r in sorted(state.ranks)]
     t = state.totals
+    for row in rows:
+        row.update(throughput_fields(rank_run(state.ranks[row["rank"]], t.first_step)))
+    run = throughput_fields(cluster_run(state))
+    total = total_row(state, rows)
+    total.update(run)
     return {
         "job_id": state.job_id,
         "world_size": state.world_size or len(state.ranks),
@@ -133,10 +160,11 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "samples_per_s": t.samples_per_s,
         "mean_step_s": t.mean_step_s,
         "exposed_percent": _percent(t.exposed_share),
+        **run,
         "exposed_level": state.rules.exposed_level(t.exposed_share),
         "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
         "missing_ranks": missing_rows(state),
         "ranks": rows,
-        "total": total_row(state, rows),
+        "total": total,
         "total_aggregation": TOTAL_AGGREGATION,
     }

@@ -74,6 +74,35 @@ def scale(value: float | None) -> str:
     return f"{value:.0f}" if value >= 1 else f"{value:g}"
 
 
+def count(value: float | None) -> str:
+    """A count or a rate of them with an SI suffix: 950, 12.3k, 4.56M, 1.2G."""
+    if value is None:
+        return NA
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def fine_percent(fraction: float | None) -> str:
+    """A percentage with one decimal (MFU: a few points matter); two digits below 1%."""
+    if fraction is None:
+        return NA
+    value = fraction * 100
+    return f"{value:.1f}%" if abs(value) >= 1 else f"{value:.2g}%"
+
+
+def flop_rate(tflops: float | None) -> str:
+    """Model FLOP/s given in TFLOP/s, with the prefix that fits: 312TFLOP/s, 52.4GFLOP/s."""
+    if tflops is None:
+        return NA
+    value = tflops * 1e12
+    for limit, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{prefix}FLOP/s"
+    return f"{value:.3g}FLOP/s"
+
+
 def axis_unit(values: Iterable[float | None], unit: str) -> tuple[float, str]:
     """(divisor, unit label) for a chart's axis so its largest value reads naturally: bytes as
     B..TB (decimal, as :func:`size`), seconds as ms below 2 s, else s."""

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from zeroscope.state import units
-from zeroscope.state.viewmodel import ClusterState, headcount, mesh_shape
+from zeroscope.state.viewmodel import ClusterState, headcount, header_throughput, mesh_shape
 
 
 def header_segments(
@@ -15,7 +15,8 @@ def header_segments(
     """(text, style) pieces: job, status (REPLAY, job exited ...: right after the job, so
     that at 80 columns, where the header wraps and keeps two lines, it is never the piece cut
     off), world size (or, under a filter, how many ranks it shows), stage, precision, offload,
-    step, steps/s, samples/s; NA until known."""
+    step, steps/s, samples/s, the newest step's tokens/s, model FLOP/s and MFU (once ranks
+    report them); NA until known."""
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
@@ -46,6 +47,9 @@ def header_segments(
     segments.append(
         (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")
     )
+    throughput = header_throughput(state)  # tokens/s, model FLOP/s, MFU once ranks report them
+    if throughput:
+        segments.append((throughput, ""))
     return segments
 
 

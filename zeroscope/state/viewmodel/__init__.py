@@ -8,7 +8,7 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 
 | screen or report | function |
 |---|---|
-| cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``StepSeries`` |
+| cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``header_throughput``, ``StepSeries`` |
 | rank table and heatmap | ``rank_rows`` (slowness judged), ``heat_view`` (bands) |
 | rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster`` |
 | memory | ``memory_view`` (each part's deviation judged) |
@@ -37,7 +37,7 @@ from zeroscope.state.history import (
     stacked_parts,
     volume_series,
 )
-from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.lines import header_throughput, step_line, summary_lines
 from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
 from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
 from zeroscope.state.prediction import (
@@ -90,6 +90,7 @@ __all__ = [
     "comm_view",
     "deviation",
     "headcount",
+    "header_throughput",
     "heat_value",
     "heat_view",
     "judged_pipeline",

@@ -1,0 +1,274 @@
+"""The model's work per step: tokens from the inputs handed to the model's forward, model
+FLOPs counted by torch's own FlopCounterMode, and the peak MFU divides by (agent/peak.py).
+
+Tokens: each micro-batch's ``input_ids`` (or the forward's first tensor) of shape
+[batch, seq] (token ids) or [batch, seq, hidden] (embedded sequences) gives batch x seq
+positions; an ``attention_mask`` of that shape, where handed in, leaves the padding out (its
+sum is taken as a tensor and read on the sender thread, so no device sync). Any other input
+(images, feature vectors) is not a sequence: tokens are NA, and ``Work.na`` says why.
+
+FLOPs: counting runs on one step, from the first forward of the step to its ``step_end``
+(every micro-batch, forward and backward), under ``FlopCounterMode``: it counts the matmul,
+convolution and attention kernels as they run and changes nothing they compute (the losses
+are bit-identical with and without it: tests/test_work_numerics.py). Later steps with the same
+input shapes reuse the count; a step with new shapes is counted again, at most
+``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
+after which a step of uncounted shapes has its FLOPs NA with the reason.
+``ZEROSCOPE_FLOPS=0`` turns the counting off.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .peak import PeakProbe
+from .scalars import DeferredScalar
+from .schema import Work
+
+FLOPS_ENV = "ZEROSCOPE_FLOPS"
+MAX_COUNTS = 4
+
+
+def _sequence(x: Any) -> tuple[int, int] | str:
+    """(batch, seq) of a forward input that is a batch of sequences, else why it is not."""
+    if not isinstance(x, torch.Tensor):
+        return "the model's forward got no tensor input"
+    shape = tuple(x.shape)
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        if len(shape) == 3:
+            return shape[0], shape[1]
+        return f"the model's input of shape {list(shape)} is not a batch of sequences"
+    if x.dtype != torch.bool and len(shape) == 2:
+        return shape[0], shape[1]
+    return f"the model's input of shape {list(shape)} is not a batch of token sequences"
+
+
+def first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(the input that carries the sequence, its attention mask or None)."""
+    if not kwargs and args and isinstance(args[0], torch.Tensor):  # model(ids, ...): the most
+        return args[0], None  # common call, kept short (it runs every micro-batch)
+    batch = kwargs
+    if args and isinstance(args[0], dict):  # engine(batch) with a dict of tensors
+        batch = args[0]
+    x = batch.get("input_ids")
+    if x is None:
+        x = batch.get("inputs_embeds")
+    if x is None:
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if x is None:
+        x = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    mask = batch.get("attention_mask")
+    return x, mask
+
+
+def model_shape(module: Any) -> tuple[int, int | None, int | None]:
+    """(N, layers, hidden) for the closed form: N = elements of the weights that do matmul work
+    (2-D and larger parameters outside embedding tables; a table tied to an output layer counts
+    there), layers and hidden from a Hugging Face config, else the longest list of same-class
+    blocks and the first embedding's width (None when not found)."""
+    used: set[int] = set()
+    n = 0
+    for m in module.modules():
+        if isinstance(m, torch.nn.Embedding):  # a lookup, no matmul (unless tied elsewhere)
+            continue
+        for p in m.parameters(recurse=False):
+            if id(p) in used or len(getattr(p, "ds_shape", p.shape)) < 2:
+                continue
+            used.add(id(p))
+            n += int(getattr(p, "ds_numel", p.numel()))
+    config = getattr(module, "config", None)
+    layers = _attr(config, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _attr(config, "hidden_size", "n_embd", "d_model")
+    if layers is None:
+        best = 0
+        for m in module.modules():
+            if isinstance(m, torch.nn.ModuleList | torch.nn.Sequential):
+                kids = list(m.children())
+                if len(kids) > max(1, best) and len({type(k) for k in kids}) == 1:
+                    best = len(kids)
+        layers = best or None
+    if hidden is None:
+        table = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)
+        hidden = None if table is None else int(table.embedding_dim)
+    return n, layers, hidden
+
+
+def _attr(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def precision_of(module: Any, device: torch.device) -> str:
+    """The dtype the model's matmuls run in (autocast's where on), as the peak table names it."""
+    dtype = None
+    if torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)
+    if dtype is None:
+        p = next((p for p in module.parameters() if p.is_floating_point()), None)
+        dtype = torch.float32 if p is None else p.dtype
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+def cpu_attention_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the CPU kernel of ``scaled_dot_product_attention``, which torch's
+    FlopCounterMode counts on CUDA (flash, efficient, cuDNN) but not on CPU (it counted an HF
+    Llama's attention as 0 FLOPs here): the same formulas, the attention's two batched matmuls
+    forward and four backward, causal or not (as torch counts the CUDA kernels)."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+
+    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+        return int(flop_counter.sdpa_flop_count(q, k, v))
+
+    def backward(
+        grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any
+    ) -> int:
+        return int(flop_counter.sdpa_backward_flop_count(grad, q, k, v))
+
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
+class WorkMeter:
+    """One rank's tokens and FLOPs per step. ``inputs`` runs on the training thread at each
+    forward (a few attribute reads; the count's start on the one step counted); ``take`` at
+    the step's end; ``Work`` is built from what it took on the sender thread
+    (:func:`work_report`)."""
+
+    def __init__(self) -> None:
+        self.peak = PeakProbe()
+        self.enabled = os.environ.get(FLOPS_ENV, "1") != "0"
+        self._module: Callable[[], Any] = lambda: None
+        self._shape: tuple[int, int | None, int | None] | None = None
+        self._positions = 0
+        self._seq: int | None = None
+        self._masks: list[DeferredScalar] = []
+        self._shapes: list[tuple[int, ...]] = []
+        self._na = ""
+        self._counter: Any = None
+        self._counted: dict[tuple[tuple[int, ...], ...], tuple[float, int]] = {}
+        self._counted_first: set[tuple[int, ...]] = set()
+        self._kinds: dict[Any, tuple[int, int] | str] = {}
+        self.errors = 0
+
+    def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
+        """One micro-batch about to enter ``module``'s forward."""
+        try:
+            if self._module() is not module:  # a new model (a script may train several)
+                # A weak reference, not id(): a later model may reuse a freed one's id (an
+                # FSDP2 GPT after a DDP Llama got the Llama's cached count that way).
+                self._module = weakref.ref(module)
+                self._shape = model_shape(module)
+                self._counted.clear()
+                self._counted_first.clear()
+                p = next(module.parameters(), None)
+                device = p.device if p is not None else torch.device("cpu")
+                self.peak.start(torch, device, precision_of(module, device))
+            x, mask = first_input(args, kwargs)
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+            kind = (x.dtype, shape) if shape else None
+            seq = self._kinds.get(kind)  # what a shape and dtype are, judged once
+            if seq is None:
+                seq = _sequence(x)
+                if kind is not None and len(self._kinds) < 64:
+                    self._kinds[kind] = seq
+            if isinstance(seq, str):
+                self._na = seq
+            else:
+                batch, length = seq
+                self._positions += batch * length
+                self._seq = length
+                if isinstance(mask, torch.Tensor) and tuple(mask.shape) == (batch, length):
+                    self._masks.append(DeferredScalar(mask.detach().sum()))
+            first = not self._shapes
+            self._shapes.append(shape)
+            if first and self._due(shape):
+                from torch.utils.flop_counter import FlopCounterMode
+
+                counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
+                counter.__enter__()
+                self._counter = counter
+                self._counted_first.add(shape)
+        except Exception:
+            self.errors += 1
+
+    def _due(self, first_shape: tuple[int, ...]) -> bool:
+        return (
+            self.enabled
+            and self._counter is None
+            and first_shape not in self._counted_first
+            and len(self._counted) < MAX_COUNTS
+        )
+
+    def take(self, step: int) -> tuple[Any, ...] | None:
+        """The step's raw facts (None when no forward was seen in it), and a fresh step."""
+        flops: tuple[float, int] | None = None
+        counter, self._counter = self._counter, None
+        key = tuple(self._shapes)
+        if counter is not None:
+            try:
+                counter.__exit__(None, None, None)
+                flops = (float(counter.get_total_flops()), step)
+                self._counted[key] = flops
+            except Exception:
+                self.errors += 1
+        if not self._shapes:
+            return None
+        if flops is None:
+            flops = self._counted.get(key)
+        why = self._na
+        if flops is None:
+            why = why or (
+                "FLOPs not counted: turned off (ZEROSCOPE_FLOPS=0)"
+                if not self.enabled
+                else f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
+            )
+        peak, source = self.peak.figure()
+        masks = self._masks if len(self._masks) == len(self._shapes) else []
+        facts = (self._positions if not self._na else None, self._seq, masks, flops, why)
+        self._positions, self._seq, self._masks, self._shapes, self._na = 0, None, [], [], ""
+        return (*facts, peak, source, self._shape)
+
+
+def work_report(facts: tuple[Any, ...]) -> Work:
+    """The step's Work from ``take``'s facts (on the sender thread: the masks' sums are read
+    here, after the step's end, so reading them waits for nothing on the training thread)."""
+    positions, seq, masks, flops, why, peak, source, shape = facts
+    tokens = positions
+    if tokens is not None and masks:
+        sums = []
+        for m in masks:
+            m.ready(block=True)
+            sums.append(m.value)
+        tokens = int(sum(sums)) if all(v is not None for v in sums) else positions
+    n, layers, hidden = shape if shape is not None else (None, None, None)
+    return Work(
+        tokens=tokens,
+        positions=positions,
+        seq_len=seq,
+        flops=None if flops is None else flops[0],
+        flops_step=0 if flops is None else flops[1],
+        peak_flops=peak,
+        peak_source=source,
+        dense_params=n,
+        layers=layers,
+        hidden=hidden,
+        na=why,
+    )

@@ -1,0 +1,220 @@
+"""Tokens/s, TFLOP/s and MFU from their parts: the wire (old traces still decode), the state's
+definitions against hand arithmetic, NA with the reason, the agent's token and FLOP meter on
+inputs of every kind, and the peak table and probe."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from tests.throughput_support import KnownGPT, closed_form
+from zeroscope.agent import peak as peak_mod
+from zeroscope.agent import work as work_mod
+from zeroscope.agent.peak import PeakProbe, datasheet_peak, measure_matmul
+from zeroscope.agent.schema import SCHEMA_VERSION, Hello, StepReport, Work, decode, encode
+from zeroscope.agent.work import WorkMeter, work_report
+from zeroscope.state import ClusterState
+from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.report import run_report
+from zeroscope.state.throughput import cluster_step, predicted_flops, rank_step
+
+BASE_NS = 1_700_000_000 * 10**9
+
+
+def _work(**kw: object) -> Work:
+    fields: dict[str, object] = dict(
+        tokens=100,
+        positions=128,
+        seq_len=64,
+        flops=4e12,
+        peak_flops=1e14,
+        peak_source="datasheet H100 bf16 dense",
+        dense_params=1000,
+        layers=2,
+        hidden=16,
+    )
+    fields.update(kw)
+    return Work(**fields)  # type: ignore[arg-type]
+
+
+def _report(rank: int, step: int, duration: float, work: Work | None) -> StepReport:
+    return StepReport(
+        rank=rank, step=step, wall_ns=BASE_NS + step * 10**9, duration_s=duration, work=work
+    )
+
+
+def _state(world: int) -> ClusterState:
+    state = ClusterState()
+    for rank in range(world):
+        state.ingest(Hello(schema_version=SCHEMA_VERSION, job_id="j", rank=rank, world_size=world))
+    return state
+
+
+def test_a_report_without_work_decodes_as_before() -> None:
+    # A StepReport from before the field existed: its encoding has no "work" key at all.
+    old = _report(0, 1, 1.0, None)
+    data = encode(old)
+    assert b"work" not in data
+    assert decode(data) == old and decode(data).work is None  # type: ignore[union-attr]
+    new = _report(0, 1, 1.0, _work())
+    assert decode(encode(new)) == new
+    # And a new one's extra field is ignored by a decoder that does not know it.
+    assert msgspec.msgpack.decode(encode(new))["work"]["tokens"] == 100
+
+
+def test_rank_and_cluster_figures_by_hand() -> None:
+    state = _state(2)
+    state.ingest(_report(0, 1, 2.0, _work()))
+    (agg,) = state.ingest(_report(1, 1, 4.0, _work(tokens=60, flops=2e12, peak_flops=3e14)))
+    r0 = rank_step(agg.summaries[0])
+    assert r0.tokens_per_s == 50.0 and r0.tflops_per_s == 2.0
+    assert r0.mfu == pytest.approx(4e12 / 2.0 / 1e14)
+    c = cluster_step(agg)  # the step lasts as long as its slowest rank: 4 s
+    assert c.tokens_per_s == 160 / 4.0 and c.tflops_per_s == pytest.approx(6e12 / 4.0 / 1e12)
+    assert c.mfu == pytest.approx(6e12 / (4.0 * 4e14)) and c.peak_tflops == 400.0
+    # 6·N·T + 12·L·h·s·T on the positions computed (padding included).
+    assert predicted_flops(_work()) == 6 * 1000 * 128 + 12 * 2 * 16 * 64 * 128
+    assert "tok/s 40" in step_line(agg) and "MFU 0.38%" in step_line(agg)
+
+
+def test_run_figures_leave_the_first_step_out() -> None:
+    state = _state(1)
+    for step, seconds in ((1, 9.0), (2, 1.0), (3, 3.0)):
+        state.ingest(_report(0, step, seconds, _work()))
+    out = run_report(state)
+    assert out["tokens_per_s"] == pytest.approx(200 / 4.0)
+    assert out["tflops_per_s"] == pytest.approx(8e12 / 4.0 / 1e12)
+    assert out["mfu"] == pytest.approx(8e12 / (4.0 * 1e14))
+    assert out["mfu_percent"] == pytest.approx(100 * out["mfu"])
+    assert out["peak_source"] == "datasheet H100 bf16 dense" and out["throughput_na"] == ""
+    assert out["ranks"][0]["tokens_per_s"] == out["tokens_per_s"]
+    assert any("model throughput 50 tokens/s" in line for line in summary_lines(state))
+
+
+@pytest.mark.parametrize(
+    ("works", "reason"),
+    [
+        ([None, _work()], "reported no tokens or FLOPs"),
+        ([_work(tokens=None, positions=None, na="not a batch of sequences"), _work()], "sequences"),
+        ([_work(peak_flops=None, peak_source="peak being measured"), _work()], "peak being"),
+    ],
+)
+def test_a_partial_cluster_sum_is_na_with_the_reason(works: list, reason: str) -> None:
+    state = _state(2)
+    state.ingest(_report(0, 1, 1.0, works[0]))
+    (agg,) = state.ingest(_report(1, 1, 1.0, works[1]))
+    c = cluster_step(agg)
+    assert reason in c.na
+    if works[0] is None or works[0].tokens is None:
+        assert c.tokens_per_s is None
+    if works[0] is None or works[0].peak_flops is None:
+        assert c.mfu is None
+    assert "NA" in step_line(agg)
+
+
+def _step(
+    meter: WorkMeter, model: torch.nn.Module, step: int, *inputs: object, **kw: object
+) -> Work:
+    meter.inputs(model, inputs, kw, step)
+    loss = model(*inputs, **kw)
+    loss.backward()
+    facts = meter.take(step)
+    assert facts is not None
+    return work_report(facts)
+
+
+def test_meter_counts_once_per_shape_and_again_when_shapes_change() -> None:
+    torch.manual_seed(0)
+    model, meter = KnownGPT(seq=16), WorkMeter()
+    idx = torch.randint(0, 64, (2, 16))
+    first = _step(meter, model, 1, idx, idx)
+    again = _step(meter, model, 2, idx, idx)
+    assert first.flops == again.flops == sum(closed_form(32, seq=16)) and again.flops_step == 1
+    short = torch.randint(0, 64, (2, 8))
+    recounted = _step(meter, model, 3, short, short)
+    assert recounted.flops_step == 3 and recounted.flops == sum(closed_form(16, seq=8))
+    assert recounted.tokens == 16
+
+
+def test_meter_counts_up_to_its_budget_then_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(work_mod, "MAX_COUNTS", 1)
+    model, meter = KnownGPT(seq=16), WorkMeter()
+    _step(
+        meter, model, 1, torch.zeros(1, 16, dtype=torch.long), torch.zeros(1, 16, dtype=torch.long)
+    )
+    other = torch.zeros(1, 4, dtype=torch.long)
+    w = _step(meter, model, 2, other, other)
+    assert w.flops is None and "1 counts spent" in w.na and w.tokens == 4
+
+
+def test_meter_off_and_non_sequence_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(work_mod.FLOPS_ENV, "0")
+    model, meter = KnownGPT(seq=16), WorkMeter()
+    idx = torch.zeros(2, 16, dtype=torch.long)
+    w = _step(meter, model, 1, idx, idx)
+    assert w.flops is None and "ZEROSCOPE_FLOPS=0" in w.na and w.tokens == 32
+    monkeypatch.delenv(work_mod.FLOPS_ENV)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(1))
+    conv(torch.zeros(1, 3, 8, 8))
+
+    def image_loss(x: torch.Tensor) -> torch.Tensor:
+        return conv(x).sum()
+
+    image_meter = WorkMeter()
+    image_meter.inputs(conv, (torch.zeros(2, 3, 8, 8),), {}, 1)
+    image_loss(torch.zeros(2, 3, 8, 8)).backward()
+    facts = image_meter.take(1)
+    assert facts is not None
+    w = work_report(facts)
+    assert w.tokens is None and "[2, 3, 8, 8] is not a batch of sequences" in w.na
+    assert w.flops is not None and w.flops > 0
+
+
+def test_meter_reads_a_dict_batch_and_leaves_padding_out() -> None:
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = KnownGPT(seq=16)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.gpt(input_ids, input_ids)
+
+    model, meter = Wrapped(), WorkMeter()
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 10:] = 0
+    w = _step(meter, model, 1, input_ids=torch.zeros(2, 16, dtype=torch.long), attention_mask=mask)
+    assert (w.tokens, w.positions, w.seq_len) == (26, 32, 16)
+
+
+def test_datasheet_table_names_gpus_as_torch_does() -> None:
+    assert datasheet_peak("NVIDIA H100 80GB HBM3", "bf16") == (
+        989.4e12,
+        "datasheet H100 bf16 dense",
+    )
+    assert datasheet_peak("NVIDIA H100 PCIe", "bf16")[0] == 756e12  # type: ignore[index]
+    assert datasheet_peak("NVIDIA H200", "fp16")[0] == 989.4e12  # type: ignore[index]
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", "fp32")[0] == 19.5e12  # type: ignore[index]
+    assert datasheet_peak("Tesla V100-SXM2-32GB", "bf16") is None  # V100 has no bf16
+    assert datasheet_peak("Some Future GPU", "bf16") is None
+
+
+def test_peak_probe_measures_on_cpu_or_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = measure_matmul(torch, torch.device("cpu"), torch.float32, 128, seconds=0.05)
+    assert measured is not None and measured > 0
+    monkeypatch.setenv(peak_mod.PEAK_PROBE_ENV, "0")
+    probe = PeakProbe()
+    probe.start(torch, torch.device("cpu"), "fp32")
+    assert probe.figure() == (
+        None,
+        f"no datasheet peak for this device, and {peak_mod.PEAK_PROBE_ENV}=0",
+    )
+
+
+def test_a_new_model_is_counted_anew_even_where_it_reuses_a_freed_ones_id() -> None:
+    meter = WorkMeter()
+    idx = torch.zeros(2, 16, dtype=torch.long)
+    first = _step(meter, KnownGPT(seq=16, layers=1), 1, idx, idx)  # freed after this step
+    second = _step(meter, KnownGPT(seq=16, layers=2), 2, idx, idx)
+    assert first.flops == sum(closed_form(32, layers=1, seq=16))
+    assert second.flops == sum(closed_form(32, layers=2, seq=16)) and second.flops_step == 2

@@ -1,0 +1,170 @@
+"""Throughput as training users read it: tokens per second, achieved model TFLOP/s and MFU,
+per rank and for the cluster, per step and over the run; and the closed-form prediction of a
+step's FLOPs beside the counted figure.
+
+Definitions (one place; every view formats these):
+
+- tokens/s = tokens of the step / step time. A rank's: its own tokens / its step time; the
+  cluster's: every rank's tokens added up / the cluster's step time (its slowest rank's).
+- TFLOP/s = model FLOPs of the step (forward + backward, counted by the agent with torch's
+  FlopCounterMode: agent/work.py) / step time / 10^12. Model FLOPs, not hardware FLOPs:
+  activation recomputation is counted only if it ran on the counted step.
+- MFU = achieved FLOP/s / the device's peak FLOP/s (PaLM, Chowdhery et al. 2022, appendix B).
+  The cluster's: the ranks' FLOPs / (step time x the sum of their peaks). The peak is the
+  datasheet's dense figure for a known GPU, else a measured matmul's (``peak_source`` says).
+- predicted FLOPs = 6·N·T + 12·layers·hidden·seq·T, T the positions computed (batch x seq,
+  padding included), N the parameters doing matmul work (embedding tables left out), the
+  second term the attention scores and their use (forward 4·seq·hidden per position and layer,
+  backward twice that; PaLM appendix B). Tokens/s leaves padding out where a mask said so.
+
+A figure nobody measured is None with the reason (``na``): a rank that did not say its tokens
+(non-sequence inputs), FLOPs not counted for its shapes, no peak known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroscope.agent.schema import Work
+
+    from .cluster import ClusterState, StepAggregate
+    from .rank import RankState, StepSummary
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Tokens/s, TFLOP/s and MFU of one rank or the cluster over one step or a run. None is
+    NA; ``na`` says why (empty when every figure is known)."""
+
+    tokens_per_s: float | None = None
+    tflops_per_s: float | None = None
+    mfu: float | None = None
+    """[fraction] of the peak."""
+    peak_tflops: float | None = None
+    peak_source: str = ""
+    flops_per_step: float | None = None
+    """Counted model FLOPs of one step (the rank's, or every rank's added up)."""
+    predicted_flops_per_step: float | None = None
+    """The closed form's (:func:`predicted_flops`)."""
+    tokens_per_step: int | None = None
+    na: str = ""
+
+    @property
+    def mfu_percent(self) -> float | None:
+        return None if self.mfu is None else 100.0 * self.mfu
+
+
+NOT_REPORTED = "the rank reported no tokens or FLOPs (no model forward seen)"
+
+
+def predicted_flops(work: Work) -> float | None:
+    """6·N·T + 12·layers·hidden·seq·T [FLOPs], T the positions the model computed on (padding
+    included: the model computes it); None when a term is unknown."""
+    n, tokens = work.dense_params, work.positions
+    if n is None or tokens is None or not (work.layers and work.hidden and work.seq_len):
+        return None
+    return 6.0 * n * tokens + 12.0 * work.layers * work.hidden * work.seq_len * tokens
+
+
+def _reason(work: Work | None) -> str:
+    if work is None:
+        return NOT_REPORTED
+    if work.tokens is None or work.flops is None:
+        return work.na or "not measured"
+    if work.peak_flops is None:
+        return f"MFU: {work.peak_source or 'no peak known'}"
+    return ""
+
+
+def of_step(works: list[Work | None], seconds: float) -> Throughput:
+    """The figures of one step done by ``works`` (one rank's, or every rank's) in ``seconds``."""
+    reasons = [r for r in (_reason(w) for w in works) if r]
+    known = [w for w in works if w is not None]
+    if not works or not known or seconds <= 0:
+        return Throughput(na=reasons[0] if reasons else "no step time")
+    tokens = [w.tokens for w in known]
+    flops = [w.flops for w in known]
+    peaks = [w.peak_flops for w in known]
+    predicted = [predicted_flops(w) for w in known]
+    whole = len(known) == len(works)
+    sum_tokens = sum(t for t in tokens if t is not None) if whole and None not in tokens else None
+    sum_flops = sum(f for f in flops if f is not None) if whole and None not in flops else None
+    sum_peaks = sum(p for p in peaks if p is not None) if whole and None not in peaks else None
+    sources = sorted({w.peak_source for w in known if w.peak_flops is not None})
+    return Throughput(
+        tokens_per_s=None if sum_tokens is None else sum_tokens / seconds,
+        tflops_per_s=None if sum_flops is None else sum_flops / seconds / 1e12,
+        mfu=None if sum_flops is None or not sum_peaks else sum_flops / seconds / sum_peaks,
+        peak_tflops=None if sum_peaks is None else sum_peaks / 1e12,
+        peak_source="; ".join(sources),
+        flops_per_step=sum_flops,
+        predicted_flops_per_step=(
+            sum(p for p in predicted if p is not None) if whole and None not in predicted else None
+        ),
+        tokens_per_step=sum_tokens,
+        na=reasons[0] if reasons else "",
+    )
+
+
+def rank_step(summary: StepSummary) -> Throughput:
+    """One rank's figures in one step (its own step time)."""
+    return of_step([summary.work], summary.duration_s)
+
+
+def cluster_step(agg: StepAggregate) -> Throughput:
+    """The cluster's figures in one step: the ranks' work over the step's time."""
+    ranks = sorted(agg.summaries)
+    return of_step([agg.summaries[r].work for r in ranks], agg.step_time)
+
+
+def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
+    """Figures over several steps: each step's work summed, over the summed times."""
+    if not points:
+        return Throughput(na="no steady step yet")
+    steps = [of_step(works, seconds) for seconds, works in points]
+    seconds = sum(s for s, _ in points)
+    na = next((s.na for s in steps if s.na), "")
+
+    def total(values: list[float | int | None]) -> float | None:
+        return None if None in values or not values else float(sum(v for v in values if v))
+
+    tokens = total([s.tokens_per_step for s in steps])
+    flops = total([s.flops_per_step for s in steps])
+    peak_time = total(
+        [
+            None if s.peak_tflops is None else s.peak_tflops * 1e12 * t
+            for s, (t, _) in zip(steps, points, strict=True)
+        ]
+    )
+    last = steps[-1]
+    return Throughput(
+        tokens_per_s=None if tokens is None or seconds <= 0 else tokens / seconds,
+        tflops_per_s=None if flops is None or seconds <= 0 else flops / seconds / 1e12,
+        mfu=None if flops is None or not peak_time else flops / peak_time,
+        peak_tflops=last.peak_tflops,
+        peak_source=last.peak_source,
+        flops_per_step=last.flops_per_step,
+        predicted_flops_per_step=last.predicted_flops_per_step,
+        tokens_per_step=last.tokens_per_step,
+        na=na,
+    )
+
+
+def rank_run(rs: RankState, first_step: int | None) -> Throughput:
+    """One rank over its steady steps held in history (every step but the run's first,
+    ``first_step``; that one alone when it is the only)."""
+    history = list(rs.history)
+    steady = [s for s in history if s.step != first_step] or history
+    return _steady([(s.duration_s, [s.work]) for s in steady])
+
+
+def cluster_run(state: ClusterState) -> Throughput:
+    """The cluster over its steady complete steps held (every step but the first)."""
+    done = state.complete_steps()
+    first = state.totals.first_step
+    steady = [a for a in done if a.step != first] or done
+    return _steady(
+        [(a.step_time, [a.summaries[r].work for r in sorted(a.summaries)]) for a in steady]
+    )
