@@ -35,7 +35,7 @@ from zeroscope.run.launch import (
     with_bootstrap,
 )
 from zeroscope.state import ClusterState
-from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.lines import step_lines, summary_lines
 
 HELP = (
     "launch a training script under torchrun (or DeepSpeed's launcher, given its flags) with a "
@@ -182,8 +182,9 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
         _print_steps(state, source.poll(0.2))
         console.flush_due()  # lines that waited for a job's unfinished line
     _drain(state, source)
-    for agg in state.flush():
-        say(step_line(agg))
+    before = state.last_complete
+    for line in step_lines(state, state.flush(), before):
+        say(line)
     return _finish(job, state, trace)
 
 
@@ -225,8 +226,9 @@ def silent_job_notice(state: ClusterState) -> list[str]:
 def _print_steps(state: ClusterState, messages: list) -> None:
     now = time.time()
     for m in messages:
-        for agg in state.ingest(m, now):
-            say(step_line(agg))
+        before = state.last_complete
+        for line in step_lines(state, state.ingest(m, now), before):
+            say(line)
 
 
 def _drain(state: ClusterState, source: QueueSource) -> None:
