@@ -347,3 +347,70 @@ def test_negligible_advice_is_listed_but_not_headlined() -> None:
     assert Advisory([worth, tiny]).headline is worth
     unpriced = priced(float("-inf"))
     assert Advisory([unpriced]).headline is unpriced
+
+
+def _buckets_run(quick_newest: bool, descheduled: int | None) -> Facts:
+    """A 2-rank stage-2 bf16 run, reduce_bucket_size 200, 10 steps of 100 ms (one of 1 s when
+    ``descheduled``): per step 11 reduce-scatters of 128 B and one of 64 KB, 1 ms each and all
+    waited for (latency-bound: the 64 KB one is as quick as the small ones); the newest step's
+    take 0.2 ms each when ``quick_newest``."""
+    from zeroscope.agent import schema
+
+    state = ClusterState()
+    config = schema.ConfigSummary(
+        stage=2, precision="bf16", dp_world_size=2, reduce_bucket_size=200
+    )
+    for rank in (0, 1):
+        state.ingest(
+            schema.Hello(
+                schema_version=schema.SCHEMA_VERSION, job_id="j", rank=rank, world_size=2,
+                config=config,
+            )
+        )  # fmt: skip
+    end_s = 0.0
+    for step in range(1, 11):
+        each = 0.0002 if quick_newest and step == 10 else 0.001
+        sizes = [128] * 11 + [65536]
+        end_s += 1.0 if step == descheduled else 0.1
+        for rank in (0, 1):
+            state.ingest(
+                schema.StepReport(
+                    rank=rank,
+                    step=step,
+                    wall_ns=int(end_s * 1e9),
+                    duration_s=1.0 if step == descheduled else 0.1,
+                    collectives=[
+                        Collective(
+                            op="reduce_scatter", nbytes=n, group_size=2, start_s=0.01 * i,
+                            duration_s=each, exposed_s=each,
+                        )
+                        for i, n in enumerate(sizes)
+                    ],
+                )
+            )  # fmt: skip
+    state.flush()
+    return Facts(state)
+
+
+def test_the_bucket_rule_prices_the_typical_step_not_the_newest_or_a_descheduled_one() -> None:
+    """The saving is each steady step's (the reference rank's) against that step's own length,
+    the median deciding: a newest step whose reductions happened to be quick and a step whose
+    rank was descheduled for a second (which drags the cluster's mean step up) do not silence
+    a rule whose typical step spends 12 ms of 100 in 12 latency-bound reductions. By hand:
+    n' = 2 buckets at the newest step's median alpha 0.2 ms, plus the bytes at its best rate
+    (64 KB in 0.2 ms, on the wire S (N-1)/N: 32 KB / 0.2 ms); every step's 12 ms less that."""
+    from zeroscope.state.advice.rules_comm import buckets
+
+    wire = (11 * 128 + 65536) / 2
+    after = 2 * 0.0002 + wire / (32768 / 0.0002)
+    expected_ms = (0.012 - after) * 1e3  # the typical step's saving (all of it waited for)
+    for quick, descheduled in ((False, None), (True, None), (True, 5)):
+        found = buckets(_buckets_run(quick, descheduled), Thresholds())
+        assert len(found) == 1, (quick, descheduled)
+        (advice,) = found
+        assert isinstance(advice, Advice) and advice.rule == "buckets"
+        if quick:
+            assert advice.saves_ms == pytest.approx(expected_ms)
+        assert advice.change.ds_config["zero_optimization.reduce_bucket_size"] == (
+            (11 * 128 + 65536) // 2 // 2
+        )

@@ -34,7 +34,7 @@ from zeroscope.run.launch import (
     torchrun_argv,
     with_bootstrap,
 )
-from zeroscope.state.viewmodel import ClusterState, step_line, summary_lines
+from zeroscope.state.viewmodel import ClusterState, step_lines, summary_lines
 
 if TYPE_CHECKING:
     from zeroscope.remote.multinode import CollectorPlan
@@ -217,8 +217,9 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
         _print_steps(state, source.poll(0.2))
         console.flush_due()  # lines that waited for a job's unfinished line
     _drain(state, source)
-    for agg in state.flush():
-        say(step_line(agg))
+    before = state.last_complete
+    for line in step_lines(state, state.flush(), before):
+        say(line)
     return _finish(job, state, trace)
 
 
@@ -265,8 +266,9 @@ def silent_job_notice(state: ClusterState) -> list[str]:
 def _print_steps(state: ClusterState, messages: list) -> None:
     now = time.time()
     for m in messages:
-        for agg in state.ingest(m, now):
-            say(step_line(agg))
+        before = state.last_complete
+        for line in step_lines(state, state.ingest(m, now), before):
+            say(line)
 
 
 def _drain(state: ClusterState, source: QueueSource, *, lines: bool = True) -> None:

@@ -60,6 +60,33 @@ def header_throughput(state: ClusterState) -> str | None:
     )
 
 
+def step_lines(state: ClusterState, closed: list[StepAggregate], before: int | None) -> list[str]:
+    """The lines of the steps ``closed`` by one message, ``before`` being the newest step closed
+    until then: a step no report of which ever arrived (every rank's was dropped on its way:
+    counted, never silent) gets a line saying so where its own would have been, so a reader
+    of the step lines never mistakes a hole for a run that skipped steps."""
+    lines = []
+    last = before or 0
+    for agg in closed:
+        if agg.step > last + 1:
+            lines.append(missing_steps_line(state, last + 1, agg.step - 1))
+        lines.append(step_line(agg))
+        last = agg.step
+    return lines
+
+
+def missing_steps_line(state: ClusterState, first: int, last: int) -> str:
+    """One line for steps ``first``..``last``, of which no rank's report arrived."""
+    which = f"step {first}" if first == last else f"steps {first}-{last}"
+    dropped = sum(rs.dropped for rs in state.ranks.values())
+    why = (
+        f"the agents dropped {dropped} messages so far"
+        if dropped
+        else "none was counted as dropped"
+    )
+    return f"no report of {which} reached zeroscope ({why})"
+
+
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     """The final summary: the run's figures (zeroscope.state.totals: steady steps), the worst
     memory, and the alerts still standing."""

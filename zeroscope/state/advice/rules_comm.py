@@ -13,6 +13,7 @@ import statistics
 from zeroscope.agent.schema import Collective
 from zeroscope.state.bandwidth import wire_bytes
 from zeroscope.state.formulas import param_bytes
+from zeroscope.state.rank import OpTotals
 
 from .facts import Facts
 from .model import Advice, Change, Finding, Thresholds, ms, nbytes
@@ -23,17 +24,31 @@ TINY = 64
 
 def buckets(f: Facts, t: Thresholds) -> list[Finding]:
     """Rule 2: reductions (or stage 1-2 parameter gathers) split into many latency-bound
-    collectives by a small bucket size."""
-    c, step = f.config, f.step_s
-    if c is None or step is None or step <= 0 or c.dp_world_size <= 1:
+    collectives by a small bucket size.
+
+    The saving is priced per steady step of the reference rank, against that same step's own
+    length, and the median of those shares decides: one figure from one frame. (Priced from
+    the newest step alone and compared with the cluster's mean step, a mean that one
+    descheduled step drags up, the verdict on a run whose saving is a tenth of its step came
+    and went with the machine's load.) Only what a bucket sets comes from the newest report:
+    the messages' count, sizes, median time (alpha) and best rate (beta)."""
+    c = f.config
+    ref = f.reference
+    if c is None or ref is None or c.dp_world_size <= 1:
         return []
+    steady = [s for s in f.steady(ref) if s.duration_s > 0]
+    if not steady:
+        return []
+    step = statistics.median(s.duration_s for s in steady)
     p = param_bytes(c.precision)
     out: list[Finding] = []
     ops = ["reduce_scatter", "all_reduce"] + (["all_gather"] if c.stage in (1, 2) else [])
     for op in ops:
-        data = [x for x in f.collectives(op) if x.nbytes > TINY and x.duration_s > 0]
-        means = f.op(op)
-        if len(data) < 4 or means.exposed / step < t.op_share_min:
+        every = [x for x in f.collectives(op) if x.duration_s > 0]
+        data = [x for x in every if x.nbytes > TINY]
+        rows = [(s.ops.get(op), s.duration_s) for s in steady]
+        waits = [o.exposed_s / d if o is not None else 0.0 for o, d in rows]
+        if len(data) < 4 or statistics.median(waits) < t.op_share_min:
             continue
         # The link's rate is this op's best message (a slower one waited for a peer); the
         # median alpha below carries the typical wait once per collective. The step-wide
@@ -50,13 +65,16 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
             continue  # the count is not the bucket size's doing
         n, n_after = len(data), max(1, math.ceil(elements / target))
         alpha = statistics.median(x.duration_s for x in data)
-        now = sum(x.duration_s for x in data)
         wire = sum(wire_bytes(op, x.nbytes, x.group_size) for x in data)
         after = n_after * alpha + wire / beta
-        hidden = min(means.exposed / means.seconds, 1.0) if means.seconds > 0 else 1.0
-        saves = (now - after) * hidden
-        if saves < t.op_share_min * step:
+        # The bucketed messages' share of the op's time (flags and norms stay as they are).
+        movable = sum(x.duration_s for x in data) / sum(x.duration_s for x in every)
+        priced = [_bucket_saving(o, movable, after) for o, _ in rows]
+        saves = statistics.median(priced)
+        share = statistics.median(v / d for v, (_, d) in zip(priced, rows, strict=True))
+        if share < t.op_share_min:
             continue
+        now = statistics.median(o.seconds * movable if o is not None else 0.0 for o, _ in rows)
         extra = (target - elements / n) * p * (2 if c.overlap_comm else 1)
         change = {f"zero_optimization.{key}": target}
         if op == "all_gather":
@@ -66,17 +84,19 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
                 rule="buckets",
                 title=f"{n} small {op.replace('_', '-')}s per step: larger buckets",
                 evidence=(
-                    f"{n} {op} of {nbytes(wire / n)} on the wire on average took {ms(now)} in "
-                    f"step {f.latest.step if f.latest else '?'} of rank "
-                    f"{f.reference.rank if f.reference else '?'}; the median {ms(alpha)}, the "
-                    f"best busbw {beta / 1e9:.3g} GB/s",
-                    f"{op} wait {ms(means.exposed)} per step of a {ms(step)} step "
-                    f"({f.steps_text}); {key} = {current:,} elements",
+                    f"{n} {op} of {nbytes(wire / n)} on the wire on average in step "
+                    f"{f.latest.step if f.latest else '?'} of rank {ref.rank}; the median "
+                    f"{ms(alpha)}, the best busbw {beta / 1e9:.3g} GB/s",
+                    f"{op} took {ms(_median_of(rows, 'seconds'))} per step, waited "
+                    f"{ms(_median_of(rows, 'exposed_s'))}, of a {ms(step)} step (medians, "
+                    f"{f.steps_text}); "
+                    f"{key} = {current:,} elements",
                 ),
                 change=Change(change),
-                formula=f"saves_ms = (now - (n' * alpha + bytes / beta)) * exposed/total = "
-                f"({ms(now)} - ({n_after} * {ms(alpha)} + {nbytes(wire)} / "
-                f"{beta / 1e9:.3g} GB/s)) * {hidden:.2f} = {ms(saves)} (Hockney: t = alpha + "
+                formula=f"saves_ms = median over steps of (now - (n' * alpha + bytes / beta)) "
+                f"* exposed/total, now the step's {op} time = {ms(saves)}, "
+                f"{share:.0%} of its step (median now {ms(now)}, n' = {n_after}, alpha "
+                f"{ms(alpha)}, {nbytes(wire)} / {beta / 1e9:.3g} GB/s; Hockney: t = alpha + "
                 f"S / beta); saves_bytes = -(new bucket - mean bucket) * {p} B"
                 + (" * 2 (overlap_comm double-buffers)" if c.overlap_comm else "")
                 + f" = -{nbytes(extra)}",
@@ -88,6 +108,20 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
             )
         )
     return out
+
+
+def _median_of(rows: list[tuple[OpTotals | None, float]], figure: str) -> float:
+    """The median over steps of one of the op's per-step totals (0 in a step without it)."""
+    return statistics.median(getattr(o, figure) if o is not None else 0.0 for o, _ in rows)
+
+
+def _bucket_saving(totals: OpTotals | None, movable: float, after: float) -> float:
+    """One step's saving from fewer buckets [s]: its bucketed messages' time less the time of
+    ``after`` (the same bytes in the new buckets), the share the loop waited for."""
+    if totals is None or totals.seconds <= 0:
+        return 0.0
+    hidden = min(totals.exposed_s / totals.seconds, 1.0)
+    return max(totals.seconds * movable - after, 0.0) * hidden
 
 
 def _unhideable(f: Facts, gathers: list[Collective], alpha: float) -> float:

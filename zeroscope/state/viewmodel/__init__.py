@@ -16,7 +16,7 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 | pipeline | ``judged_pipeline`` (each stage's bubble judged against its plan) |
 | loss scale | ``loss_scale_view`` (log2 axis, skipped steps, events judged) |
 | advice (screen and ``advise``) | ``advise``, ``preflight``, ``price_words`` |
-| headless lines (``run``, ``replay``) | ``step_line``, ``summary_lines`` |
+| headless lines (``run``, ``replay``) | ``step_line``, ``step_lines``, ``summary_lines`` |
 | ``summary`` and ``export`` | ``run_report``, ``collective_figures``, ``parallel_fields`` |
 | ``estimate`` | ``stage_estimates`` |
 """
@@ -37,7 +37,7 @@ from zeroscope.state.history import (
     stacked_parts,
     volume_series,
 )
-from zeroscope.state.lines import header_throughput, step_line, summary_lines
+from zeroscope.state.lines import header_throughput, step_line, step_lines, summary_lines
 from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
 from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
 from zeroscope.state.prediction import (
@@ -116,6 +116,7 @@ __all__ = [
     "stacked_parts",
     "stage_estimates",
     "step_line",
+    "step_lines",
     "summary_lines",
     "volume_series",
 ]
