@@ -1,6 +1,6 @@
 """Compiled jobs run exactly as compiled: an unmodified ``torch.compile`` script (DDP compiled
-whole, FSDP2 compiled per block, FSDP2 compiled whole: tests/jobs/compiled_train.py) under bare
-torchrun and under ``zeroscope run``. Oracle: Dynamo's own counters, read in the job (graph
+whole, FSDP2 compiled per block, FSDP2 compiled whole, the bundled engine's ``engine.compile()``:
+tests/jobs/compiled_train.py) under bare torchrun and under ``zeroscope run``. Oracle: Dynamo's own counters, read in the job (graph
 breaks and the frames Dynamo converted), and the losses of the run without zeroscope, bit for
 bit; and what zeroscope still measured of the compiled models."""
 
@@ -21,7 +21,7 @@ from tests.attach_support import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = JOBS / "compiled_train.py"
-MODES = ["ddp", "fsdp2-block", "fsdp2-whole"]
+MODES = ["ddp", "fsdp2-block", "fsdp2-whole", "engine"]
 STEPS = 3
 N = 2
 
@@ -47,6 +47,7 @@ def test_dynamo_compiles_the_same_frames_with_the_same_graph_breaks(runs: dict) 
             assert zs["graph_breaks"] == plain["graph_breaks"], (mode, zs["break_reasons"])
             assert zs["break_reasons"] == plain["break_reasons"], mode
             assert zs["frames"] == plain["frames"], mode
+            assert zs["graphs"] == plain["graphs"] > 0, mode  # graphs were compiled
     # DDP's own graph breaks are there in both (the counters are read, not empty).
     assert runs["plain"][0]["ddp"]["graph_breaks"] > 0
 
@@ -63,7 +64,7 @@ def test_compiled_models_still_report_their_phases_and_activations(runs: dict) -
     around it), on every step where the agent counted."""
     for rank in range(N):
         trace = runs["trace"][rank]
-        assert [h.engine for h in trace.hellos] == ["ddp", "fsdp2", "fsdp2"]
+        assert [h.engine for h in trace.hellos] == ["ddp", "fsdp2", "fsdp2", "zeroscope"]
         parts = segments(trace.steps, [STEPS] * len(MODES))
         for mode, steps in zip(MODES, parts, strict=True):
             losses = [float.fromhex(h) for h in runs["plain"][rank][mode]["losses"]]
@@ -72,3 +73,5 @@ def test_compiled_models_still_report_their_phases_and_activations(runs: dict) -
                 assert step.phases.forward is not None, (mode, step.step)
                 assert step.phases.backward is not None, (mode, step.step)
             assert any(s.memory.activations for s in steps), mode
+        # The engine's per-block split would need hooks inside the graph: NA, and said.
+        assert any("per-block activation split: NA" in e.message for e in trace.events)

@@ -28,7 +28,6 @@ root compiled that way: NA, said once).
 from __future__ import annotations
 
 import types
-import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -68,25 +67,18 @@ ORIGINAL_FORWARD: list[Callable[[Any], Any]] = []
 """Functions that give a model's unwrapped ``forward`` (the class's own, before the attach
 wrapped it at class level) or None: see :func:`_unwrap_forward`."""
 
-_unwrapped: weakref.WeakSet[Any] = weakref.WeakSet()
-
 
 def _unwrap_forward(model: Any) -> None:
     """Bind the model's own ``forward`` on the instance being compiled, so Dynamo sees the
     program it sees without zeroscope: ``torch.compile`` picks how it enters a module by
     asking whether its ``forward`` is torch's (DDP's is, the attach's wrapper is not), and it
-    traces the forward's code. The compiled model's wrapper times it instead."""
+    traces the forward's code. The compiled model's wrapper times it instead. The binding stays
+    when the attach is undone: it is the class's own function, the one restored there."""
     for find in ORIGINAL_FORWARD:
         forward = find(model)
         if forward is not None:
             model.__dict__["forward"] = types.MethodType(forward, model)
-            _unwrapped.add(model)
             return
-
-
-def _restore_forwards() -> None:
-    for model in list(_unwrapped):
-        model.__dict__.pop("forward", None)
 
 
 def install_optimized(module: ModuleType) -> None:
@@ -127,7 +119,6 @@ def install_optimized(module: ModuleType) -> None:
 
     __call__.__doc__, __init__.__doc__ = call.__doc__, init.__doc__
     _keep_out_of_dynamo()
-    patches.on_restore(_restore_forwards)
     patches.replace(cls, "__init__", __init__)
     patches.replace(cls, "__call__", __call__)
 

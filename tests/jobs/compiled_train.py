@@ -1,6 +1,7 @@
-"""A plain compiled PyTorch script with nothing of zeroscope in it: the same small MLP trained
-under ``torch.compile`` with DistributedDataParallel, FSDP2 compiled per block, FSDP2 compiled
-whole, one after the other in one process.
+"""A plain compiled PyTorch script: the same small MLP trained under ``torch.compile`` with
+DistributedDataParallel, FSDP2 compiled per block, FSDP2 compiled whole, and the bundled engine
+with ``engine.compile()`` (DeepSpeed's API; the only use of zeroscope here, as a user of the
+engine would write it), one after the other in one process.
 
 Per mode and rank it writes each step's loss (the exact float, hex) and what Dynamo itself
 counted while the mode ran (``torch._dynamo.utils.counters``: graph breaks, compiled frames,
@@ -20,28 +21,47 @@ from torch.nn.parallel import DistributedDataParallel
 IN, WIDTH, OUT = 16, 24, 3
 
 
-def build_model() -> torch.nn.Sequential:
+class Block(torch.nn.Module):
+    """A user-defined block (Dynamo skips torch.nn's own modules' frames: a model made only of
+    them would compile no graph)."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d_in, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.fc(x)) * 1.5
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(IN, WIDTH), Block(WIDTH, 21)])
+        self.head = torch.nn.Linear(21, OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def build_model() -> Net:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(IN, WIDTH),
-        torch.nn.GELU(),
-        torch.nn.Linear(WIDTH, 21),
-        torch.nn.Linear(21, OUT),
-    )
+    return Net()
 
 
-def wrap(mode: str, model: torch.nn.Sequential, backend: str) -> torch.nn.Module:
+def wrap(mode: str, model: Net, backend: str) -> torch.nn.Module:
     if mode == "ddp":
         return torch.compile(DistributedDataParallel(model), backend=backend)
     if mode == "fsdp2-block":
-        for layer in (model[0], model[2]):
-            layer.compile(backend=backend)
-            fully_shard(layer)
+        for block in model.blocks:
+            block.compile(backend=backend)
+            fully_shard(block)
         fully_shard(model)
         return model
     if mode == "fsdp2-whole":
-        for layer in (model[0], model[2]):
-            fully_shard(layer)
+        for block in model.blocks:
+            fully_shard(block)
         fully_shard(model)
         return torch.compile(model, backend=backend)
     raise ValueError(mode)
@@ -54,7 +74,32 @@ def dynamo_counts() -> dict:
         "graph_breaks": sum(counters["graph_break"].values()),
         "break_reasons": sorted(counters["graph_break"]),
         "frames": dict(counters["frames"]),
+        "graphs": counters["stats"]["unique_graphs"],
     }
+
+
+ENGINE_CONFIG = {
+    "train_micro_batch_size_per_gpu": 8,
+    "zero_optimization": {"stage": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+}
+
+
+def train_engine(steps: int, backend: str) -> list[str]:
+    from zeroscope.engine.api import initialize
+
+    engine, _, _, _ = initialize(model=build_model(), config=ENGINE_CONFIG)
+    engine.compile(backend=backend)
+    data = torch.Generator().manual_seed(dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, IN, generator=data)
+        y = torch.randn(8, OUT, generator=data)
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item().hex())
+    return losses
 
 
 def train(mode: str, steps: int, backend: str) -> dict:
@@ -62,6 +107,8 @@ def train(mode: str, steps: int, backend: str) -> dict:
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    if mode == "engine":
+        return {"losses": train_engine(steps, backend), **dynamo_counts()}
     model = wrap(mode, build_model(), backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(dist.get_rank())
