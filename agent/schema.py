@@ -77,6 +77,9 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     gather_16bit_weights_on_model_save: bool = False
     """``stage3_gather_16bit_weights_on_model_save``."""
     contiguous_gradients: bool = True
+    grad_buckets_separate: bool = False
+    """The engine reduces gradients through bucket buffers of its own, beside the ``.grad``
+    tensors (DDP without ``gradient_as_bucket_view``): G holds the trainable gradients twice."""
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):

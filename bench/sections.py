@@ -268,6 +268,7 @@ def tui(quick: bool) -> list[Table]:
         "<= 100 ms: " + ("met" if seek["seek_s"] <= 0.1 else "MISSED (wall)"),
     )
     t.add("ClusterState rebuild after a seek", seek["rebuild_s"] * 1e3, None, None, "")
+    tables = [t, _tui_cpu(quick)]
     built = "" if seek["built_s"] is None else f", built in {seek['built_s']:.0f} s"
     t.note = (
         f"Replay memory: a fresh process that opens the trace and seeks peaks at "
@@ -276,7 +277,34 @@ def tui(quick: bool) -> list[Table]:
         "the trace file is "
         f"{seek['file_mb']:.0f} MB{built} (cached in .bench-cache/)."
     )
-    return [t]
+    return tables
+
+
+def _tui_cpu(quick: bool) -> Table:
+    """The live view's own CPU per wall second (bench/tui_cpu.py), against the idle view."""
+    from bench import tui_cpu
+
+    seconds = 5.0 if quick else 15.0
+    t = Table(
+        title="TUI: the live view's own CPU (160x48, synthetic steps at the job's pace)",
+        columns=["what", "% of a core", "goal"],
+        digits={"% of a core": 1},
+    )
+    t.add("idle view (nothing arriving)", tui_cpu.measure(2, 0.0, seconds)["cores"] * 100, "")
+    for ranks, pace in tui_cpu.rates([2, 8, 64, 1024]):
+        cores = tui_cpu.measure(ranks, pace, seconds)["cores"]
+        goal = tui_cpu.GOALS.get(ranks)
+        verdict = (
+            ""
+            if goal is None
+            else f"<= {goal * 100:.0f} %: " + ("met" if cores <= goal else "MISSED")
+        )
+        t.add(f"{ranks} ranks x {pace:g} steps/s", cores * 100, verdict)
+    t.note = (
+        f"CPU time of the view's process over {seconds:g} s of wall time, less the thread "
+        "that feeds it; Textual's headless driver (a real terminal's writes are left out)."
+    )
+    return t
 
 
 def gpu(quick: bool) -> list[Table]:

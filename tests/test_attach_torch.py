@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,8 @@ from tests.attach_support import (
     segments,
 )
 from tests.jobs.torch_parallel_train import build_model
+from zeroscope.state import ClusterState
+from zeroscope.state.prediction import predicted_memory
 
 # Two launches of one script (three engines each): end to end, like tests/test_run.py's.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -101,6 +104,13 @@ def test_the_header_names_each_engine_found(runs: dict) -> None:
         assert all(h.params.total == psi for h in hellos)
 
 
+def _predicted(hello: Any) -> Any:
+    """The Memory screen's prediction for one engine's hello."""
+    state = ClusterState()
+    state.config, state.params = hello.config, hello.params
+    return predicted_memory(state)[0]
+
+
 def test_ddp_memory_is_a_replica_plus_buckets_and_its_buckets_are_all_reduced(runs: dict) -> None:
     """DDP's reducer is left alone (DDP's own logging data names no comm hook, as in the plain
     run); its bucket all-reduces, read from torch's Flight Recorder, have DDP's logged bucket
@@ -112,6 +122,8 @@ def test_ddp_memory_is_a_replica_plus_buckets_and_its_buckets_are_all_reduced(ru
         assert runs["plain"][rank]["ddp"]["comm_hook"] is None
         buckets = runs["zs"][rank]["ddp"]["bucket_sizes"]  # DDP's own logging data
         assert sum(buckets) == 4 * psi
+        predicted = _predicted(runs["trace"][rank].hellos[0])
+        assert predicted is not None and predicted.grads == 4 * psi + sum(buckets)
         for step in _mode_steps(runs, rank, "ddp"):
             m = step.memory
             assert m.params == 4 * psi

@@ -227,3 +227,13 @@ def test_live_agent_carries_the_layout_in_hello_and_the_pipeline_in_its_step() -
     assert hellos[0].parallel == layout and hellos[1].parallel.tp_size == 2  # type: ignore[union-attr]
     first, second = [m for m in got if isinstance(m, StepReport)]
     assert first.pipeline == step and second.pipeline is None
+
+
+def test_the_timeline_tells_forward_from_backward_without_colour() -> None:
+    """Each action starts with its kind's letter, then its micro-batch number: a monochrome
+    terminal (or a screenshot in a bug report) still shows F from B."""
+    from zeroscope.state.pipeline import Act
+    from zeroscope.tui.pipeline_screen import timeline
+
+    acts = [Act("F", 0, 0, 0.0, 0.3), Act("F", 0, 1, 0.3, 0.3), Act("B", 0, 0, 0.9, 0.3)]
+    assert timeline(acts, 1.2, 12).plain == "F00F11···B00"

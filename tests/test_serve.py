@@ -149,3 +149,29 @@ def test_nothing_on_the_receiving_side_can_unpickle() -> None:
         if banned.search(line)
     ]
     assert offenders == []
+
+
+@pytest.mark.slow
+def test_serve_prints_a_line_per_step_on_stderr_while_the_job_runs(tmp_path: Path) -> None:
+    """``serve -- torchrun ...`` shows the job's progress as ``run --headless`` does (the steps
+    the agent reported, one line each, in order), on stderr: the job's stdout stays its own."""
+    steps = 6
+    script = Path(__file__).parent / "scripts" / "agent_only_train.py"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    proc = _serve(
+        tmp_path / "zh",
+        "--no-record",
+        "--",
+        *torchrun,
+        str(script),
+        "--steps",
+        str(steps),
+    )
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("step ")]
+    assert [int(ln.split()[1]) for ln in lines] == list(range(1, steps + 1)), err[-3000:]
+    assert not any(ln.startswith("step ") for ln in out.splitlines())
+    quiet = _serve(tmp_path / "zq", "--no-record", "--quiet", "--", *torchrun, str(script))
+    _, err = quiet.communicate(timeout=300)
+    assert quiet.returncode == 0 and not any(ln.startswith("step ") for ln in err.splitlines())

@@ -275,3 +275,15 @@ async def test_missing_figures_show_na_not_zero() -> None:
         await pilot.pause()
         text = screen_text(app)
         assert "waiting for ranks" in text and "step NA" in text and "NA steps/s" in text
+
+
+def test_the_header_keeps_its_status_at_80_columns_under_a_filter() -> None:
+    """At 80 columns the header wraps and shows two lines: the status (REPLAY, job exited)
+    must be on them even when the filter's long segment pushes the rest to a third."""
+    from zeroscope.tui.header import header_text
+
+    state = fixture_state(ranks=64)
+    state.engine = "deepspeed"  # an attached DeepSpeed job: its name leads the config segment
+    for status in ("REPLAY ⏸ paused 2x  step 35/39", "job exited (1)"):
+        lines = header_text(state, status, width=80, shown=(3, 64)).plain.splitlines()
+        assert status in "\n".join(lines[:2]), lines

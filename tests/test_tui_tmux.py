@@ -123,6 +123,9 @@ def test_live_view_in_tmux_shows_every_rank_and_memory(tmp_path: Path, script: s
         done = term.wait_for(lambda s: "EXIT=" in s, 60, early_exit=False)
         assert "trace: t.zstrace" in done
         assert "job stopped on request (stopped from the view)" in done and "EXIT=130" in done
+        # The view showed the steps: the reports still in flight at the stop are folded into
+        # the summary, not printed as a stale step line each under the closed view.
+        assert not [ln for ln in done.splitlines() if ln.startswith("step ")], done
         assert (tmp_path / "t.zstrace").stat().st_size > 0
     finally:
         term.kill()

@@ -57,6 +57,7 @@ class DDPReader(EngineReader):
             precision=precision_of(params[0].dtype) if params else "fp32",
             dp_world_size=ddp.process_group.size(),
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
+            grad_buckets_separate=not ddp.gradient_as_bucket_view,
             optimizer=type(opt).__name__ if opt is not None else "",
         )
         counts = ParamCounts(

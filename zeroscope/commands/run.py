@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
+from typing import TextIO
 
 from zeroscope.run import console
 from zeroscope.run.deepspeed_launcher import (
@@ -24,6 +23,7 @@ from zeroscope.run.deepspeed_launcher import (
     mixed_launcher_flags,
     uses_deepspeed_launcher,
 )
+from zeroscope.run.hangup import HangUp
 from zeroscope.run.interrupts import Interrupts
 from zeroscope.run.launch import (
     Job,
@@ -126,14 +126,12 @@ def main(args: argparse.Namespace) -> int:
     state.recording_error = collector.recording_error  # in case it stopped already
     job: Job | None = None
 
-    def hang_up(signum: int, frame: FrameType | None) -> None:
-        # Terminal closed: unwind, and stop the job below. Once: the shell forwards its own
-        # SIGHUP to its jobs, and a second one raised inside the stop cut it short (zeroscope
-        # died, the watchdog's SIGTERM met torchrun mid-shutdown and it left its ranks alive).
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
+    def stop_everything() -> None:
+        if job is not None and job.returncode is None:
+            job.stop(grace_s=5.0, reason="the terminal closed")
+        collector.stop()
 
-    signal.signal(signal.SIGHUP, hang_up)
+    HangUp(stop_everything).install()  # a closed terminal: unwind, and stop the job below
     log = str(trace.with_suffix(".log"))  # all of the job's output, whatever the terminal shows
     interrupts = Interrupts().install()  # before the job starts: any Ctrl-C is a stop
     try:
@@ -195,17 +193,22 @@ def _finish(job: Job, state: ClusterState, trace: str) -> int:
     # A rank that failed with its own error before reporting explains the silence itself.
     explained = end.rank is not None and not (end.error or "").startswith("exited with code")
     silent = [] if explained else silent_job_notice(state)
-    for line in [*summary_lines(state, trace), *silent, *end.sentences(job.log)]:
+    for line in [*summary_lines(state, trace), *silent]:
         say(line, wait=False)
+    # A failure is a diagnostic: on stderr, where plain torchrun puts it (and ``2>err.txt``
+    # catches it); a stop on request is not one.
+    failed = end.code != 0 and not end.stopped
+    for line in end.sentences(job.log):
+        say(line, wait=False, stream=sys.stderr if failed else sys.stdout)
     say(f"job exit code {end.code}", wait=False)
     return end.code
 
 
-def say(line: str, *, wait: bool = True) -> None:
-    """print, on a line of its own (zeroscope.run.console), to a stdout that may have gone
-    away (``| head``): the job is not stopped for that, only the printing."""
+def say(line: str, *, wait: bool = True, stream: TextIO | None = None) -> None:
+    """print, on a line of its own (zeroscope.run.console), to a stdout (or ``stream``) that
+    may have gone away (``| head``): the job is not stopped for that, only the printing."""
     try:
-        console.own_line(sys.stdout, line, wait=wait)
+        console.own_line(stream or sys.stdout, line, wait=wait)
     except BrokenPipeError:
         from zeroscope.cli import quiet_stdout
 
@@ -229,18 +232,27 @@ def _print_steps(state: ClusterState, messages: list) -> None:
             say(step_line(agg))
 
 
-def _drain(state: ClusterState, source: QueueSource) -> None:
+def _drain(state: ClusterState, source: QueueSource, *, lines: bool = True) -> None:
     """Take the messages still in flight: stop once every rank said Bye, or after a quiet
-    moment, or at DRAIN_S at the latest."""
+    moment, or at DRAIN_S at the latest. ``lines=False`` (after the live view): fold them in
+    for the summary without a step line each, which after the view closed were stale lines
+    (12-16 of them on a stop, some for half-reported steps) under a view that had shown more."""
+    fold = _print_steps if lines else _fold_steps
     deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
         messages = source.poll(0.3)
-        _print_steps(state, messages)
+        fold(state, messages)
         if not messages:
             return
         if state.ranks and all(r.bye for r in state.ranks.values()):
-            _print_steps(state, source.poll(0.05))
+            fold(state, source.poll(0.05))
             return
+
+
+def _fold_steps(state: ClusterState, messages: list) -> None:
+    now = time.time()
+    for m in messages:
+        state.ingest(m, now)
 
 
 def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
@@ -256,6 +268,6 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
             return run_headless(job, source, state, trace)
         print("zeroscope: stopping the job", file=sys.stderr, flush=True)
         job.stop(reason="stopped from the view")
-    _drain(state, source)
+    _drain(state, source, lines=False)
     state.flush()
     return _finish(job, state, trace)

@@ -22,11 +22,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zeroscope.agent.attach import pythonpath_with_bootstrap
+from zeroscope.agent.schema import Message
 from zeroscope.cli import CliError
+from zeroscope.commands.serve_steps import StepLines
 from zeroscope.remote import discovery
 from zeroscope.remote.job_over import ByeCounter
 from zeroscope.remote.multinode import (
@@ -87,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--as-deepspeed",
         action="store_true",
         help="the job's `import deepspeed` gets the bundled engine (as `zeroscope run`'s flag)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no step lines on stderr while the job runs (the trace records every step)",
     )
     parser.add_argument(
         "command",
@@ -155,6 +163,14 @@ def _start_collector(
     return collector
 
 
+def _both(*listeners: Callable[[Message], None]) -> Callable[[Message], None]:
+    def see(message: Message) -> None:
+        for listener in listeners:
+            listener(message)
+
+    return see
+
+
 def stats_line(collector: Any) -> str:
     """What came in and what was turned away (unauthenticated, oversized, malformed ...)."""
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(collector.rejected.items())) or "none"
@@ -182,11 +198,12 @@ def main(args: argparse.Namespace) -> int:
     job_id = args.job_id or os.environ.get(JOB_ID_ENV) or discovery.new_job_id()
     token = _token(args)
     ranks = ByeCounter()
+    steps = StepLines(quiet=args.quiet)
     trace = None if args.no_record else (args.record or Path("runs") / f"{job_id}.zstrace")
     if trace is not None:
         _create_private(trace)
     try:
-        collector = _start_collector(args, token, trace, job_id, ranks.see)
+        collector = _start_collector(args, token, trace, job_id, _both(ranks.see, steps.see))
     except CliError:
         if trace is not None and trace.stat().st_size == 0:
             trace.unlink()
@@ -241,7 +258,8 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            while not stop.wait(0.5):
+            while not stop.is_set():
+                steps.print_due(0.5)
                 done, clean, quiet_s = ranks.over()
                 if done and quiet_s >= (ENDED_CLEAN_S if clean else ENDED_FAILED_S):
                     how = "" if clean else ", some with an error"
@@ -251,13 +269,17 @@ def main(args: argparse.Namespace) -> int:
                         flush=True,
                     )
                     break
+            steps.finish()
             return 0
         try:
             child = subprocess.Popen(command, env={**os.environ, **env})
         except OSError as exc:
             raise CliError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+        while child.poll() is None:
+            steps.print_due(0.2)
         code = child.wait()
         time.sleep(0.3)  # the ranks' last reports (Bye) may still be in flight
+        steps.finish()
         return code if code >= 0 else 128 - code
     finally:
         for s, handler in old.items():

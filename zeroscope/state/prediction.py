@@ -25,7 +25,7 @@ recording step (no reuse yet).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from zeroscope.state.formulas import (
@@ -59,10 +59,15 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
         )
     except ValueError as exc:
         return None, f"prediction NA: {exc}"
+    buckets = ""
+    if c.grad_buckets_separate:  # the reducer's buckets: one more copy of every trainable grad
+        m = replace(m, grads=2 * m.grads)
+        buckets = ", gradients and their reduce buckets"
     trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
     return m, (
         f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters{trainable}, "
         f"N={c.dp_world_size}, offload optimizer {c.offload_optimizer}, param {c.offload_param}"
+        f"{buckets}"
     )
 
 

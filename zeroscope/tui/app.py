@@ -35,6 +35,12 @@ ADVICE_EVERY_S = 2.0
 """The Advice screen and the alerts strip's pointer are recomputed at most this often."""
 CLOCK_REDRAW_S = 1.0
 """Live, with no new data, the view is redrawn this often (for its silence and age figures)."""
+LIVE_REFRESH_S = 1.0
+"""Live, the view is redrawn at most this often (htop's default is 1.5 s, nvitop's 2 s): at
+0.25 s the view took ~20 % of a core at 8 ranks and 10 steps/s (bench/tui_cpu.py), taken from
+training on a small box. Keys are answered at once whatever the pace."""
+REPLAY_REFRESH_S = 0.25
+"""In replay the cursor moves with the keys and the playback speed: frames follow it."""
 
 
 class Feed(Protocol):
@@ -86,7 +92,7 @@ class ZeroscopeApp(App[str]):
         *,
         job: JobHandle | None = None,
         trace: str | None = None,
-        refresh_s: float = 0.25,
+        refresh_s: float | None = None,
         live_clock: bool | None = None,
     ) -> None:
         super().__init__()
@@ -94,8 +100,9 @@ class ZeroscopeApp(App[str]):
         self.feed = feed
         self.job = job
         self.trace = trace
-        self.refresh_s = refresh_s
-        self.live_clock = bool(feed and feed.live) if live_clock is None else live_clock
+        live = bool(feed and feed.live)
+        self.refresh_s = refresh_s or (LIVE_REFRESH_S if live else REPLAY_REFRESH_S)
+        self.live_clock = live if live_clock is None else live_clock
         """Judge silence against the wall clock (live) or the trace's own clock (replay)."""
         self._drawn = -1
         self._drawn_at = 0.0

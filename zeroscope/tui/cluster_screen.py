@@ -16,7 +16,7 @@ from .base import StateScreen
 from .header import ClusterHeader
 from .heatmap import RankHeatmap
 from .history_plot import Chart
-from .history_plots import MIN_HEIGHT, HistoryPlots
+from .history_plots import LIVE_INTERVAL_S, MIN_HEIGHT, HistoryPlots
 from .plots import cluster_charts
 from .rank_rows import flags_from_alerts, rank_rows
 from .rank_table import RankTable
@@ -51,7 +51,7 @@ class ClusterScreen(StateScreen):
         yield HistoryPlots(
             self._charts,
             self._plot_key,
-            min_interval_s=1.0 if self.zapp.live_clock else 0.0,
+            min_interval_s=LIVE_INTERVAL_S if self.zapp.live_clock else 0.0,
             id="plots",
         )
         yield AlertsStrip()

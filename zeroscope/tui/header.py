@@ -13,8 +13,10 @@ from zeroscope.state.roster import headcount
 def header_segments(
     state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
 ) -> list[tuple[str, str]]:
-    """(text, style) pieces: job, world size (or, under a filter, how many ranks it shows),
-    stage, precision, offload, step, steps/s, samples/s, status; NA until known."""
+    """(text, style) pieces: job, status (REPLAY, job exited ...: right after the job, so
+    that at 80 columns, where the header wraps and keeps two lines, it is never the piece cut
+    off), world size (or, under a filter, how many ranks it shows), stage, precision, offload,
+    step, steps/s, samples/s; NA until known."""
     c = state.config
     latest = state.latest()
     steps_s, samples_s = state.throughput()
@@ -26,6 +28,8 @@ def header_segments(
     ]
     if shown is not None:
         segments[1] = (f"{shown[0]} of {shown[1]} ranks shown (filter)", "bold yellow")
+    if status:
+        segments.insert(1, (status, "bold cyan"))
     if c is not None:
         offload = (
             c.offload_optimizer
@@ -43,8 +47,6 @@ def header_segments(
     segments.append(
         (f"{units.number(steps_s, '.2f')} steps/s {units.number(samples_s, '.1f')} samples/s", "")
     )
-    if status:
-        segments.append((status, "bold cyan"))
     return segments
 
 

@@ -4,7 +4,7 @@ through the rest when the terminal is small. Charts without data (no offload in 
 left out rather than drawn empty.
 
 Charts are rebuilt only when their data moved (``key``), and while a job is live at most once
-per ``min_interval_s`` (a plot of hundreds of steps gains nothing from 4 redraws a second; the
+per ``min_interval_s`` (LIVE_INTERVAL_S: a plot of hundreds of steps gains nothing from redraws every second; the
 rank table keeps its own pace) and one chart per frame: after the frame that shows the step's
 table, the newest data goes to one chart, and to the next only once the paint that draws it is
 over (``_advance``), so no screen update pays for five plotext builds (~10-20 ms each) and keys
@@ -29,6 +29,10 @@ from .plots import ORDER
 
 MIN_WIDTH = 36
 MIN_HEIGHT = 7
+LIVE_INTERVAL_S = 5.0
+"""While a job is live the charts take new data at most this often: a chart of hundreds of
+steps moves a column in that time, and rebuilding them every second was ~11 % of a core at 8
+ranks and 10 steps/s (bench/tui_cpu.py), more than the rest of the view together."""
 
 
 class HistoryPlots(Widget):

@@ -1,8 +1,9 @@
 """Pipeline: the stages of one data-parallel replica over the last step's time.
 
 For each stage: the measured timeline (each micro-batch's forward, backward, and under
-zero-bubble schedules its input- and weight-gradient halves, drawn as the micro-batch number in
-the kind's colour; ``·`` = idle), the schedule's planned timeline on the same width (unit costs),
+zero-bubble schedules its input- and weight-gradient halves: each starts with its kind's letter
+(F, B, I, W) and goes on with its micro-batch number, in the kind's colour, so forward and
+backward read apart without colour too; ``·`` = idle), the schedule's planned timeline on the same width (unit costs),
 and the figures: compute, P2P wait, measured bubble against the plan and against the prediction
 from the measured stage durations. The slowest stage is marked. All figures come from
 zeroscope/state/pipeline.py; this screen only draws them.
@@ -31,7 +32,8 @@ LABEL = 16
 
 
 def timeline(acts: list[Act], span: float, width: int) -> Text:
-    """``width`` cells over [0, span): each action's cells show its micro-batch number."""
+    """``width`` cells over [0, span): each action's first cell is its kind's letter, the
+    rest its micro-batch number (a terminal without colour still tells F0 from B0)."""
     cells: list[tuple[str, str]] = [("·", "dim")] * width
     if span <= 0 or width <= 0:
         return Text("".join(c for c, _ in cells), style="dim")
@@ -39,7 +41,8 @@ def timeline(acts: list[Act], span: float, width: int) -> Text:
         lo = int(a.start / span * width)
         hi = max(lo + 1, round(a.end / span * width))
         for i in range(max(0, lo), min(width, hi)):
-            cells[i] = (str(a.microbatch % 10), KIND_STYLE.get(a.kind, ""))
+            glyph = a.kind if i == max(0, lo) else str(a.microbatch % 10)
+            cells[i] = (glyph, KIND_STYLE.get(a.kind, ""))
     text = Text()
     for ch, style in cells:
         text.append(ch, style=style)
@@ -119,7 +122,7 @@ class PipelineScreen(StateScreen):
         text.append("I", style=KIND_STYLE["I"])
         text.append("/")
         text.append("W", style=KIND_STYLE["W"])
-        text.append(" input/weight grad  · idle   digits: micro-batch   ▲ slowest stage")
+        text.append(" input/weight grad (letter, then micro-batch)  · idle   ▲ slowest stage")
         return text
 
     def _bubbles(self, width: int) -> Text:

@@ -21,7 +21,7 @@ from .base import StateScreen
 from .charts import timeline
 from .header import ClusterHeader
 from .history_plot import Chart
-from .history_plots import HistoryPlots
+from .history_plots import LIVE_INTERVAL_S, HistoryPlots
 from .pane import Pane
 from .plots import rank_charts
 from .rank_figures import rank_figures
@@ -66,7 +66,7 @@ class RankScreen(StateScreen):
                 yield HistoryPlots(
                     self._charts,
                     self._plot_key,
-                    min_interval_s=1.0 if self.zapp.live_clock else 0.0,
+                    min_interval_s=LIVE_INTERVAL_S if self.zapp.live_clock else 0.0,
                 )
             yield Pane("last step: phases and collectives", self._timeline, id="timeline")
             yield Pane("collectives by op (last step)", self._ops, id="ops")
