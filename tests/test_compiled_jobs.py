@@ -6,6 +6,8 @@ bit; and what zeroscope still measured of the compiled models."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.attach_support import (
@@ -75,3 +77,24 @@ def test_compiled_models_still_report_their_phases_and_activations(runs: dict) -
             assert any(s.memory.activations for s in steps), mode
         # The engine's per-block split would need hooks inside the graph: NA, and said.
         assert any("per-block activation split: NA" in e.message for e in trace.events)
+
+
+HF_SCRIPT = JOBS / "hf_compiled_train.py"
+
+
+def test_an_hf_trainer_with_torch_compile_runs_as_compiled(tmp_path: Path) -> None:
+    """``TrainingArguments(torch_compile=True)`` (accelerate compiles the DDP model): the same
+    Dynamo counters and the same logged losses under ``zeroscope run`` as under torchrun."""
+    env = job_env()
+    args = ["--steps", str(STEPS), "--workdir", str(tmp_path / "work")]
+    run_plain(HF_SCRIPT, [*args, "--out", str(tmp_path / "plain")], env, timeout=400)
+    run_zeroscope(HF_SCRIPT, [*args, "--out", str(tmp_path / "zs")], env, tmp_path / "t", 400)
+    plain, zs = read_outputs(tmp_path / "plain"), read_outputs(tmp_path / "zs")
+    for rank in range(N):
+        p, z = plain[rank]["hf"], zs[rank]["hf"]
+        assert len(p["losses"]) == STEPS and p["graphs"] > 0
+        assert z["losses"] == p["losses"]
+        assert (z["graph_breaks"], z["break_reasons"]) == (p["graph_breaks"], p["break_reasons"])
+        assert (z["frames"], z["graphs"]) == (p["frames"], p["graphs"])
+    steps = read_trace(tmp_path / "t")[0].steps
+    assert len(steps) == STEPS and all(s.phases.forward is not None for s in steps)
