@@ -2,7 +2,7 @@
 
     python -m bench                      # full run, ~10-15 min on 2 cores
     python -m bench --quick              # smaller sizes, fewer rounds, ~3 min
-    python -m bench --only engine,agent  # sections: engine, agent, attach, ingest, tui, gpu, pipeline
+    python -m bench --only engine,agent  # sections: engine, agent, attach, ingest, tui, gpu, pipeline, relay
     python -m bench --update-docs        # also refresh the tables in docs/bench.md
 
 Each section is independent: one that fails is recorded as failed in the table and the rest
@@ -31,6 +31,7 @@ SECTIONS: dict[str, Callable[[bool], list[Table]]] = {
     "tui": sections.tui,
     "gpu": sections.gpu,
     "pipeline": sections.pipeline,
+    "relay": sections.relay,
 }
 
 

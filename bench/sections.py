@@ -349,3 +349,48 @@ def pipeline(quick: bool) -> list[Table]:
         "second 'parameters' row is the A/A control (noise floor)."
     )
     return [t]
+
+
+def relay(quick: bool) -> list[Table]:
+    from bench import relay_ingest
+
+    sizes = "1024,4096" if quick else "1024,4096,16384"
+    argv = ["--sizes", sizes, "--steps", "2" if quick else "3"]
+    args = relay_ingest.parser().parse_args(argv)
+    rows = relay_ingest.run(args)
+    t = Table(
+        title="Direct vs relayed ingest (one relay per node of 64 synthetic ranks)",
+        columns=[
+            "ranks",
+            "path",
+            "M records / collector CPU-s",
+            "collector CPU ms/step",
+            "x direct",
+            "lost",
+            "RSS MiB",
+            "load",
+        ],
+    )
+    direct: dict[int, float] = {}
+    for r in rows:
+        if r["path"] == "direct":
+            direct[r["ranks"]] = r["cpu_per_step_ms"]
+        rate = r["records_per_cpu_s"]
+        t.add(
+            r["ranks"],
+            r["path"],
+            rate / 1e6 if rate is not None else None,
+            r["cpu_per_step_ms"],
+            r["cpu_per_step_ms"] / direct[r["ranks"]],
+            r["lost"],
+            (r["rss_bytes"] or 0) / 2**20 if r["rss_bytes"] is not None else None,
+            r["load_avg"],
+        )
+    t.note = (
+        f"{args.steps} steps at {args.interval:g} s; each rank's report is its own ZeroMQ message "
+        f"({args.collectives + 1} records); the senders are the agent's Publisher, one per node "
+        "of 64 ranks, in 2 processes; relayed: one zeroscope relay per node in the same process. "
+        "Collector CPU is its whole process's (collector thread and ZeroMQ's I/O thread) over "
+        "the run, idle polling included. Goal at 16,384 ranks: relayed <= 0.5 x direct."
+    )
+    return [t]

@@ -78,10 +78,17 @@ def test_addresses() -> None:
 
 
 def _run_node(
-    node_rank: int, master_port: int, port: int, stop: Path, trace: Path, env: dict[str, str]
+    node_rank: int,
+    master_port: int,
+    port: int,
+    stop: Path,
+    trace: Path,
+    env: dict[str, str],
+    relay: bool = False,
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "zeroscope", "run", "--headless", "--nnodes", "2",
+         *(["--relay"] if relay else []),
          "--node-rank", str(node_rank), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
          "--master-port", str(master_port), "--port", str(port), "--record", str(trace),
          str(JOB), str(stop), "0.05"],
@@ -91,7 +98,8 @@ def _run_node(
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("relay", [False, True], ids=["direct", "through a node relay"])
+def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path, relay: bool) -> None:
     env = {
         **os.environ,
         "ZEROSCOPE_HOME": str(tmp_path / "zh"),
@@ -101,7 +109,7 @@ def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
     env.pop("ZEROSCOPE_JOB_ID", None)
     stop, trace = tmp_path / "stop", tmp_path / "job.zstrace"
     master, port = free_port(), free_port()
-    node1 = _run_node(1, master, port, stop, tmp_path / "unused.zstrace", env)  # order is free
+    node1 = _run_node(1, master, port, stop, tmp_path / "unused.zstrace", env, relay)  # any order
     node0 = _run_node(0, master, port, stop, trace, env)
     lines: list[str] = []
     reader = threading.Thread(
@@ -130,6 +138,7 @@ def test_two_node_run_shows_every_rank_of_both_nodes(tmp_path: Path) -> None:
     first, last = steps[0][0], steps[-1][0]
     assert [s for s, _ in steps] == list(range(first, last + 1)) and first <= 1
     assert "ranks on this node report to tcp://127.0.0.1:" in out1
+    assert ("report through the node relay at tcp://127.0.0.1:" in out1) == relay
     assert not (tmp_path / "unused.zstrace").exists()  # node 1 hosts no collector
     with TraceReader(trace) as r:
         hellos = r.hellos()

@@ -28,6 +28,7 @@ VERBS: dict[str, str] = {
     "serve": "headless collector and recorder for a job started elsewhere",
     "jobs": "list the collectors running on this machine",
     "attach": "open the live view on a job on another machine, over SSH",
+    "relay": "forward one node's ranks to the job's collector over one connection",
 }
 
 

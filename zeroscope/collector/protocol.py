@@ -45,3 +45,8 @@ def split_update_header(header: bytes) -> tuple[bytes, int]:
     if len(header) != 16:
         raise ValueError(f"update header of {len(header)} bytes, expected 16")
     return header[:8], int(_U64.unpack(header[8:])[0])
+
+
+RELAY_BEAT = b"zeroscope-relay-beat"
+"""First frame of a node relay's beat, ``[RELAY_BEAT, token]`` on the ingest socket (a rank's
+messages start with the token instead): the relay is alive even while its node is quiet."""

@@ -33,6 +33,7 @@ from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
 from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
+from zeroscope.collector.relays import RelayBook
 from zeroscope.store.trace import TraceWriter
 
 Listener = Callable[[Message], None]
@@ -115,6 +116,9 @@ class Collector:
         """The newest Admission record per sender, kept (like Hellos) past history trimming."""
         self._reported: set[int] = set()
         self.gate = Gate(self.token)
+        self.relays = RelayBook()
+        """Node relays forwarding here, by their beats (collector/relays.py)."""
+        self._behind = False
         self._next_admissions = 0.0
         self._listeners: list[Listener] = []
         self._context: zmq.Context | None = None
@@ -152,6 +156,7 @@ class Collector:
             "internal_errors": self.internal_errors,
             "recording_error": self.recording_error,
             "seq": self.seq,
+            "relays": len(self.relays),
         }
 
     def start(self) -> Collector:
@@ -257,12 +262,14 @@ class Collector:
 
     def _drain(self, pull: zmq.Socket, pub: zmq.Socket) -> None:
         taken = 0
+        self._behind = True
         while taken < _BATCH:  # schema messages: an agent's batch counts as what it holds
             try:
                 # The first frame as a zmq.Frame: it knows the sender's address and claim, asked
                 # for only when the message is rejected.
                 first = pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self._behind = False
                 return
             frames = [first.bytes]
             more = first.more  # (cheaper than asking the socket: as fast as recv_multipart)
@@ -271,6 +278,9 @@ class Collector:
                 more = bool(pull.getsockopt(zmq.RCVMORE))
             taken += max(len(frames) - 1, 1)  # the messages after the token
             try:
+                if frames[0] == proto.RELAY_BEAT:
+                    self._relay_beat(frames, pub, first)
+                    continue
                 self.ingest(frames, pub, first)
             except Exception as exc:  # e.g. the trace's disk is full: count, keep serving
                 self.internal_errors += 1
@@ -321,7 +331,7 @@ class Collector:
         except schema.SchemaError as exc:
             self._reject(exc.reason, str(exc), source)
             return None
-        if isinstance(message, schema.Admission):
+        if isinstance(message, schema.Admission) and not self._from_relay(source):
             self._reject("malformed", "an admission record is the collector's own", source)
             return None
         self.accepted += 1
@@ -370,11 +380,32 @@ class Collector:
             return
         self._next_admissions = now + 0.25
         try:
-            for record in self.gate.due(self._reported.__contains__, final=final):
+            records = self.gate.due(self._reported.__contains__, final=final)
+            # Behind on ingest, a relay's beats wait in the queue: silence would be ours.
+            silent = [] if self._behind else self.relays.due()
+            for record in [*records, *silent]:
                 self._publish(record, schema.encode(record), pub)
         except Exception as exc:  # never let bookkeeping stop ingest
             self.internal_errors += 1
             self.last_error = f"admission records failed: {exc!r}"
+
+    @staticmethod
+    def _from_relay(source: zmq.Frame | None) -> bool:
+        """Whether ``source`` came over a node relay's connection (its door's records too)."""
+        return schema.SenderClaim.parse(frame_origin(source)[1]).role == "relay"
+
+    def _relay_beat(self, frames: list[bytes], pub: zmq.Socket, source: zmq.Frame) -> None:
+        """``[RELAY_BEAT, token]``: a node relay is alive (not a message, not counted)."""
+        peer, user = frame_origin(source)
+        claim = schema.SenderClaim.parse(user)
+        token = frames[1] if len(frames) == 2 else b""
+        if claim.role != "relay" or (self.token and not hmac.compare_digest(token, self.token)):
+            self.received += 1
+            self._reject("framing", "a relay beat from a sender that is not a relay", source)
+            return
+        record = self.relays.beat(claim, peer)
+        if record is not None:
+            self._publish(record, schema.encode(record), pub)
 
     def stop_recording(self, exc: BaseException) -> None:
         """A trace write failed (disk full, file too large, file removed): stop recording for

@@ -89,23 +89,13 @@ def _is_trace(path: Path) -> bool:
 def format_advice(advisory: Any) -> str:
     """The text report: each advice with its evidence, change and price; then what was not
     judged and why."""
-    from zeroscope.state.advice.model import ms, nbytes
+    from zeroscope.state.viewmodel import price_words
 
     lines = []
     if not advisory.advice:
         lines.append("no advice: no rule found a change worth making in what was measured")
     for i, a in enumerate(advisory.advice, 1):
-        price = []
-        if a.saves_ms is not None:
-            price.append(
-                ("saves " if a.saves_ms >= 0 else "costs ") + ms(abs(a.saves_ms) / 1e3) + "/step"
-            )
-        if a.saves_bytes is not None:
-            price.append(
-                ("saves " if a.saves_bytes >= 0 else "costs ")
-                + nbytes(abs(a.saves_bytes))
-                + "/rank"
-            )
+        price = price_words(a.saves_ms, a.saves_bytes)
         tag = "ERROR " if a.severity == "error" else ""
         lines.append(f"{i}. {tag}[{a.rule}] {a.title}")
         lines.append(f"   price:    {', '.join(price) or 'none'} (confidence {a.confidence})")
@@ -156,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"no such trace or ds_config: {args.target}")
     if not _is_trace(args.target):
         return _preflight(args)
-    from zeroscope.state.advice import advise
+    from zeroscope.state.viewmodel import advise
     from zeroscope.store.feed import state_of_file
     from zeroscope.store.trace import TraceError
 
@@ -210,7 +200,7 @@ def _verify(args: argparse.Namespace, state: Any, advisory: Any) -> int:
 def _preflight(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
     from zeroscope.run.advice_trial import TrialError, read_config
-    from zeroscope.state.advice import Advisory, preflight
+    from zeroscope.state.viewmodel import Advisory, preflight
 
     if args.world_size is None or args.world_size < 1:
         raise CliError("a ds_config needs --world-size N (the ranks it will run on)")

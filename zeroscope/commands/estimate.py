@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from zeroscope.state import units
-from zeroscope.state.estimate import stage_estimates
+from zeroscope.state.viewmodel import stage_estimates
 
 HELP = "model-state memory per rank by the ZeRO formulas"
 

@@ -83,8 +83,7 @@ def chrome_events(path: Path, figures: dict[str, Any] | None = None) -> list[dic
     """Trace-event dicts for every rank's steps, collectives, transfers, memory and events.
     With ``figures`` (a dict), the run report of zeroscope.state.report is put in it."""
     from zeroscope.agent.schema import Event, StepReport
-    from zeroscope.state import ClusterState
-    from zeroscope.state.report import collective_figures, run_report
+    from zeroscope.state.viewmodel import ClusterState, collective_figures, run_report
     from zeroscope.store.feed import feed_trace
     from zeroscope.store.trace import TraceReader
 

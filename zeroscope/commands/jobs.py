@@ -14,6 +14,7 @@ import time
 import msgspec
 
 from zeroscope.remote import discovery
+from zeroscope.state import units
 
 HELP = "list the collectors running on this machine"
 
@@ -28,12 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _age(ns: int) -> str:
-    seconds = max(0, int(time.time() - ns / 1e9))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
+    return units.age(time.time() - ns / 1e9)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -43,8 +43,7 @@ def main(args: argparse.Namespace) -> int:
 
 def replay_headless(source: TraceSource) -> int:
     """Every step's line, then the summary: the trace read start to end, step by step."""
-    from zeroscope.state import ClusterState
-    from zeroscope.state.lines import step_line, summary_lines
+    from zeroscope.state.viewmodel import ClusterState, step_line, summary_lines
     from zeroscope.store.feed import feed_trace
 
     state = ClusterState()
@@ -58,7 +57,7 @@ def replay_headless(source: TraceSource) -> int:
 
 
 def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
-    from zeroscope.state import ClusterState
+    from zeroscope.state.viewmodel import ClusterState
     from zeroscope.tui.app import ZeroscopeApp
     from zeroscope.tui.feed import SPEEDS, ReplayFeed
 

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from zeroscope.run import console
 from zeroscope.run.deepspeed_launcher import (
@@ -34,8 +34,10 @@ from zeroscope.run.launch import (
     torchrun_argv,
     with_bootstrap,
 )
-from zeroscope.state import ClusterState
-from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.viewmodel import ClusterState, step_line, summary_lines
+
+if TYPE_CHECKING:
+    from zeroscope.remote.multinode import CollectorPlan
 
 HELP = (
     "launch a training script under torchrun (or DeepSpeed's launcher, given its flags) with a "
@@ -57,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--as-deepspeed",
         action="store_true",
         help="the job's `import deepspeed` gets the bundled engine (its DeepSpeed API)",
+    )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="on a node other than 0 (--nnodes): this node's ranks report through a node relay "
+        "in this process, one connection to node 0's collector (zeroscope relay)",
     )
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -85,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
         base = alias_environment(base)
     if not plan.hosts_collector:
         env = with_bootstrap({**base, **plan.rank_env()})
+        if getattr(args, "relay", False):
+            return _worker_through_relay(argv, env, plan)
         return multinode.run_worker_node(Job(argv, env), plan)
     job_id = plan.job_id
     trace = Path(args.record) if args.record else Path("runs") / f"{job_id}.zstrace"
@@ -149,6 +159,33 @@ def main(args: argparse.Namespace) -> int:
         interrupts.restore()
         collector.stop()
         discovery.unregister(handle)
+
+
+def _worker_through_relay(argv: list[str], env: dict[str, str], plan: CollectorPlan) -> int:
+    """A worker node whose ranks report to a relay started here (zeroscope/collector/relay.py),
+    which forwards to node 0's collector; it stops when the job ends."""
+    from zeroscope.cli import CliError
+    from zeroscope.collector.relay import Relay
+    from zeroscope.remote import multinode
+
+    relay = Relay(plan.connect_address or "", token=plan.token.encode(), node_rank=plan.node_rank)
+    try:
+        relay.start()
+    except OSError as exc:
+        raise CliError(f"cannot start the node relay: {exc}") from None
+    print(
+        f"zeroscope: node {plan.node_rank}'s ranks report through the node relay at "
+        f"{relay.address}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        return multinode.run_worker_node(
+            Job(argv, {**env, multinode.COLLECTOR_ENV: relay.address}), plan
+        )
+    finally:
+        time.sleep(DRAIN_S)  # the ranks' last reports and Byes still in the relay
+        relay.stop()
 
 
 def _launcher_argv(args: argparse.Namespace, script: str) -> list[str]:

@@ -14,8 +14,7 @@ from typing import TextIO
 
 from zeroscope.agent.schema import Message
 from zeroscope.run.launch import QueueSource
-from zeroscope.state import ClusterState
-from zeroscope.state.lines import step_line
+from zeroscope.state.viewmodel import ClusterState, step_line
 
 
 class StepLines:

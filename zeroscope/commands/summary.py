@@ -50,8 +50,7 @@ def summarize(path: Path) -> dict[str, Any]:
     """The run report of a trace (zeroscope.state.report) with the trace's own facts; each
     rank also gets its ``mesh`` coordinates and, in a pipeline job, its ``pipeline`` figures
     (zeroscope.state.mesh)."""
-    from zeroscope.state.mesh import parallel_fields
-    from zeroscope.state.report import run_report
+    from zeroscope.state.viewmodel import parallel_fields, run_report
 
     state, facts = state_of(path)
     report = run_report(state)
@@ -67,7 +66,7 @@ def _pipeline_run(path: Path, hellos: list[Any]) -> Any:
     """Every rank's pipeline figures over the run: a second pass over the step reports, made
     only for a job that reported a pipeline layout."""
     from zeroscope.agent.schema import StepReport
-    from zeroscope.state.mesh import PipelineRun
+    from zeroscope.state.viewmodel import PipelineRun
     from zeroscope.store.trace import TraceReader
 
     run = PipelineRun(hellos)
@@ -97,6 +96,14 @@ def _rate(v: float | None) -> str:
     return "NA" if v is None else f"{v / 1e9:.3f}"
 
 
+def _exposed(row: dict[str, Any]) -> str:
+    """The exposed share, marked ``!`` where its level is bad (above the exposed alert's
+    threshold, as the screens colour it)."""
+    if row["exposed_percent"] is None:
+        return "NA"
+    return f"{row['exposed_percent']:.1f}" + ("!" if row.get("exposed_level") == "bad" else "")
+
+
 def format_table(summary: dict[str, Any]) -> str:
     head = (
         "rank",
@@ -124,7 +131,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 _bytes(r["optim_peak"]),
                 _bytes(r["activations_peak"]),
                 _bytes(r["comm_bytes_per_step"]),
-                "NA" if r["exposed_percent"] is None else f"{r['exposed_percent']:.1f}",
+                _exposed(r),
                 _rate(r["busbw_bytes_s"]),
                 _rate(r["offload_bytes_s"]),
                 str(r["overflows"]),
@@ -146,7 +153,8 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     lines.append(
         "all: steps, step ms, exposed% and overflows of the cluster; P/G/O/A peak = max over "
-        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations"
+        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
+        "! exposed above the alert's threshold"
     )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     return "\n".join(lines)
@@ -154,7 +162,7 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def _missing_lines(missing: list[dict]) -> list[str]:
     """``missing r8-15 (node 1): <reason>``: one line per node and reason."""
-    from zeroscope.state.roster import MissingGroup
+    from zeroscope.state.viewmodel import MissingGroup
 
     grouped: dict[tuple[Any, str, str], list[int]] = {}
     for row in missing:

@@ -4,9 +4,10 @@ at 1024 ranks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .relays import relay_outages_of
 from .roster import headcount, missing_summary
 
 if TYPE_CHECKING:
@@ -20,6 +21,60 @@ Level = Literal["ok", "warn", "bad", "na"]
 
 HEAT_METRICS = ("slowness", "memory", "exposed", "step")
 """The heatmap's metrics; ``memory`` and ``step`` are judged as shares of the largest rank's."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Thresholds:
+    """When an advisor rule speaks (zeroscope.state.advice; ``AlertRules.advice`` holds the ones
+    in force, listed in the help beside the colours'). They judge what a change would buy, not
+    a figure's colour: the advisor's bubble rule measures against the schedule's 1F1B bound
+    (the floor any schedule reaches), the Pipeline screen's colour against the schedule's own
+    plan (``AlertRules.bubble_excess``)."""
+
+    exposed_share_min: float = 0.15
+    """Rule 1: exposed all-gathers (or per-micro-step reductions) above this share of the step
+    make a lower stage worth its memory."""
+    fit_fraction: float = 0.8
+    """A change that adds memory is advised only if peak use after it stays under this
+    fraction of the device's memory."""
+    prefetch_wait_max: float = 0.15
+    """Rule 3: time waiting in parameter fetch / compute above this: prefetch too small."""
+    prefetch_wait_min: float = 0.05
+    """Rule 3: below this with low headroom: prefetch larger than it needs to be."""
+    pressure: float = 0.8
+    """Advice that only saves memory speaks when peak use is above this fraction of it."""
+    latency_share_min: float = 0.5
+    """Rule 2: an op whose time is more than this share per-collective latency is
+    latency-bound."""
+    op_share_min: float = 0.05
+    """Rules 2 and 4: an op's exposed time must be at least this share of the step."""
+    skipped_min: float = 0.02
+    """Rule 5: skipped (overflowing) steps above this share, after the scale settled."""
+    startup_skipped_min: int = 5
+    """Rule 5 at start-up: this many skipped steps before the first applied one are a storm
+    (DeepSpeed's default start, 2^16, calibrates in a few steps on most models)."""
+    activations_share_min: float = 0.5
+    """Rule 6: activations above this share of P+G+O+A dominate the peak."""
+    bubble_excess: float = 0.05
+    """Rule 12: a measured bubble this far above the 1F1B bound (a share of the step)."""
+    bubble_bound_max: float = 0.25
+    """Rule 12: a 1F1B bound itself above this share of the step: too few micro-batches for the
+    stages, whatever was measured."""
+    stage_imbalance: float = 1.2
+    """Rule 12: the slowest stage's compute above this multiple of the mean stage's."""
+
+    def lines(self) -> list[str]:
+        """The advisor's thresholds in words, for the help screen (three short lines)."""
+        return [
+            f"advisor      gathers exposed > {self.exposed_share_min:.0%}; memory > "
+            f"{self.pressure:.0%} used, fits < {self.fit_fraction:.0%}; prefetch "
+            f"{self.prefetch_wait_min:.0%}-{self.prefetch_wait_max:.0%}",
+            f"             latency > {self.latency_share_min:.0%}, op exposed >= "
+            f"{self.op_share_min:.0%}; fp16 skips > {self.skipped_min:.0%} "
+            f"({self.startup_skipped_min} at start); A > {self.activations_share_min:.0%}",
+            f"             bubble > 1F1B bound + {self.bubble_excess:.0%} or bound > "
+            f"{self.bubble_bound_max:.0%}; a stage > {self.stage_imbalance:.2f}x the mean",
+        ]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,6 +120,15 @@ class AlertRules:
     slowness_bad: the table and the heatmap read one scale)."""
     relative_bands: tuple[float, float, float] = (0.7, 0.85, 0.95)
     """The heatmap's cuts for memory and step time, as shares of the largest rank's."""
+    advice: Thresholds = field(default_factory=Thresholds)
+    """The advisor's rules' thresholds (what a change must buy to be advised)."""
+
+    def straggler_limit_s(self, median_step_s: float) -> float:
+        """The straggler and slow-link alerts' own rule, apart from the slowness colours: a
+        rank's compute (or link) excess over the other ranks above this many seconds makes a
+        step "over" (a run of them raises the alert, ``straggler_steps`` of
+        ``straggler_window``). Absolute and relative, so jitter on a short step names nobody."""
+        return max(self.straggler_min_s, self.straggler_rel * median_step_s)
 
     def heat_cuts(self, metric: str) -> tuple[float, float, float]:
         """The heatmap's three cuts for ``metric`` (band 0 at or below the first, band 3 above
@@ -134,6 +198,9 @@ class AlertRules:
             f"traffic      green within {1 - self.traffic_tolerance:.2f}-"
             f"{1 + self.traffic_tolerance:.2f}x of the predicted volume",
             f"memory       red > ±{self.memory_tolerance:.0%} off the formulas' prediction",
+            f"straggler    alert: excess > max({self.straggler_min_s * 1e3:.0f} ms, "
+            f"{self.straggler_rel:.0%} of the median step) in {self.straggler_steps} of "
+            f"{self.straggler_window} steps",
             "heatmap      slowness "
             + " / ".join(f"{c:.2f}x" for c in heat["slowness"])
             + ", exposed "
@@ -141,6 +208,7 @@ class AlertRules:
             + ", memory and step "
             + " / ".join(f"{c:.0%}" for c in heat["memory"])
             + " of the largest",
+            *self.advice.lines(),
         ]
 
     def __post_init__(self) -> None:
@@ -320,6 +388,12 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
                 ranks=tuple(r for g in missing for r in g.ranks),
                 message=missing_summary(missing, reported, world),
             )
+        )
+
+    # A node relay the collector cannot hear: its node's ranks named at once, with the reason.
+    for outage in relay_outages_of(state):
+        alerts.append(
+            Alert(kind="relay", severity="critical", ranks=outage.ranks, message=outage.text)
         )
 
     if state.recording_error:

@@ -9,7 +9,7 @@ from typing import Any
 
 from zeroscope.agent.schema import Hello, StepReport
 
-from .pipeline import layout_of, tp_comm_s
+from .pipeline import bubble_fraction, layout_of, tp_comm_s
 
 # -- per rank over a whole run (summary) -----------------------------------------------------
 
@@ -65,7 +65,7 @@ class PipelineRun:
             "stage": layout.pp,
             "compute_s": compute / steps,
             "p2p_wait_s": p2p / steps,
-            "bubble_fraction": max(0.0, span - compute) / span if span > 0 else None,
+            "bubble_fraction": bubble_fraction(span, compute),
             "tp_comm_s": tp / steps,
             "steps": int(steps),
         }

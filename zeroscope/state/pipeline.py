@@ -21,9 +21,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zeroscope.agent.schema import Hello, ParallelLayout, PipelineStep, StepReport
+
+if TYPE_CHECKING:
+    from .alerts import Level
 
 UNIT_COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
@@ -41,7 +44,8 @@ def one_f_one_b_bound(stages: int, microbatches: int) -> float | None:
 def bubble_fraction(span_s: float, compute_s: float) -> float | None:
     """A stage's bubble: the share of the pipeline span it spent not computing,
     max(0, span - compute) / span; NA for an empty span. The Pipeline screen's rows, its mean
-    over the stages (:func:`mean_bubble`) and the advisor's pipeline rule all use this one."""
+    over the stages (:func:`mean_bubble`), the advisor's pipeline rule and the summary's pipeline
+    fields (``state.mesh.PipelineRun``) all use this one."""
     return max(0.0, span_s - compute_s) / span_s if span_s > 0 else None
 
 
@@ -155,6 +159,8 @@ class StageRow:
     predicted_bubble: float | None = None
     span_s: float = 0.0
     """The replica's pipeline span this step (see the module docstring)."""
+    bubble_level: Level = "na"
+    """The bubble against the plan, set by the view-model (viewmodel.judged_pipeline)."""
 
     @property
     def compute_s(self) -> float:

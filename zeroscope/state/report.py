@@ -15,6 +15,7 @@ from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volu
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
 
+    from .alerts import AlertRules
     from .cluster import ClusterState
     from .rank import RankState
 
@@ -51,8 +52,9 @@ def _percent(fraction: float | None) -> float | None:
     return None if fraction is None else 100.0 * fraction
 
 
-def rank_row(rs: RankState) -> dict[str, Any]:
-    """One rank's run figures (RankTotals), the summary table's row."""
+def rank_row(rs: RankState, rules: AlertRules) -> dict[str, Any]:
+    """One rank's run figures (RankTotals), the summary table's row, with the exposed share's
+    level (``AlertRules.exposed_level``: the screens' colour, for summary and export)."""
     t = rs.totals
     return {
         "rank": rs.rank,
@@ -67,6 +69,7 @@ def rank_row(rs: RankState) -> dict[str, Any]:
         "device_peak": t.device_peak,
         "comm_bytes_per_step": t.comm_bytes_per_step,
         "exposed_percent": _percent(t.exposed_share),
+        "exposed_level": rules.exposed_level(t.exposed_share),
         "busbw_bytes_s": t.busbw,
         "offload_bytes_s": t.offload_bw,
         "overflows": t.overflows,
@@ -97,6 +100,7 @@ def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]
         "device_peak": _peak(rows, "device_peak"),
         "comm_bytes_per_step": sum(per_step) if per_step else None,
         "exposed_percent": _percent(state.totals.exposed_share),
+        "exposed_level": state.rules.exposed_level(state.totals.exposed_share),
         "busbw_bytes_s": busbw_of(sum(s.bus_bytes for s in sums), sum(s.comm_s for s in sums)),
         "offload_bytes_s": sum(s.offload_bytes for s in sums) / offload_s if offload_s else None,
         "overflows": state.totals.overflows,
@@ -119,7 +123,7 @@ def missing_rows(state: ClusterState) -> list[dict[str, Any]]:
 def run_report(state: ClusterState) -> dict[str, Any]:
     """Cluster figures, alerts and the per-rank table of a run (after ``state.flush()``).
     Alerts about silence or lost ranks are left out: after a run, silence is its end."""
-    rows = [rank_row(state.ranks[r]) for r in sorted(state.ranks)]
+    rows = [rank_row(state.ranks[r], state.rules) for r in sorted(state.ranks)]
     t = state.totals
     return {
         "job_id": state.job_id,
@@ -129,6 +133,7 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "samples_per_s": t.samples_per_s,
         "mean_step_s": t.mean_step_s,
         "exposed_percent": _percent(t.exposed_share),
+        "exposed_level": state.rules.exposed_level(t.exposed_share),
         "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
         "missing_ranks": missing_rows(state),
         "ranks": rows,

@@ -180,8 +180,8 @@ def missing_groups(
             by_node.setdefault(rec.node_rank, []).append(rec)
         elif rec.rank >= 0:
             by_rank.setdefault(rec.rank, []).append(rec)
-        elif rec.reason != "admitted":
-            anonymous.append(rec)
+        elif rec.reason != "admitted" and rec.role != "relay":
+            anonymous.append(rec)  # (a relay's own outage names its node's ranks elsewhere)
     groups: dict[tuple[int | None, str, tuple[str, ...]], tuple[list[int], list[Admission]]] = {}
     for rank in missing:
         mine = by_rank.get(rank, [])

@@ -16,10 +16,11 @@ into compute and waiting. For rank r in one step:
   and no rank can be singled out; a rank is named when its own collectives are slower than its
   peers', e.g. the members of the one group that crosses a slow link.)
 
-A step is "over" for a rank when an excess exceeds max(``straggler_min_s``, ``straggler_rel`` x
-the step's median step time). A rank is flagged when ``straggler_steps`` of its last
-``straggler_window`` judged steps are over, and stays flagged until they are not; it is named
-with its median excess over that window and the first over-step of the run that flagged it.
+A step is "over" for a rank when an excess exceeds ``AlertRules.straggler_limit_s``:
+max(``straggler_min_s``, ``straggler_rel`` x the step's median step time). A rank is flagged
+when ``straggler_steps`` of its last ``straggler_window`` judged steps are over, and stays
+flagged until they are not; it is named with its median excess over that window and the first
+over-step of the run that flagged it.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class LagBook:
     def add(self, step: int, standings: dict[int, Standing], median_step_s: float) -> None:
         """Fold in one closed step's standings."""
         rules = self.rules
-        limit = max(rules.straggler_min_s, rules.straggler_rel * median_step_s)
+        limit = rules.straggler_limit_s(median_step_s)
         for r, st in standings.items():
             track = self._tracks.get(r)
             if track is None:

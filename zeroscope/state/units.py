@@ -3,6 +3,8 @@ plot axes), so a size reads the same everywhere. ``None`` always prints as NA, n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 NA = "NA"
 
 
@@ -70,3 +72,25 @@ def scale(value: float | None) -> str:
     if value is None:
         return NA
     return f"{value:.0f}" if value >= 1 else f"{value:g}"
+
+
+def axis_unit(values: Iterable[float | None], unit: str) -> tuple[float, str]:
+    """(divisor, unit label) for a chart's axis so its largest value reads naturally: bytes as
+    B..TB (decimal, as :func:`size`), seconds as ms below 2 s, else s."""
+    top = max((abs(v) for v in values if v is not None), default=0.0)
+    if unit == "s":
+        return (1e-3, "ms") if top < 2 else (1.0, "s")
+    for div, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if top >= div:
+            return div, name
+    return 1.0, "B"
+
+
+def age(seconds: float) -> str:
+    """How long ago, coarsely: ``42s`` under two minutes, ``17m`` under two hours, else ``5h``."""
+    whole = max(0, int(seconds))
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m"
+    return f"{whole // 3600}h"

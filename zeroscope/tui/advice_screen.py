@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state.advice.model import ms, nbytes
+from zeroscope.state.viewmodel import price_words
 
 from .base import StateScreen
 from .header import ClusterHeader
@@ -17,14 +17,7 @@ from .pane import Pane
 
 
 def _price(saves_ms: float | None, saves_bytes: float | None) -> str:
-    parts = []
-    if saves_ms is not None:
-        word = "saves" if saves_ms >= 0 else "costs"
-        parts.append(f"{word} {ms(abs(saves_ms) / 1e3)}/step")
-    if saves_bytes is not None:
-        word = "saves" if saves_bytes >= 0 else "costs"
-        parts.append(f"{word} {nbytes(abs(saves_bytes))}/rank")
-    return ", ".join(parts) or "no price"
+    return ", ".join(price_words(saves_ms, saves_bytes)) or "no price"
 
 
 class AdviceScreen(StateScreen):

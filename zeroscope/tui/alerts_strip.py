@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from zeroscope.state import Alert
+from zeroscope.state.viewmodel import Alert
 
 
 def alerts_text(alerts: list[Alert], limit: int = 3, pointer: str | None = None) -> Text:

@@ -19,9 +19,7 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from zeroscope.remote.job_over import all_ranks_said_bye
-from zeroscope.state import Alert, ClusterState
-from zeroscope.state.advice import Advisory, advise
-from zeroscope.state.history import StepSeries
+from zeroscope.state.viewmodel import Advisory, Alert, ClusterState, StepSeries, advise
 
 from .base import StateScreen
 from .cluster_screen import ClusterScreen

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 from textual.screen import Screen
 
 if TYPE_CHECKING:
-    from zeroscope.state import ClusterState
+    from zeroscope.state.viewmodel import ClusterState
 
     from .app import ZeroscopeApp
 

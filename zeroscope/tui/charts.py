@@ -1,4 +1,4 @@
-"""Text charts as Rich Text: stacked memory bars, sparklines, a log2 step chart, a timeline.
+"""Text charts as Rich Text: stacked memory bars, sparklines, a timeline.
 
 Pure functions of their inputs (no clocks, no widget state), so snapshots are reproducible and
 the 1024-rank frame stays cheap. A missing value (None) is drawn as a gap, never as zero.
@@ -79,39 +79,6 @@ def sparkline(
             text.append(SPARKS[max(0, min(len(SPARKS) - 1, level))])
     text.append(" " * (width - len(values)))
     return text
-
-
-def log2_chart(
-    values: Sequence[float | None], width: int, height: int, marks: Sequence[bool] = ()
-) -> list[Text]:
-    """Rows (top first) of a step chart of positive values on a log2 axis, one column per value
-    (the last ``width``), labelled with 2^k on the left. ``marks`` flags columns (overflow)."""
-    values = list(values)[-width:]
-    marks = list(marks)[-width:] if marks else [False] * len(values)
-    logs = [math.log2(v) if v and v > 0 else None for v in values]
-    known = [x for x in logs if x is not None]
-    if not known:
-        return [Text("NA")]
-    top, bottom = math.ceil(max(known)), math.floor(min(known))
-    if top == bottom:
-        top += 1
-    height = max(2, height)
-    rows = []
-    for row in range(height):
-        level = top - (top - bottom) * row / (height - 1)
-        label = f"2^{level:<4.0f}" if abs(level - round(level)) < 1e-9 else " " * 6
-        line = Text(f"{label}│")
-        for x, mark in zip(logs, marks):
-            if x is None:
-                line.append(" ")
-            elif abs(x - level) <= (top - bottom) / (height - 1) / 2:
-                line.append("●" if not mark else "✗", style="bold red" if mark else "cyan")
-            elif x > level:
-                line.append("│", style="dim cyan")
-            else:
-                line.append(" ")
-        rows.append(line)
-    return rows
 
 
 def timeline(

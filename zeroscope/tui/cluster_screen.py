@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input
 
-from zeroscope.state.history import StepSeries
+from zeroscope.state.viewmodel import StepSeries, rank_rows
 
 from .alerts_strip import AlertsStrip
 from .base import StateScreen
@@ -18,7 +18,7 @@ from .heatmap import RankHeatmap
 from .history_plot import Chart
 from .history_plots import LIVE_INTERVAL_S, MIN_HEIGHT, HistoryPlots
 from .plots import cluster_charts
-from .rank_rows import flags_from_alerts, rank_rows
+from .rank_rows import flags_from_alerts
 from .rank_table import RankTable
 
 

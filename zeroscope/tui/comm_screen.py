@@ -11,14 +11,16 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from zeroscope.state import units
-from zeroscope.state.history import busbw_series, volume_series
-from zeroscope.state.prediction import paper_differences, predicted_traffic
+from zeroscope.state.viewmodel import CommView, comm_view
 
 from .base import StateScreen
 from .charts import sparkline
 from .header import ClusterHeader
 from .pane import Pane
 from .rank_screen import LANES
+
+LEVEL_STYLES = {"ok": "green", "warn": "yellow", "bad": "bold red", "na": "dim"}
+"""Colour of the volume ratio by its level (AlertRules.traffic_level)."""
 
 
 class CommScreen(StateScreen):
@@ -46,25 +48,23 @@ class CommScreen(StateScreen):
         for pane in self.query(Pane):
             pane.refresh(layout=True)
 
+    def _view(self) -> CommView:
+        return comm_view(self.state, (op for op, _ in LANES))
+
     def _volume(self, width: int) -> Text:
-        series = volume_series(self.state)
-        expected = predicted_traffic(self.state)
-        last = series[-1] if series else None
-        text = Text(f"last step {units.size(last)} per rank; ")
+        view = self._view()
+        expected = view.predicted
+        text = Text(f"last step {units.size(view.last_volume)} per rank; ")
         if expected is None:
             text.append("prediction NA")
         else:
             text.append(f"predicted {units.size(expected.volume)}")
-            ratio = expected.ratio(last)
-            if ratio is not None:
-                met = self.state.rules.traffic_level(ratio) == "ok"
-                text.append(f" ({ratio:.2f}x)", style="green" if met else "yellow")
+            if view.ratio is not None:
+                text.append(f" ({view.ratio:.2f}x)", style=LEVEL_STYLES[view.ratio_level])
             text.append(f"\n{expected.label}; paper {units.size(expected.paper)}", style="dim")
-            of_paper = expected.paper_ratio(last)
-            if of_paper is not None:
-                text.append(f" ({of_paper:.2f}x of it)", style="dim")
-            c, p = self.state.config, self.state.params
-            reasons = paper_differences(c, p) if c is not None and p is not None else []
+            if view.paper_ratio is not None:
+                text.append(f" ({view.paper_ratio:.2f}x of it)", style="dim")
+            reasons = view.differences
             text.append(
                 "\nratio = measured / predicted (1.00x: the traffic model met exactly); "
                 + (
@@ -75,14 +75,15 @@ class CommScreen(StateScreen):
                 style="dim",
             )
         text.append("\n")
-        text.append_text(sparkline(series, max(8, width - 2), lo=0, style="cyan"))
+        text.append_text(sparkline(view.volume, max(8, width - 2), lo=0, style="cyan"))
         return text
 
     def _busbw(self, width: int) -> Text:
         text = Text()
+        busbw = self._view().busbw
         for op, style in LANES:
-            series = busbw_series(self.state, op)
-            if all(v is None for v in series):
+            series = busbw.get(op)
+            if series is None:
                 continue
             if text:
                 text.append("\n")
@@ -91,12 +92,10 @@ class CommScreen(StateScreen):
         return text or Text("no collectives reported", style="dim")
 
     def _exposed(self, width: int) -> Text:
-        series = [a.exposed_share for a in self.state.complete_steps()]
-        last = series[-1] if series else None
-        limit = self.state.rules.exposed_max
+        view = self._view()
         text = Text(
-            f"last {units.percent(last)} (alert above {limit:.0%})  ",
-            style="bold red" if last and last > limit else "",
+            f"last {units.percent(view.exposed_last)} (alert above {view.exposed_limit:.0%})  ",
+            style="bold red" if view.exposed_level == "bad" else "",
         )
-        text.append_text(sparkline(series, max(8, width - 30), lo=0, hi=1, style="magenta"))
+        text.append_text(sparkline(view.exposed, max(8, width - 30), lo=0, hi=1, style="magenta"))
         return text

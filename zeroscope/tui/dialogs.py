@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from zeroscope.state import AlertRules
+from zeroscope.state.viewmodel import AlertRules
 
 KEYS = """\
 [b]Keys[/b]

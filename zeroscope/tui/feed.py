@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from zeroscope.agent.schema import Message
-from zeroscope.state import ClusterState
-from zeroscope.state.history import StepSeries
+from zeroscope.state.viewmodel import ClusterState, StepSeries
 from zeroscope.store.feed import feed_trace, preamble
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from zeroscope.state import ClusterState, units
-from zeroscope.state.mesh import mesh_shape
-from zeroscope.state.roster import headcount
+from zeroscope.state import units
+from zeroscope.state.viewmodel import ClusterState, headcount, mesh_shape
 
 
 def header_segments(

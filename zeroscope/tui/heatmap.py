@@ -10,10 +10,10 @@ from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from zeroscope.state import AlertRules, units
-from zeroscope.state.alerts import HEAT_METRICS
+from zeroscope.state import units
+from zeroscope.state.viewmodel import HEAT_METRICS, AlertRules, RankRow, heat_view
 
-from .rank_rows import RankRow, filtered
+from .rank_rows import filtered
 from .rank_table import RankTable
 
 METRICS = HEAT_METRICS
@@ -22,23 +22,13 @@ LEVELS = ("green", "yellow", "dark_orange", "red")
 NA_STYLE = "grey30"
 
 
-def _value(row: RankRow, metric: str) -> float | None:
-    return {
-        "slowness": row.slowness,
-        "memory": row.total,
-        "exposed": row.exposed,
-        "step": row.step_time,
-    }[metric]
-
-
 def style_of(band: int | None) -> str:
     """Colour of one cell: its band by the rules (AlertRules.heat_levels), NA grey."""
     return NA_STYLE if band is None else LEVELS[band]
 
 
-def legend(rules: AlertRules, metric: str) -> Text:
+def legend(cuts: tuple[float, float, float], metric: str) -> Text:
     """What each colour means for ``metric``: the heatmap's colour legend."""
-    cuts = rules.heat_cuts(metric)
     if metric == "slowness":
         marks = [f"{c:.2f}x" for c in cuts]
     elif metric == "exposed":
@@ -123,11 +113,11 @@ class RankHeatmap(Widget, can_focus=True):
         cell = 2 if n * 2 <= width * (height - 2) else 1
         self._per_line = max(1, width // cell)
         metric, cursor = self.metric, self.cursor  # reactive reads cost: once per frame
-        values = [_value(r, metric) for r in self._shown]
-        bands = self.rules.heat_levels(metric, values)
+        heat = heat_view(self.rules, metric, self._shown)
+        bands = heat.bands
         text = Text(no_wrap=True, overflow="crop")
         current = self._shown[self.cursor] if self._shown else None
-        value = _value(current, self.metric) if current else None
+        value = heat.values[cursor] if current else None
         shown = (
             f"{value:.2f}x"
             if self.metric == "slowness" and value is not None
@@ -157,5 +147,5 @@ class RankHeatmap(Widget, can_focus=True):
             run += glyph
         text.append(run, style=run_style)
         text.append("\n")
-        text.append_text(legend(self.rules, metric))
+        text.append_text(legend(heat.cuts, metric))
         return text

@@ -13,12 +13,15 @@ from textual.widgets import Footer
 from textual_plotext.plot import Plot
 
 from zeroscope.state import units
-from zeroscope.state.history import skipped_steps
+from zeroscope.state.viewmodel import loss_scale_view
 
 from .base import StateScreen
 from .header import ClusterHeader
 from .history_plot import Chart, Line, build, legend_text
 from .pane import Pane
+
+EVENT_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "cyan", "na": "dim"}
+"""Colour of a loss-scale event by its level (viewmodel.EVENT_LEVELS)."""
 
 MAX_ROWS = 9
 """Data rows of the chart at most (the frame and the step labels add three)."""
@@ -48,51 +51,46 @@ class LossScaleScreen(StateScreen):
             pane.refresh(layout=True)
 
     def _chart(self, width: int) -> Text:
-        steps = self.state.complete_steps()
+        view = loss_scale_view(self.state)
         c = self.state.config
-        scales = [a.loss_scale for a in steps]
-        if all(s is None for s in scales):
+        if all(v is None for v in view.log2_scales):
             # fp32 parameters under fp16 autocast still report a GradScaler's scale
             if c is not None and c.precision != "fp16":
                 return Text(f"{c.precision}: no loss scaling (only fp16 needs it)", style="dim")
             return Text("NA (no loss scale reported)", style="dim")
         chart, rows = loss_scale_chart(
-            [a.step for a in steps], scales, [a.overflow for a in steps], self.zapp.cursor
+            view.steps, view.log2_scales, view.overflow, self.zapp.cursor
         )
         text = legend_text(chart, width)
         text.append("\n")
         text.append_text(build(self._plot, chart, width, rows + 3))
-        skipped = skipped_steps(steps)
-        text.append(f"\nnow {units.scale(scales[-1])}; {skipped} of {len(steps)} steps skipped")
+        text.append(
+            f"\nnow {units.scale(view.scales[-1])}; {view.skipped} of {len(view.steps)} steps "
+            "skipped"
+        )
         return text
 
     def _events(self, width: int) -> Text:
-        events = self.state.scale_events()
+        events = loss_scale_view(self.state).events
         if not events:
             return Text("no overflow or scale events", style="dim")
         text = Text()
-        for i, e in enumerate(events):
+        for i, (e, level) in enumerate(events):
             if i:
                 text.append("\n")
-            style = (
-                "bold red"
-                if e.event in ("scale_at_minimum", "nan_loss")
-                else ("yellow" if e.event == "overflow" else "cyan")
-            )
             text.append(f"step {e.step:>6}  r{e.rank:<4} ")
-            text.append(f"{e.event:<17}", style=style)
+            text.append(f"{e.event:<17}", style=EVENT_STYLES[level])
             text.append(f"{e.message}"[: max(10, width - 36)])
         return text
 
 
 def loss_scale_chart(
-    steps: list[int], scales: list[float | None], overflow: list[bool], cursor: int | None
+    steps: list[int], logs: list[float | None], overflow: list[bool], cursor: int | None
 ) -> tuple[Chart, int]:
     """(the chart, its data rows). log2 of each scale is plotted and the axis labelled 2^k at
     integer levels; the rows are chosen so every labelled level falls exactly on a row (rows - 1
     a multiple of the levels' span), so a label sits on the row of the points with that scale
     and no point lands on a row between two labels."""
-    logs = [math.log2(v) if v and v > 0 else None for v in scales]
     known = [x for x in logs if x is not None]
     lo, hi = math.floor(min(known)), math.ceil(max(known))
     stride = 1

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from zeroscope.state import AlertRules, units
-from zeroscope.state.prediction import deviation, predicted_memory
+from zeroscope.state import units
+from zeroscope.state.viewmodel import PartCell, memory_view
 
 from .base import StateScreen
 from .charts import PART_STYLES
@@ -23,25 +23,28 @@ FROZEN_NOTE = (
 )
 
 
-def _deviation(rules: AlertRules, measured: float | None, expected: float | None) -> Text:
-    """The deviation in 4 cells, coloured by its level (AlertRules.memory_level)."""
-    dev = deviation(measured, expected)
-    if dev is not None:
-        bad = rules.memory_level(dev) == "bad"
-        return Text(f"{dev:+.0%}".rjust(4), style="red" if bad else "green")
-    if measured is not None and expected == 0:
-        return Text(" new" if measured else "  ok", style="red" if measured else "green")
+LEVEL_STYLES = {"ok": "green", "bad": "red", "warn": "yellow", "na": ""}
+"""Colour of a part's deviation by its level (AlertRules.memory_level)."""
+
+
+def _deviation(cell: PartCell) -> Text:
+    """The deviation in 4 cells, coloured by its level."""
+    style = LEVEL_STYLES[cell.level]
+    if cell.deviation is not None:
+        return Text(f"{cell.deviation:+.0%}".rjust(4), style=style)
+    if cell.word is not None:
+        return Text(cell.word.rjust(4), style=style)
     return Text("  NA")
 
 
-def _cell(rules: AlertRules, measured: float | None, expected: float | None, compact: bool) -> Text:
+def _cell(cell: PartCell, compact: bool) -> Text:
     """'measured/predicted dev' (17 cells), or 'measured dev' (11) when the predicted value is
     printed once above the ranks (narrow terminals)."""
     if compact:
-        text = Text(f"{units.size(measured):>6} ")
+        text = Text(f"{units.size(cell.measured):>6} ")
     else:
-        text = Text(f"{units.size(measured):>6}/{units.size(expected):<6}")
-    text.append_text(_deviation(rules, measured, expected))
+        text = Text(f"{units.size(cell.measured):>6}/{units.size(cell.predicted):<6}")
+    text.append_text(_deviation(cell))
     return text.append(" ")
 
 
@@ -64,8 +67,9 @@ class MemoryScreen(StateScreen):
         self.query_one(Pane).refresh(layout=True)
 
     def _table(self, width: int) -> Text:
-        m, why = predicted_memory(self.state)
-        text = Text(why + "\n", style="dim")
+        view = memory_view(self.state)
+        m = view.predicted
+        text = Text(view.basis + "\n", style="dim")
         compact = width < 84
         cell = 12 if compact else 18
         head = Text(f"{'rank':<5}")
@@ -81,24 +85,17 @@ class MemoryScreen(StateScreen):
             for value in (m.params, m.grads, m.optim, m.host_total) if m else (None,) * 4:
                 row.append(f"{units.size(value):>6}{'':{cell - 6}}", style="dim")
             text.append_text(row)
-        for r, rs in sorted(self.state.ranks.items()):
-            s = rs.summary
-            row = Text(f"\nr{r:<4}")
-            parts = [
-                (s.params if s else None, m.params if m else None),
-                (s.grads if s else None, m.grads if m else None),
-                (s.optim if s else None, m.optim if m else None),
-                (s.host_bytes if s else None, m.host_total if m else None),
-            ]
-            for measured, expected in parts:
-                row.append_text(_cell(self.state.rules, measured, expected, compact))
-            row.append(f"{units.size(s.activations if s else None):>7}")
-            if s is not None and s.frozen_params:
-                row.append(f"  P {units.params_size(s.params, s.frozen_params)}", style="dim")
+        for r in view.rows:
+            row = Text(f"\nr{r.rank:<4}")
+            for judged in r.parts:
+                row.append_text(_cell(judged, compact))
+            row.append(f"{units.size(r.activations):>7}")
+            if r.frozen_params:
+                row.append(f"  P {units.params_size(r.params, r.frozen_params)}", style="dim")
             text.append_text(row)
-        if not self.state.ranks:
+        if not view.rows:
             text.append("\nwaiting for ranks…", style="dim")
-        if any(rs.summary and rs.summary.frozen_params for rs in self.state.ranks.values()):
+        if view.any_frozen:
             text.append(f"\n{FROZEN_NOTE}", style="dim")
         text.append("\nA (activations) has no closed formula: it is measured only.", style="dim")
         return text

@@ -20,7 +20,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
 from zeroscope.state import units
-from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
+from zeroscope.state.viewmodel import Act, PipelineView, judged_pipeline, layout_of
 
 from .base import StateScreen
 from .header import ClusterHeader
@@ -91,7 +91,7 @@ class PipelineScreen(StateScreen):
         if not found:
             return None
         dp, tp = found[self.replica % len(found)]
-        return pipeline_view(self.state.ranks.values(), dp=dp, tp=tp)
+        return judged_pipeline(self.state, dp=dp, tp=tp)
 
     def _stages(self, width: int) -> Text:
         view = self._view()
@@ -140,8 +140,7 @@ class PipelineScreen(StateScreen):
             text.append(f"{units.percent(row.planned_bubble):>7}")
             text.append(f"{units.percent(row.predicted_bubble):>11}  ")
             filled = round((row.bubble_fraction or 0.0) * bar)
-            judged = self.state.rules.bubble_level(row.bubble_fraction, row.planned_bubble)
-            text.append("█" * filled, style="bold red" if judged == "bad" else "yellow")
+            text.append("█" * filled, style="bold red" if row.bubble_level == "bad" else "yellow")
             text.append("·" * (bar - filled), style="dim")
         slow, imbalance = view.slowest, view.imbalance
         text.append(

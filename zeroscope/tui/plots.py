@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from zeroscope.state import ClusterState
-from zeroscope.state.history import StepPoint, StepSeries, rank_beside_cluster, stacked_parts
+from zeroscope.state import units
+from zeroscope.state.viewmodel import (
+    ClusterState,
+    StepPoint,
+    StepSeries,
+    rank_beside_cluster,
+    stacked_parts,
+)
 
 from .history_plot import Chart, Line
 
@@ -18,18 +24,6 @@ PART_COLORS = {"P": "blue", "G": "green", "O": "yellow", "A": "magenta"}
 
 ORDER = ("step", "loss", "memory", "exposed", "offload")
 """Charts in the order they are shown; the first ones stay when space is short."""
-
-
-def _scale(values: Sequence[float | None], unit: str) -> tuple[float, str]:
-    """(divisor, unit label) so the largest value reads naturally: bytes as KB..TB, seconds
-    as ms or s."""
-    top = max((abs(v) for v in values if v is not None), default=0.0)
-    if unit == "s":
-        return (1e-3, "ms") if top < 2 else (1.0, "s")
-    for div, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
-        if top >= div:
-            return div, name
-    return 1.0, "B"
 
 
 def _div(values: Sequence[float | None], div: float) -> list[float | None]:
@@ -64,7 +58,7 @@ def cluster_charts(
     xs = [p.step for p in points]
     out: dict[str, Chart] = {}
 
-    div, unit = _scale([p.step_time for p in points], "s")
+    div, unit = units.axis_unit([p.step_time for p in points], "s")
     stragglers = [p for p in points if p.straggler is not None]
     named = sorted({p.straggler for p in stragglers if p.straggler is not None})
     who = ",".join(f"r{r}" for r in named[:3]) + ("…" if len(named) > 3 else "")
@@ -139,7 +133,7 @@ def _memory_chart(
 ) -> Chart:
     tops = stacked_parts(parts)
     everything = [*tops["A"], *host, *(median or [])]
-    div, unit = _scale(everything, "B")
+    div, unit = units.axis_unit(everything, "B")
     chart = Chart(f"{title} [{unit}]", _stack(xs, tops, div), cursor=cursor)
     if any(host):
         chart.lines.append(Line("host", xs, _div(host, div), "white"))
@@ -164,7 +158,7 @@ def rank_charts(
         return rank_beside_cluster(state, rank, figure, cluster, series)
 
     xs, mine, theirs = pair(lambda s: s.duration_s, lambda p: p.median_time)
-    div, unit = _scale([*mine, *theirs], "s")
+    div, unit = units.axis_unit([*mine, *theirs], "s")
     out["step"] = Chart(
         f"step [{unit}]",
         [Line(me, xs, _div(mine, div), "yellow"), Line("median", xs, _div(theirs, div), "cyan")],

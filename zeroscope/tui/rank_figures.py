@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from zeroscope.state import RankState, units
+from zeroscope.state import units
+from zeroscope.state.viewmodel import RankState
 
 
 def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:

@@ -1,70 +1,13 @@
-"""Rows of the rank table and the heatmap: one flat record per rank, sorted and filtered.
-
-Pure Python over ClusterState (no Textual), computed once per state change and shared by the
-table and the heatmap, so a 1024-rank frame sorts once and draws only the visible rows.
-"""
+"""The rank table's and heatmap's rows sorted and filtered (the rows and their judgements are
+state's view-model, zeroscope.state.viewmodel.rank_rows), and the flag word each rank's most
+telling alert puts in the table."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from zeroscope.state import ClusterState, Level
-from zeroscope.state.pipeline import layout_of
+from zeroscope.state.viewmodel import ClusterState, RankRow
 
 SORT_KEYS = ("rank", "memory", "step", "slowness", "exposed", "offload", "mesh")
 """``mesh`` (pp, dp, tp) is offered only for jobs that report a 3D layout."""
-
-
-@dataclass(slots=True)
-class RankRow:
-    rank: int
-    host: str
-    params: int | None
-    grads: int | None
-    optim: int | None
-    activations: int | None
-    total: int | None
-    step: int | None
-    step_time: float | None
-    slowness: float | None
-    slowness_level: Level
-    exposed: float | None
-    offload_bw: float | None
-    loss_scale: float | None
-    flag: str
-    """"" or a short word: raised, killed, died, exited, silent, mem!, slow, comm, drops."""
-    mesh: tuple[int, int, int] | None = None
-    """(pp, dp, tp) of a 3D-parallel job's rank: the table groups by stage, then replica."""
-
-
-def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[RankRow]:
-    rows = []
-    flagged = flagged or {}
-    for r, rs in state.ranks.items():
-        s = rs.summary
-        layout = layout_of(rs.hello)
-        slowness = state.slowness(r)
-        rows.append(
-            RankRow(
-                rank=r,
-                host=rs.hostname,
-                params=s.params if s else None,
-                grads=s.grads if s else None,
-                optim=s.optim if s else None,
-                activations=s.activations if s else None,
-                total=s.device_total if s else None,
-                step=s.step if s else None,
-                step_time=s.duration_s if s else None,
-                slowness=slowness,
-                slowness_level=state.rules.slowness_level(slowness),
-                exposed=s.exposed_share if s else None,
-                offload_bw=s.offload_bw if s else None,
-                loss_scale=s.loss_scale if s else None,
-                flag=flagged.get(r, ""),
-                mesh=None if layout is None else (layout.pp, layout.dp, layout.tp),
-            )
-        )
-    return rows
 
 
 FLAG_WORDS = {

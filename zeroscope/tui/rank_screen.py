@@ -14,8 +14,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from zeroscope.agent.schema import StepReport
-from zeroscope.state import RankState, units
-from zeroscope.state.mesh import role
+from zeroscope.state import units
+from zeroscope.state.viewmodel import RankState, rank_comm_view, role
 
 from .base import StateScreen
 from .charts import timeline
@@ -155,23 +155,22 @@ class RankScreen(StateScreen):
         return text
 
     def _ops(self, width: int) -> Text:
-        rs = self.rs
-        s = rs.summary if rs else None
         text = Text(
             f"{'op':<15}{'count':>6}{'volume':>9}{'time':>8}{'busbw':>11}{'exposed':>9}",
             style="bold",
         )
-        if s is None or not s.ops:
+        view = rank_comm_view(self.state, self.rank)
+        if view is None or not view.ops:
             return text.append("\nno collectives reported", style="dim")
-        for op, t in sorted(s.ops.items()):
+        for op, t in view.ops:
             text.append(
                 f"\n{op:<15}{t.count:>6}{units.size(t.volume):>9}{units.seconds(t.time_s):>8}"
                 f"{units.rate(t.busbw):>11}{units.seconds(t.exposed):>9}"
             )
-        share = s.exposed_share
         text.append(
-            f"\nexposed {units.seconds(s.exposed)} = {units.percent(share)} of the step",
-            style="bold red" if self.state.rules.exposed_level(share) == "bad" else "dim",
+            f"\nexposed {units.seconds(view.exposed_s)} = {units.percent(view.exposed_share)} "
+            "of the step",
+            style="bold red" if view.exposed_level == "bad" else "dim",
         )
         return text
 

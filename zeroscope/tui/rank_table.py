@@ -12,9 +12,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from zeroscope.state import units
+from zeroscope.state.viewmodel import RankRow
 
 from .charts import PART_STYLES, stacked_bar
-from .rank_rows import SORT_KEYS, RankRow, filtered, sort_rows
+from .rank_rows import SORT_KEYS, filtered, sort_rows
 
 SLOWNESS_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "", "na": ""}
 """Colour of a rank's slowness by its level (AlertRules.slowness_level)."""

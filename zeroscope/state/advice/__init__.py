@@ -104,9 +104,10 @@ def advise(
     state: ClusterState, *, capacity: int | None = None, thresholds: Thresholds | None = None
 ) -> Advisory:
     """Run every rule over ``state``. ``capacity`` overrides the device memory the ranks
-    reported (plan for another device, or a CPU run standing in for a GPU one)."""
+    reported (plan for another device, or a CPU run standing in for a GPU one). The rules'
+    thresholds are the state's (``AlertRules.advice``) unless ``thresholds`` is given."""
     f = Facts(state, capacity=capacity)
-    t = thresholds or Thresholds()
+    t = thresholds or state.rules.advice
     advice: list[Advice] = []
     notes: list[NotJudged] = []
     for name, rule in RULES:

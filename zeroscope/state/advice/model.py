@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 from zeroscope.state import units
 
+# The advisor's thresholds live with the colours' in AlertRules' module (one place, one help).
+from zeroscope.state.alerts import Thresholds as Thresholds
+
 Confidence = Literal["high", "medium", "low"]
 Severity = Literal["error", "advice"]
 
@@ -133,37 +136,3 @@ def nbytes(value: float | None) -> str:
     """Bytes in the decimal units every other view prints (``units.size``: 1 MB = 1e6 bytes),
     so the advice's figures read the same as the memory screen's beside them."""
     return units.size(value)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Thresholds:
-    """When a rule speaks. Defaults are the issue's figures where it gives them."""
-
-    exposed_share_min: float = 0.15
-    """Rule 1: exposed all-gathers (or per-micro-step reductions) above this share of the step
-    make a lower stage worth its memory."""
-    fit_fraction: float = 0.8
-    """A change that adds memory is advised only if peak use after it stays under this
-    fraction of the device's memory."""
-    prefetch_wait_max: float = 0.15
-    """Rule 3: time waiting in parameter fetch / compute above this: prefetch too small."""
-    prefetch_wait_min: float = 0.05
-    """Rule 3: below this with low headroom: prefetch larger than it needs to be."""
-    pressure: float = 0.8
-    """Advice that only saves memory speaks when peak use is above this fraction of it."""
-    latency_share_min: float = 0.5
-    """Rule 2: an op whose time is more than this share per-collective latency is
-    latency-bound."""
-    op_share_min: float = 0.05
-    """Rules 2 and 4: an op's exposed time must be at least this share of the step."""
-    skipped_min: float = 0.02
-    """Rule 5: skipped (overflowing) steps above this share, after the scale settled."""
-    startup_skipped_min: int = 5
-    """Rule 5 at start-up: this many skipped steps before the first applied one are a storm
-    (DeepSpeed's default start, 2^16, calibrates in a few steps on most models)."""
-    activations_share_min: float = 0.5
-    """Rule 6: activations above this share of P+G+O+A dominate the peak."""
-    bubble_excess: float = 0.05
-    """Rule 12: a measured bubble this far above the 1F1B bound."""
-    stage_imbalance: float = 1.2
-    """Rule 12: the slowest stage's compute above this multiple of the mean stage's."""

@@ -248,7 +248,7 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
             saves_ms=saves * 1e3,
             ms_metric="step_ms",
         )
-    if bubble > bound + t.bubble_excess or bound > 0.25:
+    if bubble > bound + t.bubble_excess or bound > t.bubble_bound_max:
         after = one_f_one_b_bound(stages, 2 * micro) or 0.0
         saves = (bubble - after) * span
         return Advice(

@@ -1,0 +1,152 @@
+"""A node relay's one connection to the collector: batches, beats, and Hellos after a reconnection.
+
+ZeroMQ's proxy hands every message the node's ranks sent to this thread over an inproc pipe.
+Each rank sends one ZeroMQ message per wake-up (usually one report); the collector pays a fixed
+cost per ZeroMQ message on top of its cost per report, so the uplink merges what is waiting into
+one ``[token, report, report, ...]`` message of at most ``MAX_BATCH`` reports, the framing the
+collector already takes from an agent's batch. Nothing waits to fill a batch: what one wake-up
+finds goes at once, so batches grow only when the node sends faster than the collector reads.
+
+Only messages whose token frame is the job's token are merged (the door admitted the sender
+with it); anything else goes on as it came, so the collector rejects it with its own reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from zeroscope.agent import schema
+from zeroscope.agent.schema import SenderClaim
+from zeroscope.collector.protocol import RELAY_BEAT
+
+MAX_BATCH = 64
+"""Reports per forwarded message at most (as an agent's own batches)."""
+
+BEAT_INTERVAL_S = 0.5
+"""How often the relay says it is alive (the collector names it unreachable after a few)."""
+
+SEND_WAIT_MS = 200
+"""A send that finds the buffer full waits this long, then checks whether the relay stops."""
+
+_HELLO_TAG = b"\xa4kind\xa5hello"
+"""A Hello's first key and tag as msgpack (``"kind": "hello"``), right after the map header."""
+
+
+def is_hello(payload: bytes) -> bool:
+    """Whether ``payload`` is an encoded Hello, without decoding it (the uplink sees every
+    report; only Hellos are kept)."""
+    return payload.find(_HELLO_TAG, 0, 16) >= 0
+
+
+class Uplink:
+    """Owns the inproc end of the proxy and the PUSH to the collector (see module doc)."""
+
+    def __init__(
+        self, ctx: zmq.Context, collector: str, token: bytes, claim: SenderClaim, buffer: int
+    ) -> None:
+        self.token = token
+        self.handoff = ctx.socket(zmq.PULL)
+        self.handoff.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"inproc://zeroscope-relay-handoff-{id(self):x}"
+        self.handoff.bind(self.endpoint)
+        up = self.up = ctx.socket(zmq.PUSH)
+        up.setsockopt(zmq.SNDHWM, buffer)
+        up.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        up.setsockopt(zmq.LINGER, 0)
+        up.setsockopt(zmq.RECONNECT_IVL, 100)
+        up.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        up.plain_username = claim.username()
+        up.plain_password = token or b"-"
+        self.monitor = up.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        up.connect(collector)
+        self.hellos: dict[int, bytes] = {}
+        """The newest Hello per rank seen through this relay (re-sent to a new collector)."""
+        self.forwarded = 0
+        """Reports handed to the collector's connection."""
+        self.batches = 0
+        """ZeroMQ messages they went in."""
+        self.connections = 0
+        """Handshakes with the collector that succeeded (more than one: it was restarted)."""
+        self.hellos_resent = 0
+
+    def run(self, stop: threading.Event) -> None:
+        poller = zmq.Poller()
+        poller.register(self.handoff, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        next_beat = 0.0
+        try:
+            while not stop.is_set():
+                events = dict(poller.poll(50))
+                if self.monitor in events:
+                    self._reconnected(stop)
+                if self.handoff in events:
+                    self._forward(stop)
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + BEAT_INTERVAL_S
+                    self._send([RELAY_BEAT, self.token], stop, wait=False)
+        finally:
+            self.up.disable_monitor()
+            for s in (self.handoff, self.up, self.monitor):
+                s.close(linger=0)
+
+    def _forward(self, stop: threading.Event) -> None:
+        """What is waiting (a bounded amount per turn, so beats still go), in batches."""
+        batch: list[bytes] = []
+        for _ in range(16 * MAX_BATCH):
+            try:
+                frames = self.handoff.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) < 2 or frames[0] != self.token:
+                self._send(frames, stop)  # the collector's door says what is wrong with it
+                continue
+            for payload in frames[1:]:
+                if is_hello(payload):
+                    self._keep_hello(payload)
+            batch += frames[1:]
+            if len(batch) >= MAX_BATCH:
+                self._send_batch(batch, stop)
+                batch = []
+        if batch:
+            self._send_batch(batch, stop)
+
+    def _send_batch(self, payloads: list[bytes], stop: threading.Event) -> None:
+        if self._send([self.token, *payloads], stop):
+            self.forwarded += len(payloads)
+            self.batches += 1
+
+    def _send(self, frames: list[bytes], stop: threading.Event, *, wait: bool = True) -> bool:
+        """Queue ``frames`` for the collector; while the buffer is full, wait (the proxy then
+        stops reading and the ranks' own senders drop and count) unless the relay stops."""
+        while True:
+            try:
+                self.up.send_multipart(frames)
+                return True
+            except zmq.Again:
+                if not wait or stop.is_set():
+                    return False
+
+    def _keep_hello(self, payload: bytes) -> None:
+        try:
+            hello = schema.decode(payload)
+        except schema.SchemaError:
+            return  # the collector rejects and counts it
+        if isinstance(hello, schema.Hello):
+            self.hellos[hello.rank] = payload
+
+    def _reconnected(self, stop: threading.Event) -> None:
+        while self.monitor.poll(0):
+            parse_monitor_message(self.monitor.recv_multipart())
+            self.connections += 1
+            if self.connections > 1 and self.hellos:
+                # A new collector (or the old one after a network cut): tell it who the node's
+                # ranks are, behind whatever the buffer still holds.
+                hellos = list(self.hellos.values())
+                for i in range(0, len(hellos), MAX_BATCH):
+                    if self._send([self.token, *hellos[i : i + MAX_BATCH]], stop, wait=False):
+                        self.hellos_resent += len(hellos[i : i + MAX_BATCH])

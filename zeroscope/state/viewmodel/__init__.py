@@ -1,0 +1,120 @@
+"""The view-model API: everything zeroscope/tui and zeroscope/commands may take from state.
+
+Each screen and report has one function here that returns its values *and their judgement*
+(a :data:`Level` from :class:`AlertRules`, the one place thresholds live): the views map a level
+to a colour or a word and format the numbers, nothing else. The import contracts
+(pyproject.toml, ``views-read-the-view-model``) let tui/ and commands/ import from state only
+this package and ``zeroscope.state.units``; the modules that compute stay behind it.
+
+| screen or report | function |
+|---|---|
+| cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``StepSeries`` |
+| rank table and heatmap | ``rank_rows`` (slowness judged), ``heat_view`` (bands) |
+| rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster`` |
+| memory | ``memory_view`` (each part's deviation judged) |
+| communication | ``comm_view`` (traffic ratio and exposed share judged) |
+| pipeline | ``judged_pipeline`` (each stage's bubble judged against its plan) |
+| loss scale | ``loss_scale_view`` (log2 axis, skipped steps, events judged) |
+| advice (screen and ``advise``) | ``advise``, ``preflight``, ``price_words`` |
+| headless lines (``run``, ``replay``) | ``step_line``, ``summary_lines`` |
+| ``summary`` and ``export`` | ``run_report``, ``collective_figures``, ``parallel_fields`` |
+| ``estimate`` | ``stage_estimates`` |
+"""
+
+from __future__ import annotations
+
+from zeroscope.state.advice import Advisory, advise, preflight
+from zeroscope.state.advice.model import ms, nbytes
+from zeroscope.state.alerts import HEAT_METRICS, Alert, AlertRules, Level
+from zeroscope.state.cluster import ClusterState
+from zeroscope.state.estimate import stage_estimates
+from zeroscope.state.history import (
+    StepPoint,
+    StepSeries,
+    busbw_series,
+    rank_beside_cluster,
+    skipped_steps,
+    stacked_parts,
+    volume_series,
+)
+from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
+from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
+from zeroscope.state.prediction import (
+    deviation,
+    paper_differences,
+    predicted_memory,
+    predicted_traffic,
+)
+from zeroscope.state.rank import RankState
+from zeroscope.state.report import collective_figures, run_report
+from zeroscope.state.roster import MissingGroup, headcount
+
+from .comm import CommView, RankCommView, comm_view, rank_comm_view
+from .memory import MemoryRow, MemoryView, PartCell, memory_view
+from .ranks import HeatView, RankRow, heat_value, heat_view, rank_rows
+from .screens import (
+    EVENT_LEVELS,
+    LossScaleView,
+    judged_pipeline,
+    loss_scale_view,
+    price_words,
+)
+
+__all__ = [
+    "EVENT_LEVELS",
+    "HEAT_METRICS",
+    "Act",
+    "Advisory",
+    "Alert",
+    "AlertRules",
+    "ClusterState",
+    "CommView",
+    "HeatView",
+    "Level",
+    "LossScaleView",
+    "MemoryRow",
+    "MemoryView",
+    "MissingGroup",
+    "PartCell",
+    "PipelineRun",
+    "PipelineView",
+    "RankCommView",
+    "RankRow",
+    "RankState",
+    "StepPoint",
+    "StepSeries",
+    "advise",
+    "busbw_series",
+    "collective_figures",
+    "comm_view",
+    "deviation",
+    "headcount",
+    "heat_value",
+    "heat_view",
+    "judged_pipeline",
+    "layout_of",
+    "loss_scale_view",
+    "memory_view",
+    "mesh_shape",
+    "ms",
+    "nbytes",
+    "paper_differences",
+    "parallel_fields",
+    "pipeline_view",
+    "predicted_memory",
+    "predicted_traffic",
+    "preflight",
+    "price_words",
+    "rank_beside_cluster",
+    "rank_comm_view",
+    "rank_rows",
+    "role",
+    "run_report",
+    "skipped_steps",
+    "stacked_parts",
+    "stage_estimates",
+    "step_line",
+    "summary_lines",
+    "volume_series",
+]

@@ -1,0 +1,87 @@
+"""The Communication screen's and the rank screen's ops view-models: volume per step against the
+traffic model (with its level, ``AlertRules.traffic_level``), busbw per op over time, and the
+exposed share against the exposed alert's threshold (``AlertRules.exposed_level``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zeroscope.state.alerts import Level
+from zeroscope.state.history import busbw_series, volume_series
+from zeroscope.state.prediction import TrafficPrediction, paper_differences, predicted_traffic
+from zeroscope.state.rank import OpTotals
+
+if TYPE_CHECKING:
+    from zeroscope.state.cluster import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class CommView:
+    volume: list[float | None]
+    """Measured volume per rank per step (the median rank's), oldest first."""
+    last_volume: float | None
+    predicted: TrafficPrediction | None
+    ratio: float | None
+    """Last step's volume over the prediction."""
+    ratio_level: Level
+    paper_ratio: float | None
+    differences: list[str]
+    """Why the paper's 2Ψ / 3Ψ differs from the engine's traffic for this config."""
+    busbw: dict[str, list[float | None]]
+    """Per op asked for and measured at least once: the median rank's busbw per step."""
+    exposed: list[float | None]
+    """The cluster's exposed share per step (the least-exposed rank's)."""
+    exposed_last: float | None
+    exposed_level: Level
+    exposed_limit: float
+
+
+def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
+    series = volume_series(state)
+    last = series[-1] if series else None
+    expected = predicted_traffic(state)
+    ratio = expected.ratio(last) if expected else None
+    c, p = state.config, state.params
+    busbw = {op: busbw_series(state, op) for op in ops}
+    exposed = [a.exposed_share for a in state.complete_steps()]
+    exposed_last = exposed[-1] if exposed else None
+    return CommView(
+        volume=series,
+        last_volume=last,
+        predicted=expected,
+        ratio=ratio,
+        ratio_level=state.rules.traffic_level(ratio),
+        paper_ratio=expected.paper_ratio(last) if expected else None,
+        differences=paper_differences(c, p) if c is not None and p is not None else [],
+        busbw={op: s for op, s in busbw.items() if any(v is not None for v in s)},
+        exposed=exposed,
+        exposed_last=exposed_last,
+        exposed_level=state.rules.exposed_level(exposed_last),
+        exposed_limit=state.rules.exposed_max,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RankCommView:
+    ops: list[tuple[str, OpTotals]]
+    """The rank's collectives of its newest step, by op name."""
+    exposed_s: float | None
+    exposed_share: float | None
+    exposed_level: Level
+
+
+def rank_comm_view(state: ClusterState, rank: int) -> RankCommView | None:
+    """A rank's newest step's collectives and its exposed share, judged; None before it
+    reported a step."""
+    rs = state.ranks.get(rank)
+    s = rs.summary if rs else None
+    if s is None:
+        return None
+    return RankCommView(
+        ops=sorted(s.ops.items()),
+        exposed_s=s.exposed,
+        exposed_share=s.exposed_share,
+        exposed_level=state.rules.exposed_level(s.exposed_share),
+    )
