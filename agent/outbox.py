@@ -61,6 +61,13 @@ MAX_QUEUED = 256
 """Items handed over and not yet taken by the sender before the oldest is dropped (counted)."""
 
 
+def _urgent(item: StepFacts | Event) -> bool:
+    """A step whose last record is a recorder mark that must be read before its ring turns
+    over (agent/attach/flight_recorder.py): the sender wakes now, not at the next interval."""
+    records: list[Any] = getattr(item, "records", None) or []
+    return bool(records) and getattr(records[-1], "urgent", False) is True
+
+
 class Outbox:
     """The hand-off queue (training thread: ``put``) and its sender side (``drain``)."""
 
@@ -97,7 +104,7 @@ class Outbox:
         (``time.perf_counter_ns``) when the caller has read the clock already."""
         self.add(item)
         now = perf_counter_ns() if now_ns is None else now_ns
-        if now - self._woken_ns >= _WAKE_INTERVAL_NS:
+        if now - self._woken_ns >= _WAKE_INTERVAL_NS or _urgent(item):
             self._woken_ns = now
             self.wake.set()
 

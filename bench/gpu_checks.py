@@ -201,3 +201,17 @@ def offload_syncs(rows: list[dict[str, Any]], cuda: bool) -> Verdict:
     low = [r["config"] for r in offload if min(r["syncs_per_steady_step"]) < 1]
     counts = {r["config"]: r["syncs_per_steady_step"] for r in offload[:2]}
     return verdict(item, not low, low or counts)
+
+
+def reserved_on_off(peaks: dict[str, Any]) -> Verdict:
+    """The agent holds no memory: a stage-3 run's peak ``memory_reserved`` with it within 1%
+    of without (and the A/A control, without twice, within 1% too, or the figure means
+    nothing)."""
+    item = "stage-3 memory_reserved, agent on vs off, within 1%"
+    if "off" not in peaks:
+        return verdict(item, None, peaks.get("why", "not run"))
+    off, on, again = peaks["off"], peaks["on"], peaks["off again"]
+    control = abs(again - off) <= 0.01 * off
+    if not control:
+        return verdict(item, None, {"MiB": peaks, "why": "A/A control moved more than 1%"})
+    return verdict(item, abs(on - off) <= 0.01 * off, {"MiB": peaks})

@@ -177,6 +177,7 @@ def _one_config(name: str, cfg: dict, size: dict, device: Any, agent: Any) -> di
     row["syncs_per_steady_step"] = syncs
     row["loss"] = float(losses[-1])
     row["device_peak_MiB"] = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    row["device_reserved_MiB"] = torch.cuda.max_memory_reserved() / 2**20 if cuda else None
     m = engine.strategy.memory()
     row["reported_MiB"] = {
         k: getattr(m, k) / 2**20
@@ -204,6 +205,27 @@ def engine_matrix(size: dict, device: Any, agent: Any, deadline: float, nvme: st
                     except Exception as exc:
                         rows.append({"config": name, "error": f"{type(exc).__name__}: {exc}"})
     return rows
+
+
+def reserved_on_off(size: dict, device: Any, agent: Any) -> dict[str, Any]:
+    """Peak ``memory_reserved`` of one stage-3 config without the agent, with it, and without
+    again (the A/A control): the agent must hold no collective's memory (a future callback
+    that records its outputs on another stream parks every freed gather buffer)."""
+    if device.type != "cuda":
+        return {"why": "no CUDA"}
+    from zeroscope.agent.api import NullTelemetry, set_telemetry
+
+    cfg = _config(3, "bf16", True, "none", None)
+    peaks: dict[str, Any] = {}
+    try:
+        for name, reporter in (("off", NullTelemetry()), ("on", agent), ("off again", None)):
+            set_telemetry(reporter or NullTelemetry())
+            peaks[name] = _one_config(f"s3 reserved {name}", cfg, size, device, agent)[
+                "device_reserved_MiB"
+            ]
+    finally:
+        set_telemetry(agent)
+    return peaks
 
 
 def _attach_reports(rows: list, reports: list) -> None:
@@ -295,6 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
+        out["reserved"] = reserved_on_off(size, device, agent)
         first = agent.step
         comm = Comm.data_parallel(agent, device)
         out["allreduce"] = allreduce_overlap(comm, device, size["allreduce_bytes"], agent)
@@ -349,6 +372,7 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
         checks.verdict("every loss finite, the agent's the engine's", same_loss, len(ok)),
         checks.verdict("agent counted no errors", out["agent_errors"] == 0, out["agent_errors"]),
         checks.offload_syncs(rows, cuda),
+        checks.reserved_on_off(out.get("reserved", {})),
         *checks.allreduce_timing(out["allreduce"], cuda),
         checks.agent_overhead(out["agent_overhead"]),
     ]

@@ -97,3 +97,21 @@ def segments(steps: list[StepReport], sizes: list[int]) -> list[list[StepReport]
 
 def bytes_by_op(report: StepReport, op: str) -> list[int]:
     return [c.nbytes for c in report.collectives if c.op == op]
+
+
+def assert_clocks_honest(step: StepReport) -> None:
+    """Every collective of a CPU (gloo) step says how it was timed, and only a measurement
+    carries a figure: no device clock without CUDA; ``none`` (no clock saw it end) has no
+    duration and no measured exposed time (shown NA); ``host`` has a duration that ended by its
+    step's end (it may have begun before the step: the Trainer's gathers between steps) and,
+    where its wait was measured, an exposed time within that duration."""
+    for c in step.collectives:
+        assert c.clock in ("host", "none"), (c.op, c.label, c.clock)
+        if c.clock == "none":
+            assert c.duration_s == 0.0 and not c.exposed_measured, (c.op, c.label)
+        else:
+            assert c.duration_s > 0.0, (c.op, c.label)
+            end = c.start_s + c.duration_s
+            assert end <= step.duration_s + 1e-6, (c.op, c.label, c.start_s, c.duration_s)
+            if c.exposed_measured:
+                assert 0.0 <= c.exposed_s <= c.duration_s, (c.op, c.label, c.exposed_s)

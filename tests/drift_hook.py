@@ -36,11 +36,34 @@ def _drift(_: Any) -> None:
     elif what == "queue_callback":
         variable: Any = torch.autograd.Variable
         variable._execution_engine = _EngineWithoutQueueCallback(variable._execution_engine)
-    elif what:
+    elif what in RENAMED:
+        # The reader's list names what the engine no longer has: a release that renamed it
+        # (the engine runs on under its new name, which no reader knows).
+        from zeroscope.agent.attach import private_api
+
+        kind, name = RENAMED[what]
+        private_api.INSTANCE[kind] = (*private_api.INSTANCE[kind], name)
+    elif what and what not in LATER:
         raise ValueError(f"unknown drift {what!r}")
+
+
+RENAMED = {
+    "fsdp2_param": ("fsdp2.param", "_sharded_param_data_before_a_rename"),
+    # What DeepSpeed 0.19 really did: ZeRO-1/2's ipg_buffer became ipg_buckets.
+    "deepspeed_zero12": ("deepspeed.zero12", "ipg_buffer"),
+}
+LATER = {"hf_pre_optimizer_step"}
+"""Drifts in packages imported after torch.distributed (installed by their own hooks)."""
+
+
+def _trainer_drift(module: Any) -> None:
+    """A transformers release that no longer calls ``on_pre_optimizer_step``."""
+    if os.environ.get("ZEROSCOPE_TEST_DRIFT") == "hf_pre_optimizer_step":
+        module.CallbackHandler.on_pre_optimizer_step = lambda self, args, state, control: control
 
 
 def install() -> None:
     from zeroscope.agent.attach import postimport
 
     postimport.when_imported("torch.distributed", _drift)
+    postimport.when_imported("transformers.trainer_callback", _trainer_drift)

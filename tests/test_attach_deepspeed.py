@@ -24,6 +24,7 @@ import pytest
 from tests.attach_support import (
     FP16_ON_CPU,
     JOBS,
+    assert_clocks_honest,
     bytes_by_op,
     job_env,
     read_outputs,
@@ -244,6 +245,7 @@ def test_collective_bytes_per_step_match_deepspeeds_volume(runs: dict, name: str
                 gathers = 0 if step.skipped else b * padded
                 assert sum(c.nbytes for c in big if c.op == "all_gather") == gathers
             assert all(c.group_size == N for c in step.collectives)
+            assert_clocks_honest(step)
 
 
 def test_loss_scale_events_match_deepspeeds_counters(runs: dict) -> None:

@@ -6,6 +6,7 @@ which must say what zeroscope lost."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,90 @@ def test_a_vanished_private_api_changes_nothing_and_is_said(
         assert [s.loss for s in steps] == [float.fromhex(h) for h in plain[rank]["ddp"]["losses"]]
         if drift in ("fr_dump", "group_sequence"):  # what it lost is not shown as measured
             assert all(c.op != "all_reduce" for s in steps for c in s.collectives)
+
+
+# -- FSDP2, DeepSpeed, the HF Trainer: a name their readers rely on gone -------------------------
+
+DS_CONFIG = {
+    "train_micro_batch_size_per_gpu": 4,
+    "zero_optimization": {"stage": 2},
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+}
+HF_DS_CONFIG = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 2},
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+}
+ENGINE_DRIFTS = {
+    # drift: (job, what zeroscope must say it lost, whether P/G/O turn NA)
+    "fsdp2_param": (
+        "fsdp2",
+        "fsdp2's memory accounting (P, G, O): not seen "
+        "(fsdp2.param._sharded_param_data_before_a_rename gone)",
+        True,
+    ),
+    "deepspeed_zero12": (
+        "deepspeed",
+        "deepspeed's memory accounting (P, G, O): not seen (deepspeed.zero12.ipg_buffer gone)",
+        True,
+    ),
+    "hf_pre_optimizer_step": (
+        "hf",
+        "the HF Trainer's optimizer phase: not seen "
+        "(the Trainer ended a step without calling on_pre_optimizer_step)",
+        False,
+    ),
+}
+
+
+def _engine_job(job: str, tmp: Path) -> tuple[Path, list[str]]:
+    if job == "fsdp2":
+        return SCRIPT, ["--modes", "fsdp2", "--steps", "3"]
+    config = tmp / "ds.json"
+    if job == "deepspeed":
+        config.write_text(json.dumps(DS_CONFIG))
+        return JOBS / "deepspeed_train.py", ["--configs", str(config), "--steps", "3"]
+    config.write_text(json.dumps(HF_DS_CONFIG))
+    args = ["--ds-config", str(config), "--steps", "2", "--workdir", str(tmp / "w")]
+    return JOBS / "hf_trainer_train.py", args
+
+
+def _losses(outputs: dict, job: str) -> list:
+    if job == "fsdp2":
+        return outputs["fsdp2"]["losses"]
+    if job == "deepspeed":
+        (run,) = outputs.values()
+        return run["losses"]
+    return outputs["losses"]
+
+
+@pytest.mark.parametrize("drift", sorted(ENGINE_DRIFTS))
+def test_an_engine_without_a_name_its_reader_relies_on_trains_the_same_and_is_said(
+    drift: str, tmp_path: Path
+) -> None:
+    job, said, memory_na = ENGINE_DRIFTS[drift]
+    script, args = _engine_job(job, tmp_path)
+    env = job_env()
+    run_plain(script, [*args, "--out", str(tmp_path / "plain")], env, timeout=900)
+    env["ZEROSCOPE_BOOTSTRAP_HOOKS"] = "tests.drift_hook:install"
+    env["ZEROSCOPE_TEST_DRIFT"] = drift
+    done = run_zeroscope(script, [*args, "--out", str(tmp_path / "zs")], env, tmp_path / "t", 900)
+    plain, zs = read_outputs(tmp_path / "plain"), read_outputs(tmp_path / "zs")
+    for rank in range(len(plain)):
+        assert _losses(zs[rank], job) == _losses(plain[rank], job)
+    assert said in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    trace = read_trace(tmp_path / "t")
+    for rank in range(len(plain)):
+        steps = trace[rank].steps
+        assert steps  # the steps are still reported
+        events = [e.message for e in trace[rank].events]
+        assert any(said.split(": not seen")[0] in m for m in events), events
+        for step in steps:
+            m = step.memory
+            if memory_na:  # never a count that misses what was renamed
+                assert (m.params, m.grads, m.optim) == (None, None, None)
+            else:
+                assert m.params and m.optim

@@ -11,7 +11,15 @@ import math
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_outputs, read_trace, run_plain, run_zeroscope
+from tests.attach_support import (
+    JOBS,
+    assert_clocks_honest,
+    job_env,
+    read_outputs,
+    read_trace,
+    run_plain,
+    run_zeroscope,
+)
 from tests.test_attach_deepspeed import stage12
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -92,3 +100,4 @@ def test_memory_and_traffic_follow_zero2(runs: dict) -> None:
                 c.nbytes for c in step.collectives if c.op == "all_gather" and c.nbytes > 64
             ]
             assert gathered == [2 * padded]  # the updated bf16 parameters, once per step
+            assert_clocks_honest(step)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.attach_support import (
     JOBS,
+    assert_clocks_honest,
     bytes_by_op,
     job_env,
     read_outputs,
@@ -175,6 +176,7 @@ def test_fsdp2_collective_bytes_per_step_match_its_sharding(runs: dict, mode: st
             got = sorted((c.op, c.label, c.nbytes) for c in step.collectives)
             assert got == sorted(expected)
             assert all(c.group_size == N for c in step.collectives)
+            assert_clocks_honest(step)
 
 
 def test_summary_replay_and_export_read_an_attached_jobs_trace(

@@ -107,3 +107,91 @@ def test_a_recorder_that_is_off_is_said_once_and_reads_nothing(
     reader.watch(_Group("1"), "DDP")
     assert reader.mark() is None and "TORCH_FR_BUFFER_SIZE" in reader.off_reason
     assert capsys.readouterr().err.count("not seen") == 1  # said once, for both groups
+
+
+class _Ring:
+    """torch's Flight Recorder as the reader meets it: one process-wide ring of ``size``
+    entries over every group, each entry numbered by a process-wide ``record_id``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: list[dict] = []
+        self.records = 0
+
+    def issue(self, group: _Group) -> None:
+        group.seq += 1
+        self.records += 1
+        e = _entry(group.seq, process_group=[group.group_name, ""], record_id=self.records)
+        self.entries = [*self.entries, e][-self.size :]
+
+    def dump(self) -> bytes:
+        return json.dumps({"entries": self.entries}).encode()
+
+
+def _run_steps(wake_on_urgent: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, int]:
+    """A DDP-shaped job: per step two all-reduces on the watched group and two on another
+    group (FSDP2's, a scaler's: the ring is shared) into a ring of 8. The sender reads every
+    fourth step (its half-second wake-up, for short steps), and at once on an urgent mark if
+    ``wake_on_urgent``. Returns (entries taken, entries issued on the watched group, lost)."""
+    from zeroscope.agent.attach.session import SESSION
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "8")
+    monkeypatch.setattr(SESSION, "_lost", {})  # said once per process: a fresh one per run
+    ring = _Ring(8)
+    reader = FlightRecorderReader(dump=ring.dump)
+    watched, other = _Group("0"), _Group("1")
+    reader.watch(watched, "DDP")
+    marks: list[Any] = []
+    taken = 0
+    for step in range(1, 13):
+        for _ in range(2):
+            ring.issue(watched)
+            ring.issue(other)
+        mark = reader.mark()
+        assert mark is not None
+        marks.append(mark)
+        if step % 4 == 0 or (wake_on_urgent and mark.urgent):
+            taken += sum(len(m.expand()) for m in marks)
+            marks.clear()
+    return taken, watched.seq, reader.lost
+
+
+def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The sender's interval alone (what the reader relied on before): 16 entries issued
+    # between two reads of a ring of 8, so half the watched group's all-reduces were lost.
+    taken, issued, lost = _run_steps(False, monkeypatch)
+    assert lost > 0 and taken + lost == issued
+    assert "set TORCH_FR_BUFFER_SIZE to at least" in capsys.readouterr().err
+    # Urgent marks (the backlog scaled by the other group's share reaches half the ring):
+    # every all-reduce is taken, once.
+    taken, issued, lost = _run_steps(True, monkeypatch)
+    assert (taken, lost) == (issued, 0)
+
+
+def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
+    from types import SimpleNamespace
+
+    from zeroscope.agent.attach.flight_recorder import RecorderMark
+    from zeroscope.agent.outbox import Outbox
+
+    outbox = Outbox(publisher=None, current_step=lambda: 0)
+    outbox.put(SimpleNamespace(records=[]), now_ns=0)  # type: ignore[arg-type]
+    outbox.wake.clear()
+    reader = FlightRecorderReader(dump=lambda: b"{}")
+    outbox.put(SimpleNamespace(records=[RecorderMark(reader, {})]), now_ns=1)  # type: ignore[arg-type]
+    assert not outbox.wake.is_set()  # within the interval: the next wake-up takes it
+    outbox.put(SimpleNamespace(records=[RecorderMark(reader, {}, urgent=True)]), now_ns=2)  # type: ignore[arg-type]
+    assert outbox.wake.is_set()
+
+
+def test_the_ring_size_the_job_set_under_either_name_is_kept() -> None:
+    from zeroscope.agent.attach.flight_recorder import configure_environment, ring_size
+
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+    configure_environment(env)
+    assert "TORCH_FR_BUFFER_SIZE" not in env and ring_size(env) == 2000
+    env = {}
+    configure_environment(env)
+    assert ring_size(env) == 64 and env["TORCH_NCCL_ENABLE_TIMING"] == "1"

@@ -16,7 +16,7 @@ Memory, exact, from the tensors DeepSpeed holds (each storage once, :mod:`.censu
   keeps them out of its flat groups, replicated), their ``ds_tensor`` shard at stage 3.
 - stages 1 and 2 (``DeepSpeedZeroOptimizer``): P = the flat 16-bit groups
   (``bit16_groups_flat``, padded to a multiple of 2 x world) and the frozen parameters; G = the reduced gradients kept
-  before the step (``averaged_gradients``, ``ipg_buffer``, the fp32 partitions' ``.grad`` and
+  before the step (``averaged_gradients``, the ``ipg_buckets``' buffers, the fp32 partitions' ``.grad`` and
   ``accumulated_grads_in_cpu`` with CPU offload); O = the fp32 master partitions
   (``single_partition_of_fp32_groups``) and the inner optimizer's state.
 - stage 3 (``DeepSpeedZeroOptimizer_Stage3``): P = the 16-bit partitions
@@ -39,6 +39,7 @@ from zeroscope.agent.schema import ConfigSummary, MemoryBytes, OffloadDevice, Pa
 
 from . import patches
 from .census import Census, tensors_in
+from .private_api import missing
 from .session import SESSION, EngineReader
 
 
@@ -141,7 +142,10 @@ class DeepSpeedReader(EngineReader):
             fp32 = getattr(opt, "fp32_partitioned_groups_flat", [])
         elif stage in (1, 2):
             census.add("grads", tensors_in(getattr(opt, "averaged_gradients", {})))
-            census.add("grads", tensors_in(getattr(opt, "ipg_buffer", None) or []))
+            # The reduce buckets (one per communication dtype, each a list of buffers while a
+            # backward fills them; DeepSpeed frees them at the backward's end).
+            buckets = getattr(opt, "ipg_buckets", {}) or {}
+            census.add("grads", (t for b in buckets.values() for t in tensors_in(b.buffer)))
             census.add("grads", [getattr(opt, "grads_in_partition", None)])
             census.add("grads", tensors_in(getattr(opt, "accumulated_grads_in_cpu", {})), host=True)
             fp32 = getattr(opt, "single_partition_of_fp32_groups", [])
@@ -179,6 +183,24 @@ class DeepSpeedReader(EngineReader):
             census.add("optim", tensors_in(fp32 or []))
         if inner is not None:
             census.add("optim", tensors_in(getattr(inner, "state", {})), host=off_opt)
+
+    def private_missing(self) -> list[str]:
+        engine = self._engine()
+        if engine is None:
+            return []
+        gone = missing(engine, "deepspeed.engine")
+        if gone:
+            return gone
+        _, opt, stage = self._parts()
+        if stage == 3:
+            gone += missing(opt, "deepspeed.zero3")
+            for p in engine.module.parameters():
+                gone += missing(p, "deepspeed.zero3_param")
+        elif stage in (1, 2):
+            gone += missing(opt, "deepspeed.zero12")
+        for bucket in (getattr(opt, "ipg_buckets", None) or {}).values():
+            gone += missing(bucket, "deepspeed.ipg_bucket")
+        return sorted(set(gone))
 
     def layout(self) -> Any:
         _, opt, _ = self._parts()

@@ -26,6 +26,16 @@ counted in ``lost``, never guessed.
 
 The dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
 the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group is watched.
+
+Draining often enough: the sender thread wakes about twice a second, and a ring of 64 holds
+fewer entries than a job of short steps issues in that time (and one process-wide ring also
+holds every other group's collectives: FSDP2's, a GradScaler's). So at each step end the
+training thread compares the backlog (a watched group's sequence numbers issued since the last
+take, scaled by the share of all entries its group issued in the last dump, from the entries'
+process-wide ``record_id``) with half the ring: past it, the mark is *urgent* and the step's
+hand-over wakes the sender at once (agent/outbox.py), so the dump comes before the ring turns
+over. What no drain can save, a single step issuing more than the ring holds, is counted lost
+and said with the ring size it would need.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ from typing import Any
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+"""torch's older name for the ring size, read when ``TORCH_FR_BUFFER_SIZE`` is unset."""
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 DEFAULT_BUFFER = 64
 """Entries in torch's ring: more than the unseen collectives between two reads of a job with
@@ -83,9 +95,18 @@ DTYPE_BYTES = {
 
 def configure_environment(env: Any = os.environ) -> None:
     """Turn torch's Flight Recorder on (and NCCL's per-collective timing) for process groups
-    created from now on, unless the job set them itself."""
-    env.setdefault(BUFFER_ENV, str(DEFAULT_BUFFER))
+    created from now on, unless the job set them itself (under either of torch's names)."""
+    if BUFFER_ENV not in env and LEGACY_BUFFER_ENV not in env:
+        env[BUFFER_ENV] = str(DEFAULT_BUFFER)
     env.setdefault(TIMING_ENV, "1")
+
+
+def ring_size(env: Any = os.environ) -> int:
+    """The ring's entries as torch reads them (0: the recorder is off)."""
+    try:
+        return max(0, int(env.get(BUFFER_ENV, env.get(LEGACY_BUFFER_ENV, "0")).strip() or 0))
+    except ValueError:
+        return 0
 
 
 def _nbytes(sizes: list[list[int]], dtypes: list[str]) -> int | None:
@@ -163,13 +184,17 @@ class _Group:
 
 class RecorderMark:
     """A step end as the Flight Recorder reader needs it: each watched group's last sequence
-    number then. Its :meth:`expand` (sender thread) is the step's unseen collectives."""
+    number then. Its :meth:`expand` (sender thread) is the step's unseen collectives.
+    ``urgent``: the ring is half full of entries not yet read (wake the sender now)."""
 
-    __slots__ = ("_reader", "marks")
+    __slots__ = ("_reader", "marks", "urgent")
 
-    def __init__(self, reader: FlightRecorderReader, marks: dict[str, int]) -> None:
+    def __init__(
+        self, reader: FlightRecorderReader, marks: dict[str, int], urgent: bool = False
+    ) -> None:
         self._reader = reader
         self.marks = marks
+        self.urgent = urgent
 
     def expand(self) -> list[RecorderOp]:
         return self._reader.take(self.marks)
@@ -189,13 +214,22 @@ class FlightRecorderReader:
         self._objects: dict[str, Any] = {}
         self._cache: list[dict[str, Any]] = []
         self._cache_top: dict[str, int] = {}
+        self.ring = 0
+        """The ring's entries (torch's, read when a group is first watched)."""
+        self.share = 1.0
+        """All entries per watched entry in the last dump (>= 1: other groups fill the ring
+        too); written by the sender thread, read at step ends."""
+        self.most_per_step = 0
+        """The most watched entries (scaled by ``share``) one step issued: the ring a job
+        needs at least, said if entries were lost."""
 
     def watch(self, group: Any, label: str) -> None:
         """Read ``group``'s unseen collectives from now on (a private call per step end: a
         failure turns the reader off and says why)."""
         if self.off_reason:
             return
-        if os.environ.get(BUFFER_ENV, "0").strip() in ("", "0"):
+        self.ring = ring_size()
+        if not self.ring:
             self.turn_off(f"torch's Flight Recorder is off ({BUFFER_ENV} unset or 0)")
             return
         try:
@@ -233,7 +267,17 @@ class FlightRecorderReader:
         except Exception as exc:
             self.turn_off(f"the group's sequence number is unreadable ({exc!r})")
             return None
-        return RecorderMark(self, marks)
+        return RecorderMark(self, marks, self._urgent(marks))
+
+    def _urgent(self, marks: dict[str, int]) -> bool:
+        """Training thread: whether the unread entries fill half the ring (integers only)."""
+        backlog = 0
+        for name, top in marks.items():
+            g = self.groups.get(name)
+            if g is not None:
+                backlog += max(0, top - g.taken)
+        scaled = int(backlog * self.share)
+        return 2 * scaled >= self.ring > 0
 
     def take(self, marks: dict[str, int]) -> list[RecorderOp]:
         """Sender thread: every entry of a watched group up to its mark not yet taken nor
@@ -247,6 +291,8 @@ class FlightRecorderReader:
             return out
         offset = time.perf_counter_ns() - time.time_ns()
         lost_before = self.lost
+        issued = sum(max(0, top - g.taken) for n, top in marks.items() if (g := self.groups.get(n)))
+        self.most_per_step = max(self.most_per_step, int(issued * self.share))
         found: dict[str, set[int]] = {}
         for entry in entries:
             name = str(entry.get("process_group", [""])[0])
@@ -275,8 +321,8 @@ class FlightRecorderReader:
         if self.lost and not lost_before:
             _say(
                 "some collectives run below Python (DDP's reducer)",
-                f"torch's Flight Recorder ring ({os.environ.get(BUFFER_ENV)} entries) was "
-                f"overwritten before a read; set {BUFFER_ENV} higher",
+                f"torch's Flight Recorder ring ({self.ring} entries) was overwritten before a "
+                f"read; set {BUFFER_ENV} to at least {2 * max(self.most_per_step, 1)}",
             )
         out.sort(key=lambda op: op._issue_ns)
         return out
@@ -292,7 +338,16 @@ class FlightRecorderReader:
                 name = str(e.get("process_group", [""])[0])
                 top[name] = max(top.get(name, -1), int(e.get("collective_seq_id", 0)))
             self._cache, self._cache_top = entries, top
+            self._learn_share(entries)
         return self._cache
+
+    def _learn_share(self, entries: list[dict[str, Any]]) -> None:
+        """All entries per watched entry in this dump (``record_id`` counts every group's)."""
+        watched = sum(1 for e in entries if str(e.get("process_group", [""])[0]) in self.groups)
+        if watched and len(entries) > 1:
+            ids = [int(e.get("record_id", 0)) for e in entries]
+            span = max(ids) - min(ids) + 1
+            self.share = max(1.0, span / watched)
 
 
 def _say(part: str, reason: str) -> None:

@@ -28,6 +28,7 @@ from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
 from . import collectives, compiled, patches
 from .census import Census, local_tensor
+from .private_api import missing
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
 
@@ -87,6 +88,22 @@ class FSDP2Reader(EngineReader):
 
     def layout(self) -> Any:
         return state_size(SESSION.primary_optimizer())
+
+    def private_missing(self) -> list[str]:
+        root = self._root()
+        if root is None:
+            return []
+        gone = missing(root, "fsdp2.state")
+        if gone:
+            return gone
+        gone += missing(root._state_ctx, "fsdp2.state_ctx")
+        states = getattr(root._state_ctx, "all_states", None) or [root]
+        groups = [g for state in states for g in state._fsdp_param_groups]
+        for group in groups:
+            gone += missing(group, "fsdp2.param_group")
+        for fp in self._params() if not gone else ():
+            gone += missing(fp, "fsdp2.param")
+        return sorted(set(gone))
 
     def count_grads(self, census: Census) -> None:
         params = self._params()

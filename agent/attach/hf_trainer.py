@@ -20,6 +20,8 @@ from .session import SESSION, mean_loss
 from .torch_loop import learning_rate
 
 _losses: list[Any] = []
+_events: set[str] = set()
+"""The Trainer events seen since the last step end (each step must call them all)."""
 
 
 def _step_loss() -> Any:
@@ -38,6 +40,7 @@ def install(module: ModuleType) -> None:
         """Added by zeroscope's attach: reports each optimizer step (see zeroscope.agent.attach)."""
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            _events.add("pre")
             SESSION.before_step("hf-trainer")
             if SESSION.drives("hf-trainer"):
                 SESSION.enter("optimizer")
@@ -49,6 +52,12 @@ def install(module: ModuleType) -> None:
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             loss = _step_loss()
             s = SESSION
+            if "pre" not in _events:  # a release that stopped calling it: said, not guessed
+                s.lost(
+                    "the HF Trainer's optimizer phase",
+                    "the Trainer ended a step without calling on_pre_optimizer_step",
+                )
+            _events.clear()
             if s.drives("hf-trainer"):
                 s.end_step(
                     "hf-trainer",

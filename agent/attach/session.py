@@ -70,6 +70,11 @@ class EngineReader:
         creating its state on its first real step): memory is then counted again at once."""
         return None
 
+    def private_missing(self) -> list[str]:
+        """The private attributes this reader relies on that the live engine lacks (a torch or
+        DeepSpeed release renamed them: :mod:`.private_api`); checked once, when found."""
+        return []
+
 
 class AttachSession:
     """See the module docstring. All entry points are called from the engines' wrappers and
@@ -98,6 +103,9 @@ class AttachSession:
         self._layout: Any = None
         self._lost: dict[str, str] = {}
         """Parts of the attach that turned themselves off, and why (each said once)."""
+        self._drifted: set[int] = set()
+        """Readers (by id) whose engine lacks a private attribute they read: their P/G/O are
+        NA rather than a count that silently misses what was renamed."""
         try:
             self._every = max(1, int(os.environ.get(MEMORY_EVERY_ENV, MEMORY_EVERY_DEFAULT)))
         except ValueError:
@@ -117,7 +125,17 @@ class AttachSession:
             self.reader = reader
             if just_built:
                 collectives.LOG.clear()
+        self._check_private(reader)
         self._start()
+
+    def _check_private(self, reader: EngineReader) -> None:
+        try:
+            gone = reader.private_missing()
+        except Exception as exc:
+            gone = [f"unreadable ({exc!r})"]
+        if gone:
+            self._drifted.add(id(reader))
+            self.lost(f"{reader.kind}'s memory accounting (P, G, O)", f"{', '.join(gone)} gone")
 
     def claim_source(self, source: str) -> None:
         """A step source exists in this process (the most specific one drives steps)."""
@@ -250,11 +268,14 @@ class AttachSession:
 
     def before_step(self, source: str) -> None:
         """Just before the optimizer step of ``source``: count gradients when due."""
-        if not self.drives(source) or self.reader is None or not self._memory_due():
+        reader = self.reader
+        if not self.drives(source) or reader is None or id(reader) in self._drifted:
+            return
+        if not self._memory_due():
             return
         try:
             census = Census()
-            self.reader.count_grads(census)
+            reader.count_grads(census)
             self._grads = (census.device["grads"], census.host["grads"])
         except Exception:
             self.errors += 1
@@ -280,7 +301,9 @@ class AttachSession:
             config, params, device = reader.hello()
             tel.engine = engine
             tel.hello(config=config, params=params, device=device)
-        if self._memory_due():
+        if id(reader) in self._drifted:
+            self._memory = MemoryBytes()  # NA: see _check_private
+        elif self._memory_due():
             census = Census()
             reader.count_state(census)
             grads, host_grads = self._grads
