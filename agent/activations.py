@@ -15,10 +15,16 @@ script's own (``torch.autograd.graph.save_on_cpu``, a compression hook) would si
 the script's off. The counter's hooks therefore hand each tensor on to the hooks that were
 active when they were entered, and unpack through them: the count is of what autograd saved,
 the script's hooks still decide how it is kept.
+
+Under ``torch.compile`` the hooks are entered outside the compiled region (the attach's
+compiled-model wrapper, the engine's forward) and AOTAutograd's compiled forward saves its
+tensors through them: A is what the compiled graph saves. The hooks themselves run outside
+Dynamo (:func:`_out_of_dynamo`): they add no graph break and no compiled frame.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -174,4 +180,26 @@ class _DelegatingHooks(torch.autograd.graph.saved_tensors_hooks):
             self.pack_hook = lambda tensor: counter._pack(tensor, outer)
         else:
             self.pack_hook = counter._pack
+        if "torch._dynamo" in sys.modules:
+            self.pack_hook, self.unpack_hook = _out_of_dynamo(self.pack_hook, self.unpack_hook)
         super().__enter__()
+
+
+def _out_of_dynamo(pack: Any, unpack: Any) -> tuple[Any, Any]:
+    """``pack`` and ``unpack``, and the handles' release, kept out of Dynamo.
+
+    Autograd calls the hooks from C++ for every tensor an op saves, also while a compiled
+    model runs (its graph-break code, AOTAutograd's compiled forward): with Dynamo's frame
+    callback on, each such call would be a frame Dynamo tries to compile, and the counter's
+    clock reads and storage pointers are graph breaks there. ``torch.compiler.disable`` runs
+    them as plain Python (Dynamo neither counts nor traces those frames). Only once the job
+    imported Dynamo: importing it costs seconds.
+    """
+    disable = torch.compiler.disable
+    if not _released_out_of_dynamo:
+        _released_out_of_dynamo.append(True)
+        _Saved.__del__ = disable(_Saved.__del__)  # type: ignore[method-assign]
+    return disable(pack), disable(unpack)
+
+
+_released_out_of_dynamo: list[bool] = []

@@ -20,8 +20,12 @@ published to a real collector, the sampler thread. "Off" has every patch removed
   per model (the attach's scaler wrappers on: the loss read before scaling, the scale copied
   for the sender thread at ``step()`` and ``update()``).
 
-Usage: ``python bench/attach_overhead.py [--engine ddp|deepspeed] [--amp] [--blocks 10]
-[--steps 2]``
+- ``--engine ddp --compile``: the same DDP models under ``torch.compile`` (``aot_eager``, each
+  compiled during the warm-up): the attach runs nothing inside the compiled region, and its
+  forward wrapper, saved-tensor hooks and backward hook sit outside it.
+
+Usage: ``python bench/attach_overhead.py [--engine ddp|deepspeed] [--amp] [--compile]
+[--blocks 10] [--steps 2]``
 """
 
 from __future__ import annotations
@@ -109,16 +113,21 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         step_off = step_hook = step_on
     else:
         dist.init_process_group("gloo")
-        ddp_on = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
+
+        def compiled(model: Any) -> Any:
+            return torch.compile(model, backend="aot_eager") if args.compile else model
+
+        ddp_on = compiled(torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1))
         opt_on = torch.optim.AdamW(ddp_on.parameters(), lr=1e-4)
         _toggle(False, None)
-        ddp_off = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
+        ddp_off = compiled(torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1))
         opt_off = torch.optim.AdamW(ddp_off.parameters(), lr=1e-4)
         # What any Python comm hook costs DDP (no attach): the share of "on" that is torch's.
         ddp_hook = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         ddp_hook.register_comm_hook(None, allreduce_hook)
+        ddp_hook = compiled(ddp_hook)
         opt_hook = torch.optim.AdamW(ddp_hook.parameters(), lr=1e-4)
 
         scalers = {id(o): torch.amp.GradScaler("cpu") for o in (opt_on, opt_off, opt_hook)}
@@ -201,7 +210,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "steps_reported": steps,
             }
         )
-    return {"engine": args.engine, "amp": args.amp, "ranks": ranks, "collector": received}
+    return {
+        "engine": args.engine,
+        "amp": args.amp,
+        "compile": args.compile,
+        "ranks": ranks,
+        "collector": received,
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -215,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--amp", action="store_true", help="ddp: fp16 autocast and torch.amp.GradScaler('cpu')"
     )
+    parser.add_argument("--compile", action="store_true", help="ddp: torch.compile each model")
     return parser
 
 

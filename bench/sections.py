@@ -162,7 +162,12 @@ def attach(quick: bool) -> list[Table]:
             "goal <= 1.01 (CPU)",
         ],
     )
-    for engine, extra in (("ddp", []), ("ddp+amp", ["--amp"]), ("deepspeed", [])):
+    for engine, extra in (
+        ("ddp", []),
+        ("ddp+amp", ["--amp"]),
+        ("ddp+compile", ["--compile"]),
+        ("deepspeed", []),
+    ):
         argv = ["--engine", engine.split("+")[0], "--blocks", "6" if quick else "20"]
         result = attach_overhead.run(attach_overhead.parser().parse_args([*argv, *extra]))
         for r in result["ranks"]:
@@ -188,6 +193,8 @@ def attach(quick: bool) -> list[Table]:
         "DDP: identical models, the 'on' one carrying the attach's comm hook; a third with a bare "
         "Python all-reduce hook (no attach) shows what any Python hook costs DDP. ddp+amp: the "
         "same under fp16 CPU autocast with a torch.amp.GradScaler (the scaler's wrappers on). "
+        "ddp+compile: the DDP models under torch.compile (aot_eager), the compiled step time "
+        "with the attach on and off (it adds no graph break: tests/test_compiled_jobs.py). "
         "DeepSpeed: one "
         "ZeRO-3 engine with every parameter sharded (a gather per layer in forward and backward). "
         "Same method as the agent table above, beside it."

@@ -53,7 +53,8 @@ TOP_LEVEL_KEYS: dict[str, KeyStatus] = {
         "DeepSpeed's asynchronous checkpoint writer (speed); checkpoints are written synchronously"
     ),
     "compile": Ignored(
-        "options of DeepSpeed's engine.compile() passes (speed); this engine does not compile"
+        "options of DeepSpeed's DeepCompile passes (speed); this engine's compile() is "
+        "torch.compile of the module"
     ),
     "use_data_before_expert_parallelism": Ignored(
         "process-group layout for mixture-of-experts expert parallelism, not built here"

@@ -79,6 +79,36 @@ class EngineCalls:
                 pass
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def compile(
+        self,
+        backend: Any = "inductor",
+        compile_kwargs: dict[str, Any] | None = None,
+        schedule: Any = None,
+        compiled_autograd_enabled: bool = False,
+    ) -> None:
+        """DeepSpeed's ``engine.compile()``: ``torch.compile`` of the wrapped module in place
+        (``module.compile``: the module object, its parameters and the engine's hooks stay as
+        they are; the engine's forward, backward and step run eagerly around it). Calling it
+        again does nothing, as in DeepSpeed. DeepCompile's ``schedule`` and compiled autograd
+        are DeepSpeed's own compiler passes: not implemented here (an error, never a silent
+        different program). The reporter stops marking repeated blocks for the agent: their
+        hooks would sit inside the compiled graph (the per-block activation split is NA)."""
+        if schedule is not None or compiled_autograd_enabled:
+            raise NotImplementedError(
+                "engine.compile(schedule=..., compiled_autograd_enabled=True) are DeepSpeed's "
+                "DeepCompile passes; this engine compiles the module with torch.compile only"
+            )
+        if self.__dict__.get("_is_compiled"):
+            return
+        self.module.compile(**{**(compile_kwargs or {}), "backend": backend})
+        self.reporter.compiled()
+        self.__dict__["_is_compiled"] = True
+
+    @property
+    def is_compiled(self) -> bool:
+        """DeepSpeed's ``engine.is_compiled``: whether :meth:`compile` ran."""
+        return bool(self.__dict__.get("_is_compiled", False))
+
     def train(self, mode: bool = True) -> Self:
         self.module.train(mode)
         return self

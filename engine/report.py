@@ -138,6 +138,18 @@ class Reporter:
         self._blocks = repeated_blocks(module)
         return len(self._blocks)
 
+    def compiled(self) -> None:
+        """The module was compiled (``engine.compile()``): no more block marks (a hook
+        registered on a block inside the compiled graph would recompile it and run the agent
+        inside it); the per-block activation split is NA from now on, said once."""
+        if self._blocks:
+            self._blocks = []
+            self.tel.event(
+                "info",
+                "per-block activation split: NA for a compiled module (its block hooks "
+                "would run inside the compiled graph); total activations are still counted",
+            )
+
     @contextlib.contextmanager
     def phase(self, name: PhaseName) -> Iterator[None]:
         with self.tel.phase(name):

@@ -12,6 +12,9 @@ gradients plus the reducer's bucket buffers (their sizes from DDP's own logging 
 rebuilt its buckets; with ``gradient_as_bucket_view`` the gradients are views into them), O the
 optimizer state.
 
+Under ``torch.compile`` the forward wrapper runs nothing inside the traced region; the compiled
+model's ``OptimizedModule.__call__`` times the phases instead (:mod:`.compiled`).
+
 Not seen: the C++ broadcasts and shape checks DDP runs in ``__init__`` (before the group is
 watched).
 """
@@ -25,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
-from . import patches
+from . import compiled, patches
 from .census import Census
 from .flight_recorder import READER as RECORDER
 from .session import SESSION, EngineReader, precision_of
@@ -128,6 +131,10 @@ def install() -> None:
                 s.errors += 1
 
     def forward_(self: DistributedDataParallel, *inputs: Any, **kwargs: Any) -> Any:
+        # Traced by Dynamo under torch.compile: the check folds to a constant and the agent
+        # runs nothing here; the compiled model's own wrapper times it (:mod:`.compiled`).
+        if compiled.tracing() or compiled.OUTER[0]:
+            return forward(self, *inputs, **kwargs)
         s = SESSION
         if s.passive or s.tel is None:
             return forward(self, *inputs, **kwargs)
@@ -140,6 +147,10 @@ def install() -> None:
         time_backward(out)
         return out
 
+    compiled.OWNERS.append(lambda module: isinstance(module, DistributedDataParallel))
+    compiled.ORIGINAL_FORWARD.append(
+        lambda module: forward if isinstance(module, DistributedDataParallel) else None
+    )
     __init__.__doc__ = init.__doc__
     forward_.__doc__ = forward.__doc__
     patches.replace(DistributedDataParallel, "__init__", __init__)

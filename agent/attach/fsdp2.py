@@ -12,7 +12,9 @@ Memory, from FSDP2's own state (each storage once): P = each FSDPParam's padded 
 apart as ``frozen_params``; G = the sharded gradients' local tensors (views into the
 reduce-scatter output); O = the optimizer state (DTensor local shards); ``gathered_params`` =
 unsharded parameters held at the moment of the count (``reshard_after_forward=False`` keeps
-them between forward and backward). With ``CPUOffloadPolicy`` parameters, gradients and
+them between forward and backward). Under ``torch.compile`` the forward hooks run nothing
+inside the traced region: a root compiled whole is timed and found by the compiled model's
+wrapper (:mod:`.compiled`); blocks compiled one by one need nothing of it. With ``CPUOffloadPolicy`` parameters, gradients and
 optimizer state live on the host: they are counted in ``host_*``.
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
-from . import collectives, patches
+from . import collectives, compiled, patches
 from .census import Census, local_tensor
 from .private_api import missing
 from .session import SESSION, EngineReader, precision_of
@@ -147,6 +149,8 @@ def install_state(module: ModuleType) -> None:
 
     def _pre_forward(self: Any, mod: Any, args: Any, kwargs: Any) -> Any:
         out = pre(self, mod, args, kwargs)
+        if compiled.tracing() or compiled.OUTER[0]:  # see :mod:`.compiled`
+            return out
         s = SESSION
         if _is_root(self) and not s.passive:
             try:
@@ -163,14 +167,38 @@ def install_state(module: ModuleType) -> None:
 
     def _post_forward(self: Any, mod: Any, args: Any, output: Any) -> Any:
         output = post(self, mod, args, output)
+        if compiled.tracing() or compiled.OUTER[0]:
+            return output
         if _is_root(self):
             s = SESSION
             s.exit("forward")
             time_backward(output)
         return output
 
+    # torch keeps Dynamo out of FSDP2's hooks (they run eagerly, a skipped call in a compiled
+    # graph): the wrappers are kept out the same way, so Dynamo sees what it saw without them.
+    disable = getattr(module, "_dynamo_disable", None)
+    if disable is not None:
+        _pre_forward, _post_forward = disable(_pre_forward), disable(_post_forward)
     patches.replace(state_cls, "_pre_forward", _pre_forward)
     patches.replace(state_cls, "_post_forward", _post_forward)
+
+
+def _compiled_root(module: Any) -> bool:
+    """Whether a compiled module is an FSDP2 root (or, before its first forward, will be one:
+    the first state to run forward becomes the root, FSDP2's own rule)."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    return get_state is not None and get_state()._is_root is not False
+
+
+def _find_compiled_root(module: Any) -> None:
+    """Before a compiled root's forward: its state is the engine found (as ``_pre_forward``
+    finds an eager root's)."""
+    s = SESSION
+    state = module._get_fsdp_state()
+    reader = s.reader
+    if not isinstance(reader, FSDP2Reader) or reader._root() is not state:
+        s.found(FSDP2Reader(state), just_built=False)
 
 
 def install_param_group(module: ModuleType) -> None:
@@ -194,6 +222,10 @@ def install_param_group(module: ModuleType) -> None:
 
 
 def install() -> None:
+    compiled.OWNERS.append(_compiled_root)
+    compiled.BEFORE_FORWARD.append(
+        lambda module: _find_compiled_root(module) if _compiled_root(module) else None
+    )
     from . import postimport
     from .install import guarded
 

@@ -1,7 +1,8 @@
 """What the bootstrap calls: post-import hooks that install the attach piece by piece.
 
 - ``torch.distributed`` finished importing (after the whole of ``torch``): ProcessGroup
-  collective wrappers, global optimizer hooks, loss scalers, DDP and FSDP2 readers.
+  collective wrappers, global optimizer hooks, loss scalers, DDP and FSDP2 readers, and
+  (once ``torch._dynamo`` is imported) the compiled models' forward wrapper.
 - ``deepspeed`` finished importing: the DeepSpeedEngine reader (unless ``deepspeed`` is the
   bundled engine under an import alias, which reports through the agent API itself).
 - ``transformers.trainer`` finished importing: the Trainer callback.
@@ -33,7 +34,7 @@ def _stand_down() -> None:
 def _torch_ready(_: ModuleType) -> None:
     if _claimed:
         return
-    from . import collectives, ddp, fsdp2, grad_scaler, torch_loop
+    from . import collectives, compiled, ddp, fsdp2, grad_scaler, torch_loop
 
     for part, install_part in (
         ("collectives issued from Python", collectives.install),
@@ -41,6 +42,7 @@ def _torch_ready(_: ModuleType) -> None:
         ("torch.amp GradScaler steps", grad_scaler.install),
         ("DDP", ddp.install),
         ("FSDP2", fsdp2.install),
+        ("compiled models", compiled.install),
     ):
         guarded(part, install_part)
 

@@ -27,6 +27,10 @@ CLASS_MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
     "torch.distributed.fsdp._fully_shard._fsdp_state": {
         "FSDPState": ("_pre_forward", "_post_forward"),
     },
+    "torch.distributed.fsdp._fully_shard._fully_shard": {
+        # A compiled FSDP2 root is found from its module, outside the compiled region.
+        "FSDPModule": ("_get_fsdp_state",),
+    },
     "torch.distributed.fsdp._fully_shard._fsdp_param_group": {
         "FSDPParamGroup": ("unshard", "post_backward"),
     },
@@ -118,6 +122,7 @@ OPTIONAL: frozenset[str] = frozenset(
         "state",  # a torch optimizer's per-parameter state
         "param_dtype",  # FSDP2's MixedPrecisionPolicy (public): None = the parameters' dtype
         "model",  # the HF Trainer's (public): None until it has one
+        "_dynamo_disable",  # FSDP2's hooks' Dynamo opt-out: the wrappers copy it where it exists
     }
 )
 """Names the readers read with a default on purpose: absent in some configurations, where the
