@@ -20,6 +20,7 @@ after which a step of uncounted shapes has its FLOPs NA with the reason.
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,10 @@ from .scalars import DeferredScalar
 from .schema import Work
 
 FLOPS_ENV = "ZEROSCOPE_FLOPS"
+COMPILED_NA = (
+    "FLOPs not counted: the model runs compiled code (counting inside torch.compile would "
+    "change what it compiles)"
+)
 MAX_COUNTS = 4
 
 
@@ -162,6 +167,8 @@ class WorkMeter:
         self._masks: list[DeferredScalar] = []
         self._shapes: list[tuple[int, ...]] = []
         self._na = ""
+        self._na_flops = ""
+        """Why FLOPs are not counted for this job (a compiled model), once known."""
         self._counter: Any = None
         self._counted: dict[tuple[tuple[int, ...], ...], tuple[float, int]] = {}
         self._counted_first: set[tuple[int, ...]] = set()
@@ -178,6 +185,7 @@ class WorkMeter:
                 self._shape = model_shape(module)
                 self._counted.clear()
                 self._counted_first.clear()
+                self._na_flops = ""
                 p = next(module.parameters(), None)
                 device = p.device if p is not None else torch.device("cpu")
                 self.peak.start(torch, device, precision_of(module, device))
@@ -199,7 +207,7 @@ class WorkMeter:
                     self._masks.append(DeferredScalar(mask.detach().sum()))
             first = not self._shapes
             self._shapes.append(shape)
-            if first and self._due(shape):
+            if first and self._due(shape) and not self._compiled(module):
                 from torch.utils.flop_counter import FlopCounterMode
 
                 counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
@@ -209,9 +217,25 @@ class WorkMeter:
         except Exception:
             self.errors += 1
 
+    def _compiled(self, module: Any) -> bool:
+        """torch.compile is in play: a dispatch mode around a compiled call changes what
+        Dynamo compiles (a per-block ``module.compile()`` under FSDP2 compiled no frame at
+        all), so such a job's FLOPs are NA, never counted at that price. Checked only while a
+        count is due (a walk over the modules, once per new shape)."""
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        frames = getattr(dynamo, "counters", {}).get("frames", {}) if dynamo else {}
+        if frames.get("total", 0) > 0 or any(
+            getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod")
+            for m in module.modules()
+        ):
+            self._na_flops = COMPILED_NA
+            return True
+        return False
+
     def _due(self, first_shape: tuple[int, ...]) -> bool:
         return (
             self.enabled
+            and not self._na_flops
             and self._counter is None
             and first_shape not in self._counted_first
             and len(self._counted) < MAX_COUNTS
@@ -234,6 +258,8 @@ class WorkMeter:
         if flops is None:
             flops = self._counted.get(key)
         why = self._na
+        if flops is None and self._na_flops:
+            why = why or self._na_flops
         if flops is None:
             why = why or (
                 "FLOPs not counted: turned off (ZEROSCOPE_FLOPS=0)"

@@ -218,3 +218,17 @@ def test_a_new_model_is_counted_anew_even_where_it_reuses_a_freed_ones_id() -> N
     second = _step(meter, KnownGPT(seq=16, layers=2), 2, idx, idx)
     assert first.flops == sum(closed_form(32, layers=1, seq=16))
     assert second.flops == sum(closed_form(32, layers=2, seq=16)) and second.flops_step == 2
+
+
+def test_a_model_with_compiled_modules_is_not_counted_and_says_why() -> None:
+    """A dispatch mode around a compiled call changes what Dynamo compiles (a per-block
+    ``module.compile()`` under FSDP2 compiled no frame under the count): such a model's FLOPs
+    are NA with the reason, its tokens still counted, and nothing is compiled differently."""
+    torch.manual_seed(0)
+    model, meter = KnownGPT(seq=16), WorkMeter()
+    block = next(m for m in model.modules() if m is not model and list(m.parameters()))
+    block.compile(backend="eager")
+    idx = torch.randint(0, 64, (2, 16))
+    w = _step(meter, model, 1, idx, idx)
+    assert w.flops is None and w.na == work_mod.COMPILED_NA and w.tokens == 32
+    assert meter._counter is None  # no FlopCounterMode was ever entered
