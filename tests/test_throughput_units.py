@@ -232,3 +232,13 @@ def test_a_model_with_compiled_modules_is_not_counted_and_says_why() -> None:
     w = _step(meter, model, 1, idx, idx)
     assert w.flops is None and w.na == work_mod.COMPILED_NA and w.tokens == 32
     assert meter._counter is None  # no FlopCounterMode was ever entered
+
+
+def test_a_peak_the_model_exceeds_gives_mfu_na_with_both_figures() -> None:
+    """A measured peak below what the model reached (the probe slowed by other load, or run in
+    a slower dtype) is no ceiling: MFU is NA with the reason, never a figure over 100 %."""
+    state = _state(1)
+    (agg,) = state.ingest(_report(0, 1, 1.0, _work(flops=3e12, peak_flops=1e12)))
+    r0 = rank_step(agg.summaries[0])
+    assert r0.tflops_per_s == 3.0 and r0.mfu is None
+    assert "above the peak 1 TFLOP/s" in r0.na and "reached 3 TFLOP/s" in r0.na

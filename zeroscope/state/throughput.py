@@ -68,6 +68,21 @@ def predicted_flops(work: Work) -> float | None:
     return 6.0 * n * tokens + 12.0 * work.layers * work.hidden * work.seq_len * tokens
 
 
+def _mfu(flops_per_s: float | None, peak: float | None, na: str) -> tuple[float | None, str]:
+    """MFU and why it is NA. Above 1 the peak was no ceiling (a matmul probe slowed by other
+    load, or run in a dtype slower than the model's kernels: the demo's fp16 on a CPU read
+    263 %), and a figure over 100 % would only mislead: NA, with both numbers."""
+    if flops_per_s is None or not peak:
+        return None, na
+    mfu = flops_per_s / peak
+    if mfu > 1.0:
+        return None, na or (
+            f"MFU NA: the model reached {flops_per_s / 1e12:.3g} TFLOP/s, above the peak "
+            f"{peak / 1e12:.3g} TFLOP/s it was to be measured against (no ceiling)"
+        )
+    return mfu, na
+
+
 def _reason(work: Work | None) -> str:
     if work is None:
         return NOT_REPORTED
@@ -93,10 +108,15 @@ def of_step(works: list[Work | None], seconds: float) -> Throughput:
     sum_flops = sum(f for f in flops if f is not None) if whole and None not in flops else None
     sum_peaks = sum(p for p in peaks if p is not None) if whole and None not in peaks else None
     sources = sorted({w.peak_source for w in known if w.peak_flops is not None})
+    mfu, na = _mfu(
+        None if sum_flops is None else sum_flops / seconds,
+        sum_peaks,
+        reasons[0] if reasons else "",
+    )
     return Throughput(
         tokens_per_s=None if sum_tokens is None else sum_tokens / seconds,
         tflops_per_s=None if sum_flops is None else sum_flops / seconds / 1e12,
-        mfu=None if sum_flops is None or not sum_peaks else sum_flops / seconds / sum_peaks,
+        mfu=mfu,
         peak_tflops=None if sum_peaks is None else sum_peaks / 1e12,
         peak_source="; ".join(sources),
         flops_per_step=sum_flops,
@@ -104,7 +124,7 @@ def of_step(works: list[Work | None], seconds: float) -> Throughput:
             sum(p for p in predicted if p is not None) if whole and None not in predicted else None
         ),
         tokens_per_step=sum_tokens,
-        na=reasons[0] if reasons else "",
+        na=na,
     )
 
 
@@ -139,10 +159,16 @@ def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
         ]
     )
     last = steps[-1]
+    # flops / peak_time is MFU; as a rate: flops per second over the time-weighted peak.
+    mfu, na = _mfu(
+        None if flops is None or seconds <= 0 else flops / seconds,
+        None if peak_time is None or seconds <= 0 else peak_time / seconds,
+        na,
+    )
     return Throughput(
         tokens_per_s=None if tokens is None or seconds <= 0 else tokens / seconds,
         tflops_per_s=None if flops is None or seconds <= 0 else flops / seconds / 1e12,
-        mfu=None if flops is None or not peak_time else flops / peak_time,
+        mfu=mfu,
         peak_tflops=last.peak_tflops,
         peak_source=last.peak_source,
         flops_per_step=last.flops_per_step,
