@@ -126,11 +126,15 @@ class PeakProbe:
         self._source = "peak being measured"
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
         size = 2048 if device.type == "cuda" else 512
+        # Not a daemon: a job that ends while the probe is inside a matmul would otherwise be
+        # finalized under it, and torch's thread pool aborted the process ("terminate called
+        # without an active exception", exit 134: a 4-step DeepSpeed job under zeroscope run).
+        # The interpreter waits for it instead, at most one matmul past its 0.25 s.
         threading.Thread(
             target=self._measure,
             args=(torch, device, dtype, size, precision),
             name="zeroscope-peak",
-            daemon=True,
+            daemon=False,
         ).start()
 
     def _measure(self, torch: Any, device: Any, dtype: Any, size: int, precision: str) -> None:

@@ -151,6 +151,23 @@ def cpu_attention_formulas() -> dict[Any, Any]:
     }
 
 
+class _TotalOnly:
+    """FlopCounterMode's module tracker cut down to the total, which is all MFU needs. The real
+    one (torch.utils.module_tracker) puts global forward hooks on every module and multi-grad
+    hooks and autograd-engine callbacks into the job's backward: costs the job pays per module,
+    and private engine calls whose absence (a torch that renamed ``queue_callback``) raised
+    inside the job's own backward and killed it. With this one the count sits in the dispatch
+    mode alone, every FLOP attributed to "Global"."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _TotalOnly:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
 class WorkMeter:
     """One rank's tokens and FLOPs per step. ``inputs`` runs on the training thread at each
     forward (a few attribute reads; the count's start on the one step counted); ``take`` at
@@ -211,6 +228,7 @@ class WorkMeter:
                 from torch.utils.flop_counter import FlopCounterMode
 
                 counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
+                counter.mod_tracker = _TotalOnly()  # type: ignore[assignment]
                 counter.__enter__()
                 self._counter = counter
                 self._counted_first.add(shape)
