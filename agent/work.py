@@ -14,7 +14,11 @@ are bit-identical with and without it: tests/test_work_numerics.py). Later steps
 input shapes reuse the count; a step with new shapes is counted again, at most
 ``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
 after which a step of uncounted shapes has its FLOPs NA with the reason.
-``ZEROSCOPE_FLOPS=0`` turns the counting off.
+The count is opt-in, ``ZEROSCOPE_FLOPS=1``: a dispatch mode around a step can change the kernels
+that step runs (under it a LoRA'd Llama's attention took another path, and the losses of the
+steps after it moved in their last bits on DeepSpeed and the bundled engine), and the profiler
+never changes numerics by default. Without it FLOPs and MFU are NA with that reason; tokens are
+always counted.
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ class WorkMeter:
 
     def __init__(self) -> None:
         self.peak = PeakProbe()
-        self.enabled = os.environ.get(FLOPS_ENV, "1") != "0"
+        self.enabled = os.environ.get(FLOPS_ENV, "0") == "1"
         self._module: Callable[[], Any] = lambda: None
         self._shape: tuple[int, int | None, int | None] | None = None
         self._positions = 0
@@ -280,7 +284,8 @@ class WorkMeter:
             why = why or self._na_flops
         if flops is None:
             why = why or (
-                "FLOPs not counted: turned off (ZEROSCOPE_FLOPS=0)"
+                "FLOPs not counted: ZEROSCOPE_FLOPS=1 counts one step under torch's "
+                "FlopCounterMode, which can change that step's kernels (off by default)"
                 if not self.enabled
                 else f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
             )

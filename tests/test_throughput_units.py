@@ -19,6 +19,13 @@ from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.state.report import run_report
 from zeroscope.state.throughput import cluster_step, predicted_flops, rank_step
 
+
+@pytest.fixture(autouse=True)
+def _counting_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FLOP count is opt-in (ZEROSCOPE_FLOPS=1); these tests are about what it counts."""
+    monkeypatch.setenv(work_mod.FLOPS_ENV, "1")
+
+
 BASE_NS = 1_700_000_000 * 10**9
 
 
@@ -149,12 +156,12 @@ def test_meter_counts_up_to_its_budget_then_says_why(monkeypatch: pytest.MonkeyP
 
 
 def test_meter_off_and_non_sequence_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(work_mod.FLOPS_ENV, "0")
+    monkeypatch.delenv(work_mod.FLOPS_ENV)
     model, meter = KnownGPT(seq=16), WorkMeter()
     idx = torch.zeros(2, 16, dtype=torch.long)
     w = _step(meter, model, 1, idx, idx)
-    assert w.flops is None and "ZEROSCOPE_FLOPS=0" in w.na and w.tokens == 32
-    monkeypatch.delenv(work_mod.FLOPS_ENV)
+    assert w.flops is None and "ZEROSCOPE_FLOPS=1" in w.na and w.tokens == 32
+    monkeypatch.setenv(work_mod.FLOPS_ENV, "1")
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(1))
     conv(torch.zeros(1, 3, 8, 8))
 
