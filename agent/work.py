@@ -24,7 +24,6 @@ always counted.
 from __future__ import annotations
 
 import os
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -242,11 +241,10 @@ class WorkMeter:
     def _compiled(self, module: Any) -> bool:
         """torch.compile is in play: a dispatch mode around a compiled call changes what
         Dynamo compiles (a per-block ``module.compile()`` under FSDP2 compiled no frame at
-        all), so such a job's FLOPs are NA, never counted at that price. Checked only while a
-        count is due (a walk over the modules, once per new shape)."""
-        dynamo = sys.modules.get("torch._dynamo.utils")
-        frames = getattr(dynamo, "counters", {}).get("frames", {}) if dynamo else {}
-        if frames.get("total", 0) > 0 or any(
+        all), so such a model's FLOPs are NA, never counted at that price. Checked only while a
+        count is due (a walk over the modules, once per new shape). Not Dynamo's global frame
+        counters: they count every compile in the process, whoever did it."""
+        if any(
             getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod")
             for m in module.modules()
         ):
