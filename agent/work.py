@@ -206,9 +206,10 @@ class WorkMeter:
                 self._counted.clear()
                 self._counted_first.clear()
                 self._na_flops = ""
-                p = next(module.parameters(), None)
-                device = p.device if p is not None else torch.device("cpu")
-                self.peak.start(torch, device, precision_of(module, device))
+                if self.enabled:  # the peak only divides counted FLOPs: no probe without them
+                    p = next(module.parameters(), None)
+                    device = p.device if p is not None else torch.device("cpu")
+                    self.peak.start(torch, device, precision_of(module, device))
             x, mask = first_input(args, kwargs)
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
             kind = (x.dtype, shape) if shape else None
