@@ -104,3 +104,15 @@ def test_a_staged_copy_reports_its_cast(monkeypatch: pytest.MonkeyPatch) -> None
     assert [n for _, n, _, _ in tel.seen] == [200, 200, 100]  # three chunks, 16-bit bytes
     for _, _, start, end in tel.seen:
         assert end - start >= cast_s * 1e9  # each chunk's report covers its cast
+
+
+@pytest.mark.gpu
+def test_gpu_reported_update_lasts_the_cast_and_the_link() -> None:
+    """An fp32 master (256 MiB) cast into bf16 device parameters: the engine's report must last
+    at least 0.8x the host cast alone plus the link alone, timed in the same run
+    (bench/gpu_offload_checks.py's row). Before, the report was the link's CUDA events only,
+    a fraction of the sum whenever the cast is slower than PCIe (one core: ~1-2 GB/s)."""
+    from bench.gpu_offload_checks import cast_in_bandwidth
+
+    row = cast_in_bandwidth(torch.device("cuda"))
+    assert row["verdict"] == "PASS", row

@@ -123,3 +123,24 @@ def test_a_ring_buffer_is_refilled_only_after_its_copy_landed(tmp_path: Path) ->
     home.fetch_span(0, 100)  # a fetch larger than buffer_size grows its buffer, once
     assert sorted(b.numel() for b in home.reads.buffers) == [64, 100]
     run.engine.destroy()
+
+
+@pytest.mark.gpu
+def test_gpu_nvme_parameters_with_one_ring_buffer_train_like_no_offload(tmp_path: Path) -> None:
+    """One page-locked ring buffer: every gather's file read refills the buffer the previous
+    gather's non-blocking copy to the GPU read. Without the end-event guard the read would
+    overwrite bytes still in flight (wrong parameters, no error). Before, every gather pinned a
+    fresh buffer: the per-gather allocation this ring removes."""
+    params = {}
+    for name, cfg in {
+        "none": ds_config(3, "bf16", **SMALL),
+        "nvme": _param_nvme(tmp_path, buffer_count=1),
+    }.items():
+        run = build(cfg)
+        train(run, 0, 1, range(4))
+        params[name] = {
+            k: v.cpu() for k, v in run.engine._zero3_consolidated_16bit_state_dict().items()
+        }
+        run.engine.destroy()
+    for key, value in params["none"].items():
+        assert torch.equal(value, params["nvme"][key]), key
