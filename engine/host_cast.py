@@ -33,6 +33,7 @@ the copy saves."""
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
+_pool_pid = 0
 
 
 def cast_workers() -> int:
@@ -50,13 +51,16 @@ def cast_workers() -> int:
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_workers
+    """The casting threads, made on first use (and again in a forked child: a fork copies the
+    pool but not its threads, and work handed to it would wait forever)."""
+    global _pool, _pool_workers, _pool_pid
     with _lock:
-        if _pool is None or _pool_workers < workers:
-            if _pool is not None:
+        forked = _pool_pid != os.getpid()
+        if _pool is None or _pool_workers < workers or forked:
+            if _pool is not None and not forked:
                 _pool.shutdown(wait=False)
             _pool = ThreadPoolExecutor(workers, thread_name_prefix="zeroscope-cast")
-            _pool_workers = workers
+            _pool_workers, _pool_pid = workers, os.getpid()
         return _pool
 
 

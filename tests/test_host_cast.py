@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -116,3 +117,31 @@ def test_gpu_reported_update_lasts_the_cast_and_the_link() -> None:
 
     row = cast_in_bandwidth(torch.device("cuda"))
     assert row["verdict"] == "PASS", row
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_a_forked_child_casts_on_its_own_threads(one_job_thread: None) -> None:
+    # A fork copies the pool object but not its threads: work handed to it would never run.
+    n = 2 * host_cast.MIN_CHUNK_NUMEL
+    src = torch.randn(n)
+    host_cast.host_copy(torch.empty(n, dtype=torch.bfloat16), src, workers=2)  # pool made here
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the cast completes and is right
+        code = 1
+        try:
+            out = torch.empty(n, dtype=torch.bfloat16)
+            host_cast.host_copy(out, src, workers=2)
+            code = 0 if torch.equal(out, src.to(torch.bfloat16)) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:  # a hang is the failure being tested: not a race
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's cast never finished")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
