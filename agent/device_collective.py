@@ -41,16 +41,26 @@ def sequence_of(group: Any) -> tuple[str, int] | None:
         return None
 
 
+_default: list[Any] = [None, ""]
+"""The default group last seen and its name (read once per group, not per op)."""
+
+
 def default_group_sequence(group_size: int) -> tuple[str, int] | None:
     """The default group's latest collective when an op of ``group_size`` ranks was just issued
     on it (the bundled engine's data-parallel group is the world); None for an op of a smaller
-    group, which the agent API does not name (its duration is then NA, never another op's)."""
+    group, which the agent API does not name (its duration is then NA, never another op's).
+    On the training thread, per GPU op: an attribute read and one integer read."""
     try:
-        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
 
-        if not dist.is_initialized() or dist.get_world_size() != group_size:
+        group: Any = distributed_c10d._world.default_pg
+        if group is None:
             return None
-        return sequence_of(dist.distributed_c10d._get_default_group())
+        if _default[0] is not group:  # a new default group (a job may make and destroy them)
+            _default[:] = [group, str(group.group_name)]
+        if group.size() != group_size:
+            return None
+        return _default[1], int(group._get_sequence_number_for_group())
     except Exception:
         return None
 

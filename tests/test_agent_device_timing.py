@@ -258,3 +258,24 @@ def test_an_attached_gpu_op_is_timed_by_the_same_rules(
     ring.add(2, "all_reduce", 4.0)
     got = LoggedOp(unwaited, {}).resolve(0)  # on a side stream, or never waited: no stall
     assert got is not None and got.clock == "device" and not got.exposed_measured
+
+
+def test_the_default_groups_sequence_number_names_each_op() -> None:
+    """What the engine's GPU path reads right after issuing an op (one-rank gloo group here:
+    the same ProcessGroup API): each op its own number, an op of another group size none."""
+    from zeroscope.agent.device_collective import default_group_sequence
+
+    assert default_group_sequence(1) is None  # no group yet
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.ones(4)
+        seen = []
+        for _ in range(3):
+            dist.all_reduce(t)
+            seen.append(default_group_sequence(1))
+        name = dist.distributed_c10d._get_default_group().group_name
+        first = seen[0][1]
+        assert seen == [(name, first), (name, first + 1), (name, first + 2)]
+        assert default_group_sequence(2) is None  # not the world's size: not this group's op
+    finally:
+        dist.destroy_process_group()
