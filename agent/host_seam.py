@@ -36,7 +36,7 @@ import weakref
 from typing import Any
 
 from . import collective_record
-from .collective_record import END, REF, book_wait_python, resolve_host_record
+from .collective_record import END, REF, book_wait, resolve_host_record
 from .cost import now_ns
 from .schema import Collective, CollectiveOp
 
@@ -78,7 +78,9 @@ class HostWork(tuple):
             return work.wait() if timeout is None else work.wait(timeout)
         finally:
             t1 = now_ns()
-            if book_wait_python(rec, t0, t1) and counters is not None:
+            # The one bookkeeping (agent/collective_record.py), a C call where the seam was
+            # built: no Python frame beside this one (the agent's overhead budget).
+            if book_wait(rec, t0, t1) and counters is not None:
                 counters.host_ended += 1
             if counters is not None:  # the agent's own part of wait(), not the wait itself
                 counters.collective_ns += now_ns() - t1
