@@ -74,11 +74,16 @@ class StepFlops(TorchDispatchMode):
         super().__init__()
         self.registry = formulas()
         self.total = 0
+        self.failed = ""
+        """The op whose formula raised (the count is then NA, never short), else empty."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs)  # the job's op: its errors are the job's own
         formula = self.registry.get(getattr(func, "_overloadpacket", None))
-        if formula is not None:
-            self.total += int(formula(*args, **kwargs, out_val=out))
+        if formula is not None and not self.failed:
+            try:  # a formula's failure must never reach the job's step
+                self.total += int(formula(*args, **kwargs, out_val=out))
+            except Exception:
+                self.failed = str(func)
         return out

@@ -226,8 +226,13 @@ class WorkMeter:
         if counter is not None:
             try:
                 counter.__exit__(None, None, None)
-                flops = (float(counter.total), step)
-                self._counted[key] = flops
+                if counter.failed:
+                    self._na_flops = (
+                        f"FLOPs not counted: torch's formula for {counter.failed} failed"
+                    )
+                else:
+                    flops = (float(counter.total), step)
+                    self._counted[key] = flops
             except Exception:
                 self.errors += 1
         if not self._shapes:

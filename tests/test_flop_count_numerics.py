@@ -117,3 +117,29 @@ def test_the_count_equals_flop_counter_modes_on_the_llama() -> None:
             counter.total if isinstance(counter, StepFlops) else counter.get_total_flops()
         )
     assert totals[0] == totals[1] > 0
+
+
+def test_a_formula_that_raises_never_reaches_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose formula for an op breaks on some input: the job's op still runs and
+    returns its own result, and the count is NA with the op named (never a short total)."""
+    from zeroscope.agent import flops as flops_mod
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise TypeError("a formula torch changed")
+
+    aten = torch.ops.aten
+    monkeypatch.setattr(flops_mod, "formulas", lambda: {aten.mm: broken, aten.addmm: broken})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    x = torch.randn(4, 8, 8)  # a batch of 4 embedded sequences of 8
+    plain = model(x).sum()
+    meter = WorkMeter()
+    meter.inputs(model, (x,), {}, 1)
+    counted = model(x).sum()
+    counted.backward()
+    facts = meter.take(1)
+    assert facts is not None
+    w = work_report(facts)
+    assert torch.equal(plain, counted)
+    assert w.flops is None and "formula for aten." in w.na and "failed" in w.na
+    assert w.tokens == 32
