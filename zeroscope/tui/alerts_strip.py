@@ -47,9 +47,12 @@ class AlertsStrip(Static):
     AlertsStrip { height: auto; max-height: 5; border-top: solid $primary-darken-2; }
     """
 
+    _shown: Text | None = None
+
     def show(self, alerts: list[Alert]) -> None:
         pointer = getattr(self.app, "advice_pointer", None)
         width = self.content_size.width or self.app.size.width
-        self.update(
-            alerts_text(alerts, pointer=pointer() if callable(pointer) else None, width=width)
-        )
+        text = alerts_text(alerts, pointer=pointer() if callable(pointer) else None, width=width)
+        if text != self._shown:  # an update reflows the whole screen: only when it changed
+            self._shown = text
+            self.update(text)
