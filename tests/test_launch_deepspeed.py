@@ -49,31 +49,19 @@ def _losses(stdout: str) -> list[str]:
     return sorted(line for line in stdout.splitlines() if line.startswith("LOSS "))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
-    tmp = tmp_path_factory.mktemp("ds-launcher")
+def _script_args(tmp: Path) -> list[str]:
     config = tmp / "ds.json"
     config.write_text(json.dumps(CONFIG))
-    script_args = [str(SCRIPT), "--steps", str(STEPS), "--deepspeed", "--deepspeed_config"]
-    script_args.append(str(config))
+    return [str(SCRIPT), "--steps", str(STEPS), "--deepspeed", "--deepspeed_config", str(config)]
+
+
+def _run_all(
+    tmp: Path, argvs: list[tuple[str, list[str]]]
+) -> dict[str, subprocess.CompletedProcess[str]]:
     out = {}
-    # `deepspeed --num_gpus 2 train.py ...`: the `deepspeed` command is this module's main().
-    launcher = [sys.executable, "-m", "deepspeed.launcher.runner"]
-    alias = [*ZEROSCOPE_RUN[:-1], "--as-deepspeed"]
-    for name, argv in [
-        ("deepspeed", [*launcher, "--num_gpus", "2", "--master_port", _free_port()]),
-        (
-            "zeroscope",
-            [*ZEROSCOPE_RUN, "--num_gpus", "2", "--master_port", _free_port()],
-        ),
-        ("alias", [*alias, "a.zstrace", "--num_gpus", "2", "--master_port", _free_port()]),
-        (
-            "alias-torchrun",
-            [*alias, "b.zstrace", "--nproc-per-node", "2", "--master_port", _free_port()],
-        ),
-    ]:
+    for name, argv in argvs:
         out[name] = subprocess.run(
-            [*argv, *script_args],
+            [*argv, *_script_args(tmp)],
             cwd=tmp,
             env=_env(),
             capture_output=True,
@@ -81,7 +69,42 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Compl
             timeout=900,
         )
         assert out[name].returncode == 0, out[name].stdout[-3000:] + out[name].stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("ds-launcher")
+    # `deepspeed --num_gpus 2 train.py ...`: the `deepspeed` command is this module's main().
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    out = _run_all(
+        tmp,
+        [
+            ("deepspeed", [*launcher, "--num_gpus", "2", "--master_port", _free_port()]),
+            ("zeroscope", [*ZEROSCOPE_RUN, "--num_gpus", "2", "--master_port", _free_port()]),
+        ],
+    )
     out["trace"] = tmp / "t.zstrace"  # type: ignore[assignment]
+    return out
+
+
+@pytest.fixture(scope="module")
+def alias_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """``--as-deepspeed`` under the launcher's flags, and under torchrun's (the reference)."""
+    tmp = tmp_path_factory.mktemp("ds-launcher-alias")
+    alias = [*ZEROSCOPE_RUN[:-2], "--as-deepspeed", "--record"]
+    out = _run_all(
+        tmp,
+        [
+            ("alias", [*alias, "a.zstrace", "--num_gpus", "2", "--master_port", _free_port()]),
+            (
+                "alias-torchrun",
+                [*alias, "b.zstrace", "--nproc-per-node", "2", "--master_port", _free_port()],
+            ),
+        ],
+    )
     out["alias-trace"] = tmp / "a.zstrace"  # type: ignore[assignment]
     return out
 
@@ -112,16 +135,18 @@ def _values(stdout: str) -> list[tuple[str, str, str]]:
     return sorted((ln.split()[2], ln.split()[4], ln.split()[5]) for ln in _losses(stdout))
 
 
-def test_as_deepspeed_with_the_launchers_flags_runs_the_bundled_engine(runs: dict) -> None:
-    ours = runs["alias"].stdout
+def test_as_deepspeed_with_the_launchers_flags_runs_the_bundled_engine(
+    runs: dict, alias_runs: dict
+) -> None:
+    ours = alias_runs["alias"].stdout
     # the same losses as under torchrun's flags with the alias, and the launcher's --local_rank
     assert len(_values(ours)) == 2 * STEPS
-    assert _values(ours) == _values(runs["alias-torchrun"].stdout), ours[-4000:]
+    assert _values(ours) == _values(alias_runs["alias-torchrun"].stdout), ours[-4000:]
     assert {ln.split("local_rank_arg ")[1] for ln in _losses(ours)} == {
         "0 LOCAL_RANK 0",
         "1 LOCAL_RANK 1",
     }
-    trace = read_trace(runs["alias-trace"])
+    trace = read_trace(alias_runs["alias-trace"])
     assert sorted(r for r in trace if r >= 0) == [0, 1]
     for rank in (0, 1):
         assert [s.step for s in trace[rank].steps] == list(range(1, STEPS + 1))
