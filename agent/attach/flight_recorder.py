@@ -24,7 +24,9 @@ counts exact; duration, busbw and exposed NA). Where torch measured a duration w
 clock. Exposed time is never measured here. Entries the ring overwrote before a read are
 counted in ``lost``, never guessed.
 
-The dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
+torch keeps two recorders, ProcessGroupNCCL's own (NCCL collectives, with CUDA events) and a
+generic one (gloo): both are dumped (:data:`DUMPS`). The dump holds the interpreter lock while
+torch builds it, and walks the whole ring each time:
 the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group is watched.
 
 Draining often enough: the sender thread wakes about twice a second, and a ring of 64 holds
@@ -45,12 +47,16 @@ import os
 import time
 from typing import Any
 
+from zeroscope.agent.collective_record import to_wire
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 """torch's older name for the ring size, read when ``TORCH_FR_BUFFER_SIZE`` is unset."""
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+FRESH_S = 0.05
+"""How old a dump may be when a device duration not yet in it is asked for again (torch's
+watchdog retires completed works every ~0.1 s)."""
 DEFAULT_BUFFER = 64
 """Entries in torch's ring: more than the unseen collectives between two reads of a job with
 one DDP model (a few buckets per step, a read per batch of reports), few enough that a dump,
@@ -137,16 +143,15 @@ def collective_of(entry: dict[str, Any], group_size: int, label: str) -> Collect
         return None
     duration_ms = entry.get("duration_ms")
     timed = duration_ms is not None and entry.get("state") == "completed"
-    return Collective(
+    return to_wire(
         op=op,
         nbytes=nbytes,
         group_size=group_size,
         start_s=entry.get("time_created_ns", 0) / 1e9,
-        duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else 0.0,
-        exposed_s=0.0,
+        duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else None,
+        exposed_s=None,
         label=label,
-        clock="device" if timed else "none",
-        exposed_measured=False,
+        clock="device",
     )
 
 
@@ -214,6 +219,7 @@ class FlightRecorderReader:
         self._objects: dict[str, Any] = {}
         self._cache: list[dict[str, Any]] = []
         self._cache_top: dict[str, int] = {}
+        self._dumped_at = 0.0
         self.ring = 0
         """The ring's entries (torch's, read when a group is first watched)."""
         self.share = 1.0
@@ -327,12 +333,41 @@ class FlightRecorderReader:
         out.sort(key=lambda op: op._issue_ns)
         return out
 
-    def _entries(self, marks: dict[str, int]) -> list[dict[str, Any]]:
+    def device_duration(self, name: str, seq: int, op: CollectiveOp) -> float | bool | None:
+        """Sender thread: the device duration [s] torch measured for collective ``seq`` of
+        group ``name`` (NCCL with ``TORCH_NCCL_ENABLE_TIMING=1``: CUDA events on the NCCL
+        stream, nothing held by zeroscope); False while its entry is not retired yet (ask
+        again), None when it will not come (the ring dropped it, no timing, another op)."""
+        try:
+            entries = self._entries({name: seq}, fresh=True)
+        except Exception as exc:
+            self.errors += 1
+            self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
+            return None
+        for entry in entries:
+            if str(entry.get("process_group", [""])[0]) != name:
+                continue
+            if int(entry.get("collective_seq_id", -1)) != seq:
+                continue
+            wire_op = OPS.get(str(entry.get("profiling_name", "")).rpartition(":")[2])
+            if wire_op != op:
+                return None  # not the op asked about: never another op's figure
+            duration_ms = entry.get("duration_ms")
+            if duration_ms is None or entry.get("state") != "completed":
+                timed = os.environ.get(TIMING_ENV, "") == "1"
+                return False if timed and entry.get("state") != "completed" else None
+            return float(duration_ms) / 1e3
+        return None  # overwritten before this read (or never recorded)
+
+    def _entries(self, marks: dict[str, int], fresh: bool = False) -> list[dict[str, Any]]:
         """The recorder's entries, dumped again only when the last dump does not reach every
-        mark (one dump serves the reports of a batch)."""
-        if any(self._cache_top.get(n, -1) < top for n, top in marks.items()):
-            dump = self._dump or _dump
-            entries = json.loads(dump()).get("entries", [])
+        mark (one dump serves the reports of a batch), or, ``fresh``, when it is older than
+        :data:`FRESH_S` (an entry's duration appears once torch's watchdog retires it)."""
+        stale = fresh and time.monotonic() - self._dumped_at > FRESH_S
+        if stale or any(self._cache_top.get(n, -1) < top for n, top in marks.items()):
+            self._dumped_at = time.monotonic()
+            raw = (self._dump or _dump)()
+            entries = (raw if isinstance(raw, dict) else json.loads(raw)).get("entries", [])
             top: dict[str, int] = {}
             for e in entries:
                 name = str(e.get("process_group", [""])[0])
@@ -360,11 +395,22 @@ def _say(part: str, reason: str) -> None:
         pass
 
 
-def _dump() -> bytes:
+DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+"""torch keeps two recorders: ProcessGroupNCCL's own (CUDA events: where NCCL collectives go,
+absent from a CPU build) and the generic one (gloo). Both are read."""
+
+
+def _dump() -> dict[str, Any]:
     import torch
 
     c10d: Any = torch._C._distributed_c10d
-    return bytes(c10d._dump_fr_trace_json(True, False))
+    found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
+    if not found:
+        raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
+    entries: list[Any] = []
+    for fn in found:
+        entries += json.loads(bytes(fn(True, False))).get("entries", [])
+    return {"entries": entries}
 
 
 READER = FlightRecorderReader()
