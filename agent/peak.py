@@ -8,10 +8,13 @@ peak is what a square matmul of the job's dtype reaches here: a ceiling real cod
 so MFU is meaningful on a CPU too. ``Work.peak_source`` says which one was used.
 
 The measurement runs on a thread of its own when the model's first forward is seen (never on
-the training thread); it uses its own tensors (``torch.ones``, no random generator: the job's
-RNG stream is untouched), and on a GPU runs on a side stream and only when the datasheet does
-not know the GPU (the table's figure is then used and no device memory is taken).
-``ZEROSCOPE_PEAK_PROBE=0`` skips it; MFU is then NA on devices the table does not know.
+the training thread) and uses its own tensors (``torch.ones``, no random generator: the job's
+RNG stream is untouched). It runs on the host only: a GPU the datasheet table does not know is
+never probed, because the probe's matrices would stay in the caching allocator (the job's
+``memory_reserved`` changed) and its kernels would share the device with training; MFU is NA
+there with the reason, unless ``ZEROSCOPE_PEAK_TFLOPS`` gives the dense peak by hand (which
+also overrides the table and the probe anywhere). ``ZEROSCOPE_PEAK_PROBE=0`` skips the host
+probe.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from typing import Any
 
 PEAK_PROBE_ENV = "ZEROSCOPE_PEAK_PROBE"
+PEAK_TFLOPS_ENV = "ZEROSCOPE_PEAK_TFLOPS"
 
 # Dense (no structured sparsity) peak TFLOP/s per GPU, from NVIDIA's datasheets:
 # H100/H200: "NVIDIA H100 Tensor Core GPU" datasheet (SXM: BF16/FP16 1,979 with sparsity ->
@@ -112,20 +116,37 @@ class PeakProbe:
         if self._started:
             return
         self._started = True
+        given = os.environ.get(PEAK_TFLOPS_ENV, "")
+        if given:
+            try:
+                self._peak = float(given) * 1e12
+                self._source = f"{PEAK_TFLOPS_ENV}={given}"
+            except ValueError:
+                self._source = f"{PEAK_TFLOPS_ENV}={given!r} is not a number of TFLOP/s"
+            if self._peak is not None and self._peak <= 0:
+                self._peak, self._source = None, f"{PEAK_TFLOPS_ENV}={given} is not positive"
+            return
         if device.type == "cuda":
             try:
-                found = datasheet_peak(torch.cuda.get_device_name(device), precision)
+                name = torch.cuda.get_device_name(device)
+                found = datasheet_peak(name, precision)
             except Exception:
-                found = None
-            if found is not None:
+                name, found = "this GPU", None
+            if found is None:
+                self._source = (
+                    f"{name} ({precision}) is not in agent/peak.py's datasheet table; "
+                    f"{PEAK_TFLOPS_ENV}=<dense peak> gives it (the GPU is never probed: "
+                    "that would take device memory from the job)"
+                )
+            else:
                 self._peak, self._source = found
-                return
+            return
         if os.environ.get(PEAK_PROBE_ENV, "1") == "0":
             self._source = f"no datasheet peak for this device, and {PEAK_PROBE_ENV}=0"
             return
         self._source = "peak being measured"
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-        size = 2048 if device.type == "cuda" else 512
+        size = 512
         # Not a daemon: a job that ends while the probe is inside a matmul would otherwise be
         # finalized under it, and torch's thread pool aborted the process ("terminate called
         # without an active exception", exit 134: a 4-step DeepSpeed job under zeroscope run).

@@ -4,6 +4,8 @@ inputs of every kind, and the peak table and probe."""
 
 from __future__ import annotations
 
+import threading
+
 import msgspec
 import pytest
 import torch
@@ -249,3 +251,41 @@ def test_a_peak_the_model_exceeds_gives_mfu_na_with_both_figures() -> None:
     r0 = rank_step(agg.summaries[0])
     assert r0.tflops_per_s == 3.0 and r0.mfu is None
     assert "above the peak 1 TFLOP/s" in r0.na and "reached 3 TFLOP/s" in r0.na
+
+
+class _UnlistedGpuTorch:
+    """torch as the probe sees it on a GPU the datasheet table does not know; any attempt to
+    run the probe there (tensors, streams) would fail loudly."""
+
+    bfloat16, float16, float32 = torch.bfloat16, torch.float16, torch.float32
+
+    class cuda:
+        @staticmethod
+        def get_device_name(device: object) -> str:
+            return "Some Future GPU"
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the probe touched torch.{name} on the GPU")
+
+
+def test_an_unlisted_gpu_is_never_probed_and_a_given_peak_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU probe's matrices would stay in the job's caching allocator: an unlisted GPU gets
+    MFU NA with the reason and how to give the peak, and ZEROSCOPE_PEAK_TFLOPS gives it."""
+    monkeypatch.delenv(peak_mod.PEAK_TFLOPS_ENV, raising=False)
+    probe = PeakProbe()
+    probe.start(_UnlistedGpuTorch(), torch.device("cuda", 0), "bf16")
+    peak, why = probe.figure()
+    assert peak is None and "Some Future GPU (bf16) is not in" in why
+    assert peak_mod.PEAK_TFLOPS_ENV in why and not any(
+        t.name == "zeroscope-peak" for t in threading.enumerate()
+    )
+    monkeypatch.setenv(peak_mod.PEAK_TFLOPS_ENV, "312.5")
+    given = PeakProbe()
+    given.start(_UnlistedGpuTorch(), torch.device("cuda", 0), "bf16")
+    assert given.figure() == (312.5e12, f"{peak_mod.PEAK_TFLOPS_ENV}=312.5")
+    monkeypatch.setenv(peak_mod.PEAK_TFLOPS_ENV, "fast")
+    bad = PeakProbe()
+    bad.start(torch, torch.device("cpu"), "fp32")
+    assert bad.figure()[0] is None and "not a number" in bad.figure()[1]
