@@ -48,11 +48,15 @@ class AlertsStrip(Static):
     """
 
     _shown: Text | None = None
+    _lines = 0
 
     def show(self, alerts: list[Alert]) -> None:
         pointer = getattr(self.app, "advice_pointer", None)
         width = self.content_size.width or self.app.size.width
         text = alerts_text(alerts, pointer=pointer() if callable(pointer) else None, width=width)
-        if text != self._shown:  # an update reflows the whole screen: only when it changed
-            self._shown = text
-            self.update(text)
+        if text != self._shown:
+            # A layout pass reflows the whole screen: only when the strip's height may change
+            # (its line count; the text is wrapped to the width above).
+            lines = text.plain.count("\n")
+            self.update(text, layout=self._shown is None or lines != self._lines)
+            self._shown, self._lines = text, lines
