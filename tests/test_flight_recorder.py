@@ -170,6 +170,62 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
     assert (taken, lost) == (issued, 0)
 
 
+def _urgent_reads(per_step: int, steps: int, late: int) -> tuple[int, int, int, int]:
+    """One watched group issuing ``per_step`` entries per step into a ring of 64; the sender
+    reads only when woken by an urgent mark, ``late`` steps after it (a loaded machine), every
+    mark handed over by then. Returns (dumps, entries taken, entries issued, lost)."""
+    ring = _Ring(64)
+    dumps = [0]
+
+    def dump() -> bytes:
+        dumps[0] += 1
+        return ring.dump()
+
+    reader = FlightRecorderReader(dump=dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    marks: list[Any] = []
+    taken = 0
+    due: int | None = None
+    for step in range(1, steps + 1):
+        for _ in range(per_step):
+            ring.issue(group)
+        mark = reader.mark()
+        assert mark is not None
+        marks.append(mark)
+        if mark.urgent and due is None:
+            due = step + late
+        if due is not None and step >= due:
+            taken += sum(len(m.expand()) for m in marks)
+            marks.clear()
+            due = None
+    return dumps[0], taken, group.seq, reader.lost
+
+
+def test_the_ring_is_read_when_it_is_three_quarters_full_not_half(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each dump walks the whole ring (its cost is per entry), so reading at half a ring dumped
+    every entry twice. With a step's 4 entries, the headroom is a quarter of the ring: read at
+    48 of 64, every 12 steps, each entry dumped 64/48 times; nothing lost."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=120, late=0)
+    assert (taken, lost) == (issued, 0) and issued == 480
+    assert dumps == 480 // 48  # the half-ring threshold read 480 // 32 = 15 times
+
+
+def test_a_sender_a_step_late_loses_nothing_when_steps_are_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """20 entries per step into 64: a fixed three-quarter threshold (48) would wake the sender
+    at 60 unread and a sender one step late would read 80: 16 lost. The headroom is two of the
+    largest steps (40), so the mark is urgent at 40 unread and the late read finds 60."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=20, steps=30, late=1)
+    assert (taken, lost) == (issued, 0) and issued == 600
+    assert dumps == 10  # every 3 steps: urgent at step 2, read at 3
+
+
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
     from types import SimpleNamespace
 
@@ -187,11 +243,15 @@ def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
 
 
 def test_the_ring_size_the_job_set_under_either_name_is_kept() -> None:
-    from zeroscope.agent.attach.flight_recorder import configure_environment, ring_size
+    from zeroscope.agent.attach.flight_recorder import (
+        DEFAULT_BUFFER,
+        configure_environment,
+        ring_size,
+    )
 
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     configure_environment(env)
     assert "TORCH_FR_BUFFER_SIZE" not in env and ring_size(env) == 2000
     env = {}
     configure_environment(env)
-    assert ring_size(env) == 64 and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    assert ring_size(env) == DEFAULT_BUFFER and env["TORCH_NCCL_ENABLE_TIMING"] == "1"

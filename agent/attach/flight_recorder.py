@@ -25,25 +25,34 @@ clock. Exposed time is never measured here. Entries the ring overwrote before a 
 counted in ``lost``, never guessed.
 
 The dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
-the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group is watched.
+its cost is per entry in the ring (measured on this project's 2-core VM, torch 2.13, gloo: ~15
+us of CPU per entry for torch's JSON, ~5 more to decode it in Python), so what the reader costs
+a job is how many times each entry is dumped. It is decoded straight into typed structs
+(msgspec, fields the reader uses only) in one pass.
 
-Draining often enough: the sender thread wakes about twice a second, and a ring of 64 holds
-fewer entries than a job of short steps issues in that time (and one process-wide ring also
-holds every other group's collectives: FSDP2's, a GradScaler's). So at each step end the
+Draining often enough, and no more: the sender thread wakes about twice a second, and a ring
+holds fewer entries than a job of short steps issues in that time (and one process-wide ring
+also holds every other group's collectives: FSDP2's, a GradScaler's). So at each step end the
 training thread compares the backlog (a watched group's sequence numbers issued since the last
 take, scaled by the share of all entries its group issued in the last dump, from the entries'
-process-wide ``record_id``) with half the ring: past it, the mark is *urgent* and the step's
-hand-over wakes the sender at once (agent/outbox.py), so the dump comes before the ring turns
-over. What no drain can save, a single step issuing more than the ring holds, is counted lost
-and said with the ring size it would need.
+process-wide ``record_id``) with the ring less a headroom: the larger of a quarter of the ring
+and two of the largest steps seen (scaled alike), so that a sender one step late still reads
+before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
+sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
+times: 1.33 for a job of few collectives per step, where the former half-ring threshold dumped
+each twice. What no drain can save, a single step issuing more than the ring holds, is counted
+lost and said with the ring size it would need.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
+from bisect import bisect_right
+from itertools import pairwise
 from typing import Any
+
+import msgspec
 
 from zeroscope.agent.schema import Collective, CollectiveOp
 
@@ -51,11 +60,12 @@ BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 """torch's older name for the ring size, read when ``TORCH_FR_BUFFER_SIZE`` is unset."""
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
-DEFAULT_BUFFER = 64
-"""Entries in torch's ring: more than the unseen collectives between two reads of a job with
-one DDP model (a few buckets per step, a read per batch of reports), few enough that a dump,
-which walks the whole ring, stays cheap (bench/attach_overhead.py: 256 entries cost DDP 6.5-10
-ms of CPU per step on a loaded 2-core machine, 64 entries 0.3-2.7 ms)."""
+DEFAULT_BUFFER = 128
+"""Entries in torch's ring. Each dump walks the whole ring (under the interpreter lock, ~2 ms
+at 128 entries on a 2-core VM), and each entry is dumped ring / (ring - headroom) times (see the
+module docstring): at 64 entries a DDP job of 16 bucket all-reduces per step read its ring every
+2 steps, each entry twice; at 128 each ~1.36 times (bench/attach_overhead.py, docs/bench.md).
+Larger rings cost more per entry (the dump's cache misses: ~30 us per entry at 1024)."""
 
 OPS: dict[str, CollectiveOp] = {
     "all_reduce": "all_reduce",
@@ -93,6 +103,50 @@ DTYPE_BYTES = {
 }
 
 
+class Entry(msgspec.Struct, gc=False):
+    """One Flight Recorder entry: the fields the reader uses (torch's others are skipped by
+    the decoder, never built)."""
+
+    process_group: list[str] = msgspec.field(default_factory=list)
+    collective_seq_id: int = 0
+    record_id: int = 0
+    profiling_name: str = ""
+    input_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    input_dtypes: list[str] = msgspec.field(default_factory=list)
+    output_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    output_dtypes: list[str] = msgspec.field(default_factory=list)
+    time_created_ns: int = 0
+    duration_ms: float | None = None
+    state: str = ""
+    is_p2p: bool = False
+
+    @property
+    def group(self) -> str:
+        return self.process_group[0] if self.process_group else ""
+
+
+class _Dump(msgspec.Struct):
+    entries: list[Entry] = msgspec.field(default_factory=list)
+
+
+_DECODER = msgspec.json.Decoder(_Dump, strict=False)
+
+
+def entries_of(raw: bytes) -> list[Entry]:
+    """A dump's entries. An entry torch shaped otherwise than :class:`Entry` expects (a field
+    of another type in a later release) is left out, the others kept."""
+    try:
+        return _DECODER.decode(raw).entries
+    except msgspec.ValidationError:
+        out: list[Entry] = []
+        for e in msgspec.json.decode(raw).get("entries", []):
+            try:
+                out.append(msgspec.convert(e, Entry, strict=False))
+            except msgspec.ValidationError:
+                continue
+        return out
+
+
 def configure_environment(env: Any = os.environ) -> None:
     """Turn torch's Flight Recorder on (and NCCL's per-collective timing) for process groups
     created from now on, unless the job set them itself (under either of torch's names)."""
@@ -122,26 +176,28 @@ def _nbytes(sizes: list[list[int]], dtypes: list[str]) -> int | None:
     return total
 
 
-def collective_of(entry: dict[str, Any], group_size: int, label: str) -> Collective | None:
+def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) -> Collective | None:
     """One Flight Recorder entry as the wire's Collective, ``start_s`` still the entry's wall
     clock in seconds (see :class:`RecorderOp`); None for an op the wire has no name for.
     Bytes follow nccl-tests (the gathered size for all-gather, the input for reduce-scatter)."""
-    op = OPS.get(str(entry.get("profiling_name", "")).rpartition(":")[2])
+    if isinstance(entry, dict):
+        entry = msgspec.convert(entry, Entry, strict=False)
+    op = OPS.get(entry.profiling_name.rpartition(":")[2])
     if op is None:
         return None
     if op == "all_gather":
-        nbytes = _nbytes(entry["output_sizes"], entry["output_dtypes"])
+        nbytes = _nbytes(entry.output_sizes, entry.output_dtypes)
     else:
-        nbytes = _nbytes(entry["input_sizes"], entry["input_dtypes"])
+        nbytes = _nbytes(entry.input_sizes, entry.input_dtypes)
     if nbytes is None:
         return None
-    duration_ms = entry.get("duration_ms")
-    timed = duration_ms is not None and entry.get("state") == "completed"
+    duration_ms = entry.duration_ms
+    timed = duration_ms is not None and entry.state == "completed"
     return Collective(
         op=op,
         nbytes=nbytes,
         group_size=group_size,
-        start_s=entry.get("time_created_ns", 0) / 1e9,
+        start_s=entry.time_created_ns / 1e9,
         duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else 0.0,
         exposed_s=0.0,
         label=label,
@@ -212,8 +268,16 @@ class FlightRecorderReader:
         """Why the reader turned itself off (empty while it works)."""
         self._dump = dump
         self._objects: dict[str, Any] = {}
-        self._cache: list[dict[str, Any]] = []
+        self._cache: dict[str, tuple[list[int], list[Entry]]] = {}
+        """The last dump's entries of each watched group: their sequence numbers (ascending)
+        and the entries, so that each take visits its step's entries only."""
         self._cache_top: dict[str, int] = {}
+        self.dumps = 0
+        """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
+        self._last_marks: dict[str, int] = {}
+        self._step_most = 0
+        """The most watched entries (scaled by ``share``) one step issued, as the training
+        thread saw them at step ends: the headroom left for a late sender (``_urgent``)."""
         self.ring = 0
         """The ring's entries (torch's, read when a group is first watched)."""
         self.share = 1.0
@@ -270,21 +334,28 @@ class FlightRecorderReader:
         return RecorderMark(self, marks, self._urgent(marks))
 
     def _urgent(self, marks: dict[str, int]) -> bool:
-        """Training thread: whether the unread entries fill half the ring (integers only)."""
-        backlog = 0
+        """Training thread: whether the unread entries leave less than the headroom (the larger
+        of a quarter of the ring and two of the largest steps seen) before the ring turns over;
+        integers and dict reads only."""
+        backlog = step = 0
+        last = self._last_marks
         for name, top in marks.items():
             g = self.groups.get(name)
             if g is not None:
                 backlog += max(0, top - g.taken)
-        scaled = int(backlog * self.share)
-        return 2 * scaled >= self.ring > 0
+                step += max(0, top - last.get(name, g.taken))
+        self._last_marks = marks
+        share = self.share
+        self._step_most = max(self._step_most, int(step * share + 0.5))
+        headroom = max(self.ring // 4, 2 * self._step_most)
+        return int(backlog * share) >= self.ring - headroom and self.ring > 0
 
     def take(self, marks: dict[str, int]) -> list[RecorderOp]:
         """Sender thread: every entry of a watched group up to its mark not yet taken nor
         claimed by the wrappers, once."""
         out: list[RecorderOp] = []
         try:
-            entries = self._entries(marks)
+            cache = self._entries(marks)
         except Exception as exc:
             self.errors += 1
             self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
@@ -293,26 +364,21 @@ class FlightRecorderReader:
         lost_before = self.lost
         issued = sum(max(0, top - g.taken) for n, top in marks.items() if (g := self.groups.get(n)))
         self.most_per_step = max(self.most_per_step, int(issued * self.share))
-        found: dict[str, set[int]] = {}
-        for entry in entries:
-            name = str(entry.get("process_group", [""])[0])
-            g = self.groups.get(name)
-            if g is None:
-                continue
-            seq = int(entry.get("collective_seq_id", 0))
-            if not g.taken < seq <= marks.get(name, 0) or entry.get("is_p2p"):
-                continue
-            found.setdefault(name, set()).add(seq)
-            if seq in g.claimed:
-                continue
-            c = collective_of(entry, g.size, g.label)
-            if c is not None:
-                out.append(RecorderOp(c, int(entry.get("time_created_ns", 0)) + offset))
         for name, top in marks.items():
             g = self.groups.get(name)
             if g is None or top <= g.taken:
                 continue
-            seen = found.get(name, set())
+            seqs, entries = cache.get(name, ((), ()))
+            seen: set[int] = set()
+            for i in range(bisect_right(seqs, g.taken), bisect_right(seqs, top)):
+                entry = entries[i]
+                seq = seqs[i]
+                seen.add(seq)
+                if entry.is_p2p or seq in g.claimed:
+                    continue
+                c = collective_of(entry, g.size, g.label)
+                if c is not None:
+                    out.append(RecorderOp(c, entry.time_created_ns + offset))
             for seq in range(g.taken + 1, top + 1):
                 if seq not in seen and seq not in g.claimed:
                     self.lost += 1
@@ -327,27 +393,38 @@ class FlightRecorderReader:
         out.sort(key=lambda op: op._issue_ns)
         return out
 
-    def _entries(self, marks: dict[str, int]) -> list[dict[str, Any]]:
-        """The recorder's entries, dumped again only when the last dump does not reach every
-        mark (one dump serves the reports of a batch)."""
+    def _entries(self, marks: dict[str, int]) -> dict[str, tuple[list[int], list[Entry]]]:
+        """The watched groups' entries, dumped again only when the last dump does not reach
+        every mark (one dump serves the reports of a batch)."""
         if any(self._cache_top.get(n, -1) < top for n, top in marks.items()):
             dump = self._dump or _dump
-            entries = json.loads(dump()).get("entries", [])
-            top: dict[str, int] = {}
+            entries = entries_of(dump())
+            self.dumps += 1
+            cache: dict[str, tuple[list[int], list[Entry]]] = {}
+            groups = self.groups
+            low = high = -1
+            watched = 0
             for e in entries:
-                name = str(e.get("process_group", [""])[0])
-                top[name] = max(top.get(name, -1), int(e.get("collective_seq_id", 0)))
-            self._cache, self._cache_top = entries, top
-            self._learn_share(entries)
+                rid = e.record_id
+                low = rid if low < 0 or rid < low else low
+                high = max(high, rid)
+                name = e.group
+                if name not in groups:
+                    continue
+                watched += 1
+                seqs, kept = cache.setdefault(name, ([], []))
+                seqs.append(e.collective_seq_id)
+                kept.append(e)
+            for seqs, kept in cache.values():  # ring order is issue order; sorted, to be sure
+                if any(a >= b for a, b in pairwise(seqs)):
+                    pairs = sorted(zip(seqs, kept, strict=True), key=lambda p: p[0])
+                    seqs[:] = [q for q, _ in pairs]
+                    kept[:] = [k for _, k in pairs]
+            self._cache = cache
+            self._cache_top = {n: seqs[-1] for n, (seqs, _) in cache.items() if seqs}
+            if watched and len(entries) > 1:  # all entries per watched one (record_id spans all)
+                self.share = max(1.0, (high - low + 1) / watched)
         return self._cache
-
-    def _learn_share(self, entries: list[dict[str, Any]]) -> None:
-        """All entries per watched entry in this dump (``record_id`` counts every group's)."""
-        watched = sum(1 for e in entries if str(e.get("process_group", [""])[0]) in self.groups)
-        if watched and len(entries) > 1:
-            ids = [int(e.get("record_id", 0)) for e in entries]
-            span = max(ids) - min(ids) + 1
-            self.share = max(1.0, span / watched)
 
 
 def _say(part: str, reason: str) -> None:
