@@ -170,10 +170,13 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
     assert (taken, lost) == (issued, 0)
 
 
-def _urgent_reads(per_step: int, steps: int, late: int) -> tuple[int, int, int, int]:
+def _urgent_reads(
+    per_step: int, steps: int, late: int, first: int | None = None
+) -> tuple[int, int, int, int]:
     """One watched group issuing ``per_step`` entries per step into a ring of 64; the sender
     reads only when woken by an urgent mark, ``late`` steps after it (a loaded machine), every
-    mark handed over by then. Returns (dumps, entries taken, entries issued, lost)."""
+    mark handed over by then; the first step issues ``first`` entries if given (a burst).
+    Returns (dumps, entries taken, entries issued, lost)."""
     ring = _Ring(64)
     dumps = [0]
 
@@ -188,7 +191,7 @@ def _urgent_reads(per_step: int, steps: int, late: int) -> tuple[int, int, int, 
     taken = 0
     due: int | None = None
     for step in range(1, steps + 1):
-        for _ in range(per_step):
+        for _ in range(first if first is not None and step == 1 else per_step):
             ring.issue(group)
         mark = reader.mark()
         assert mark is not None
@@ -224,6 +227,18 @@ def test_a_sender_a_step_late_loses_nothing_when_steps_are_large(
     dumps, taken, issued, lost = _urgent_reads(per_step=20, steps=30, late=1)
     assert (taken, lost) == (issued, 0) and issued == 600
     assert dumps == 10  # every 3 steps: urgent at step 2, read at 3
+
+
+def test_one_burst_widens_the_headroom_for_the_next_eight_steps_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first step of 40 entries (then 4 per step): the headroom is 80 (more than the ring)
+    while that step is among the last eight, so the ring is read at steps 1-8; from step 9
+    the quarter-ring headroom is back: read every 12 steps (at 48 unread), at steps 20 and 32."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=32, late=0, first=40)
+    assert (taken, lost) == (issued, 0) and issued == 40 + 31 * 4
+    assert dumps == 8 + 2  # with the largest step ever kept: read at every one of 32 steps
 
 
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:

@@ -36,7 +36,7 @@ also holds every other group's collectives: FSDP2's, a GradScaler's). So at each
 training thread compares the backlog (a watched group's sequence numbers issued since the last
 take, scaled by the share of all entries its group issued in the last dump, from the entries'
 process-wide ``record_id``) with the ring less a headroom: the larger of a quarter of the ring
-and two of the largest steps seen (scaled alike), so that a sender one step late still reads
+and two of the largest of the last steps (scaled alike), so that a sender one step late still reads
 before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
 sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
 times: 1.33 for a job of few collectives per step, where the former half-ring threshold dumped
@@ -49,6 +49,7 @@ from __future__ import annotations
 import os
 import time
 from bisect import bisect_right
+from collections import deque
 from itertools import pairwise
 from typing import Any
 
@@ -66,6 +67,9 @@ at 128 entries on a 2-core VM), and each entry is dumped ring / (ring - headroom
 module docstring): at 64 entries a DDP job of 16 bucket all-reduces per step read its ring every
 2 steps, each entry twice; at 128 each ~1.36 times (bench/attach_overhead.py, docs/bench.md).
 Larger rings cost more per entry (the dump's cache misses: ~30 us per entry at 1024)."""
+
+RECENT_STEPS = 8
+"""Step ends whose entries the headroom is sized on (the largest of them, twice)."""
 
 OPS: dict[str, CollectiveOp] = {
     "all_reduce": "all_reduce",
@@ -275,9 +279,11 @@ class FlightRecorderReader:
         self.dumps = 0
         """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
         self._last_marks: dict[str, int] = {}
-        self._step_most = 0
-        """The most watched entries (scaled by ``share``) one step issued, as the training
-        thread saw them at step ends: the headroom left for a late sender (``_urgent``)."""
+        self._recent: deque[int] = deque(maxlen=RECENT_STEPS)
+        """The watched entries (scaled by ``share``) each of the last steps issued, as the
+        training thread saw them at step ends: the headroom left for a late sender
+        (``_urgent``). Recent ones only: one burst (an evaluation's collectives between two
+        steps) would otherwise have the ring dumped at every step end for the rest of the run."""
         self.ring = 0
         """The ring's entries (torch's, read when a group is first watched)."""
         self.share = 1.0
@@ -335,7 +341,7 @@ class FlightRecorderReader:
 
     def _urgent(self, marks: dict[str, int]) -> bool:
         """Training thread: whether the unread entries leave less than the headroom (the larger
-        of a quarter of the ring and two of the largest steps seen) before the ring turns over;
+        of a quarter of the ring and two of the largest of the last eight steps) before the ring turns over;
         integers and dict reads only."""
         backlog = step = 0
         last = self._last_marks
@@ -346,8 +352,9 @@ class FlightRecorderReader:
                 step += max(0, top - last.get(name, g.taken))
         self._last_marks = marks
         share = self.share
-        self._step_most = max(self._step_most, int(step * share + 0.5))
-        headroom = max(self.ring // 4, 2 * self._step_most)
+        recent = self._recent
+        recent.append(int(step * share + 0.5))
+        headroom = max(self.ring // 4, 2 * max(recent))
         return int(backlog * share) >= self.ring - headroom and self.ring > 0
 
     def take(self, marks: dict[str, int]) -> list[RecorderOp]:
