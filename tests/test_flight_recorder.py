@@ -241,6 +241,39 @@ def test_one_burst_widens_the_headroom_for_the_next_eight_steps_only(
     assert dumps == 8 + 2  # with the largest step ever kept: read at every one of 32 steps
 
 
+def test_a_report_waits_for_a_due_read_not_for_each_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender expands a step's mark (and dumps) only when a read is due: an urgent mark
+    (this one or a later one), a dump that reaches it already, or the mark READ_EVERY_S old."""
+    from zeroscope.agent.attach.flight_recorder import READ_EVERY_NS
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    ring = _Ring(64)
+    dumps = [0]
+
+    def dump() -> bytes:
+        dumps[0] += 1
+        return ring.dump()
+
+    reader = FlightRecorderReader(dump=dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    ring.issue(group)
+    first = reader.mark()
+    assert first is not None and not first.urgent
+    assert not first.due(first.made_ns + READ_EVERY_NS - 1)  # young, nothing asked: it waits
+    assert first.due(first.made_ns + READ_EVERY_NS)  # a live view gets it within READ_EVERY_S
+    for _ in range(47):  # 48 unread of 64: the quarter-ring headroom is reached
+        ring.issue(group)
+    second = reader.mark()
+    assert second is not None and second.urgent
+    assert first.due(first.made_ns)  # a later urgent mark makes the earlier ones due
+    assert len(first.expand()) == 1 and dumps[0] == 1 and not reader.wanted
+    assert second.due(second.made_ns)  # the dump reaches it: no second dump
+    assert len(second.expand()) == 47 and dumps[0] == 1
+
+
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
     from types import SimpleNamespace
 

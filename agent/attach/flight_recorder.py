@@ -68,6 +68,10 @@ module docstring): at 64 entries a DDP job of 16 bucket all-reduces per step rea
 2 steps, each entry twice; at 128 each ~1.36 times (bench/attach_overhead.py, docs/bench.md).
 Larger rings cost more per entry (the dump's cache misses: ~30 us per entry at 1024)."""
 
+READ_EVERY_S = 1.0
+"""The longest a step's report waits for the reader's next dump (the ring not being due)."""
+READ_EVERY_NS = int(READ_EVERY_S * 1e9)
+
 RECENT_STEPS = 8
 """Step ends whose entries the headroom is sized on (the largest of them, twice)."""
 
@@ -245,16 +249,34 @@ class _Group:
 class RecorderMark:
     """A step end as the Flight Recorder reader needs it: each watched group's last sequence
     number then. Its :meth:`expand` (sender thread) is the step's unseen collectives.
-    ``urgent``: the ring is half full of entries not yet read (wake the sender now)."""
+    ``urgent``: the unread entries reach the ring less its headroom (wake the sender now).
+    The sender expands it only once :meth:`due` (agent/pending.py): a read walks the whole
+    ring, so reports wait for one read per near-full ring rather than one per batch."""
 
-    __slots__ = ("_reader", "marks", "urgent")
+    __slots__ = ("_reader", "made_ns", "marks", "urgent")
 
     def __init__(
-        self, reader: FlightRecorderReader, marks: dict[str, int], urgent: bool = False
+        self,
+        reader: FlightRecorderReader,
+        marks: dict[str, int],
+        urgent: bool = False,
+        made_ns: int = 0,
     ) -> None:
         self._reader = reader
         self.marks = marks
         self.urgent = urgent
+        self.made_ns = made_ns
+        """``time.perf_counter_ns()`` at the step end (0: due at once)."""
+
+    def due(self, now_ns: int | None = None) -> bool:
+        """Sender thread: whether to read now: the last dump reaches this mark already, a step
+        end since asked for a read (its mark was urgent), or the mark is ``READ_EVERY_S`` old
+        (a live view gets each report within that much)."""
+        r = self._reader
+        if self.urgent or r.wanted or r.covers(self.marks):
+            return True
+        now = time.perf_counter_ns() if now_ns is None else now_ns
+        return now - self.made_ns >= READ_EVERY_NS
 
     def expand(self) -> list[RecorderOp]:
         return self._reader.take(self.marks)
@@ -277,6 +299,9 @@ class FlightRecorderReader:
         and the entries, so that each take visits its step's entries only."""
         self._cache_top: dict[str, int] = {}
         self.dumps = 0
+        self.wanted = False
+        """A step end asked for a read (an urgent mark; set on the training thread, cleared by
+        the sender as it dumps): the reports waiting before it are due too."""
         """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
         self._last_marks: dict[str, int] = {}
         self._recent: deque[int] = deque(maxlen=RECENT_STEPS)
@@ -337,7 +362,15 @@ class FlightRecorderReader:
         except Exception as exc:
             self.turn_off(f"the group's sequence number is unreadable ({exc!r})")
             return None
-        return RecorderMark(self, marks, self._urgent(marks))
+        urgent = self._urgent(marks)
+        if urgent:
+            self.wanted = True
+        return RecorderMark(self, marks, urgent, time.perf_counter_ns())
+
+    def covers(self, marks: dict[str, int]) -> bool:
+        """Whether the last dump reaches every mark (a take needs no new dump)."""
+        top = self._cache_top
+        return all(top.get(n, -1) >= t for n, t in marks.items())
 
     def _urgent(self, marks: dict[str, int]) -> bool:
         """Training thread: whether the unread entries leave less than the headroom (the larger
@@ -403,8 +436,9 @@ class FlightRecorderReader:
     def _entries(self, marks: dict[str, int]) -> dict[str, tuple[list[int], list[Entry]]]:
         """The watched groups' entries, dumped again only when the last dump does not reach
         every mark (one dump serves the reports of a batch)."""
-        if any(self._cache_top.get(n, -1) < top for n, top in marks.items()):
+        if not self.covers(marks):
             dump = self._dump or _dump
+            self.wanted = False
             entries = entries_of(dump())
             self.dumps += 1
             cache: dict[str, tuple[list[int], list[Entry]]] = {}
