@@ -62,11 +62,12 @@ LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 """torch's older name for the ring size, read when ``TORCH_FR_BUFFER_SIZE`` is unset."""
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 DEFAULT_BUFFER = 128
-"""Entries in torch's ring. Each dump walks the whole ring (under the interpreter lock, ~2 ms
-at 128 entries on a 2-core VM), and each entry is dumped ring / (ring - headroom) times (see the
-module docstring): at 64 entries a DDP job of 16 bucket all-reduces per step read its ring every
-2 steps, each entry twice; at 128 each ~1.36 times (bench/attach_overhead.py, docs/bench.md).
-Larger rings cost more per entry (the dump's cache misses: ~30 us per entry at 1024)."""
+"""Entries in torch's ring. Each dump walks the whole ring (under the interpreter lock, ~2-4 ms
+at 128 entries on a loaded 2-core VM), and each entry is dumped about ring / (ring - headroom)
+times when reads come at urgent marks (see the module docstring): a DDP job of 8 bucket
+all-reduces per step (bench/attach_overhead.py) reads its ring every 12 steps, or every
+``READ_EVERY_S`` if its steps are slower. Larger rings cost more per entry (the dump's cache
+misses: ~30 us per entry at 1024)."""
 
 READ_EVERY_S = 1.0
 """The longest a step's report waits for the reader's next dump (the ring not being due)."""
