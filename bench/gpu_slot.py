@@ -289,6 +289,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from bench import gpu_checks as checks
+    from bench.gpu_offload_checks import offload_and_device_verdicts
+    from bench.gpu_placement import placement_verdicts
     from bench.gpu_probes import allreduce_overlap, copy_bandwidth, identity
     from zeroscope.agent.api import set_telemetry
     from zeroscope.agent.live import LiveTelemetry
@@ -331,6 +333,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checks.guarded("linear", lambda: checks.biased_linear_autocast(device)),
         ]
         agent.step_end(memory=MemoryBytes())  # the checks' own step
+        out["placement"] = placement_verdicts(device)
+        out["offload_checks"] = offload_and_device_verdicts(device)
         if time.monotonic() < deadline:
             out["agent_overhead"] = agent_overhead(size, device, agent, size["overhead_rounds"])
         else:
@@ -367,6 +371,8 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
     )
     return [
         *out["checks"],
+        *out.get("placement", []),
+        *out.get("offload_checks", []),
         checks.step_one(rows),
         checks.verdict("every engine config runs", not failed, failed[:4] or f"{len(ok)} ran"),
         checks.verdict("every loss finite, the agent's the engine's", same_loss, len(ok)),

@@ -30,6 +30,7 @@ from .precision import DTYPES, make_loss_scaler
 from .process_group import Comm, pick_device
 from .process_group import init_distributed as _init_distributed
 from .report import Reporter, largest_layer, model_bytes, param_numel
+from .zero.stage3.placement import move_buffers
 from .zero.stage3.zero_init import materialize
 from .zero.stages import make_strategy
 
@@ -258,9 +259,12 @@ def initialize(
     report_ignored(cfg, rank=comm.rank)
 
     built = model_bytes(model)  # before the cast: what each rank held whole at start-up
+    dtype = DTYPES[cfg.precision] if cfg.precision != "fp32" else None
     if cfg.zero_optimization.stage < 3:  # zero.Init partitioned it; stages 0-2 keep it whole
         materialize(model)
-    model.to(device=device, dtype=DTYPES[cfg.precision] if cfg.precision != "fp32" else None)
+        model.to(device=device, dtype=dtype)
+    else:  # the partition moves the parameters one at a time: never the whole model on device
+        move_buffers(model, device, dtype)
     if parallel is not None:
         model_parameters = parallel.prepare_model(model, cfg, model_parameters, optimizer)
     other = (optimizer is not None and not _is_adam(optimizer)) or (

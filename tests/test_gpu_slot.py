@@ -68,6 +68,11 @@ def test_gpu_slot_dry_run_writes_every_section(tmp_path: Path) -> None:
         "more local ranks than GPUs stop with one line",
         "CUDA graph capture with the agent",
         "offload syncs counted (event synchronize included)",
+        "stage 3 without zero.Init starts under a cap of 1.6 models (one at a time)",
+        "control: the whole model moved first hits the same cap",
+        "NVMe optimizer store (fp32, one pool buffer) trains like no offload",
+        "optimizer offload: one host sync per steady step",
+        "agent events on the Hello's device (device='cuda:1', no set_device)",
     ):
         assert verdicts[item]["verdict"] == "NA" and verdicts[item]["seen"], verdicts[item]
     copies = doc["copies"]

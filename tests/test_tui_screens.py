@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from tests.fixtures import RunShape, synthetic_run
 from tests.test_tui import fixture_state, screen_text, sync
-from zeroscope.agent.schema import ConfigSummary, ParamCounts
-from zeroscope.state import units
+from zeroscope.agent.schema import ConfigSummary, ParamCounts, StepReport
+from zeroscope.state import ClusterState, units
 from zeroscope.state.prediction import paper_differences
 from zeroscope.tui.app import ZeroscopeApp
 from zeroscope.tui.charts import PART_STYLES, stacked_bar
@@ -225,3 +228,44 @@ async def test_the_palette_lists_zeroscope_commands_only() -> None:
         assert not any(t.startswith(generic) for t in titles), titles
     for ours in ("Help: keys", "Quit", "Cluster view", "Loss scale", "Log", "Rank 3"):
         assert ours in titles, titles
+
+
+@sync
+async def test_a_key_typed_right_after_quit_is_ignored(tmp_path: Path) -> None:
+    """`q` then `o` at once (a user typing ahead, or tmux sending a word): the Log screen was
+    pushed while Textual tore the app down, mounted without its children and crashed."""
+    log = tmp_path / "job.log"
+    log.write_text("[rank0]: step 1 loss 4.2\n")
+    app = ZeroscopeApp(fixture_state(), job=_Job(str(log)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.exit("quit")
+        for action in ("show('log')", "show('memory')", "help"):
+            await app.run_action(action)
+        await pilot.pause()
+    assert app.return_value == "quit"
+
+
+@sync
+async def test_an_op_seen_only_at_start_keeps_its_figure_said_as_old() -> None:
+    """The initial broadcast runs in step 0 only: its row read `broadcast  NA` beside its own
+    point on the sparkline. It keeps its busbw, with how many steps ago it was measured."""
+    messages = synthetic_run(RunShape(ranks=4, steps=12))
+    algbw = []
+    for m in messages:
+        if isinstance(m, StepReport) and m.step == 0:
+            first = m.collectives[0]
+            m.collectives.append(msgspec.structs.replace(first, op="broadcast", label="init"))
+            algbw.append(first.nbytes / first.duration_s)
+    state = ClusterState()
+    state.ingest_all(messages)
+    state.flush()
+    # nccl-tests: a broadcast's busbw is its algbw; the row shows the median rank's
+    expected = {units.rate(v) for v in algbw} | {units.rate(statistics.median(algbw))}
+    app = ZeroscopeApp(state)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("c")
+        await pilot.pause()
+        row = next(line for line in screen_text(app).splitlines() if "broadcast" in line)
+    assert "NA" not in row and "11 steps ago" in row, row
+    assert any(figure in row for figure in expected), (expected, row)

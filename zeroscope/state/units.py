@@ -84,6 +84,11 @@ def count(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def steps(n: int) -> str:
+    """ "1 step", "12 steps"."""
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def fine_percent(fraction: float | None) -> str:
     """A percentage with one decimal (MFU: a few points matter); two digits below 1%."""
     if fraction is None:

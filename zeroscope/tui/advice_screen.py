@@ -13,7 +13,7 @@ from zeroscope.state.viewmodel import price_words
 
 from .base import StateScreen
 from .header import ClusterHeader
-from .pane import Pane
+from .pane import Pane, hanging
 
 
 def _price(saves_ms: float | None, saves_bytes: float | None) -> str:
@@ -51,19 +51,22 @@ class AdviceScreen(StateScreen):
             if i > 1:
                 text.append("\n\n")
             style = "bold red" if a.severity == "error" else "bold"
-            text.append(f"{i}. {a.title}", style=style)
-            text.append(f"  [{a.rule}]\n", style="dim")
-            text.append(f"   {_price(a.saves_ms, a.saves_bytes)}", style="green")
-            text.append(f"  (confidence {a.confidence})\n", style="dim")
-            for e in a.evidence:
-                text.append(f"   • {e}\n")
-            text.append("   change: ", style="cyan")
-            text.append(f"{a.change.text}\n")
-            text.append(f"   price:  {a.formula}", style="dim")
+            hanging(text, f"{i}. ", f"{a.title}  [{a.rule}]", width, style)
+            price = f"{_price(a.saves_ms, a.saves_bytes)}  (confidence {a.confidence})"
+            lines = [("   ", price, "green")] + [("   • ", e, "") for e in a.evidence]
+            lines += [("   change: ", a.change.text, "cyan"), ("   price:  ", a.formula, "dim")]
+            for lead, body, line_style in lines:
+                text.append("\n")
+                hanging(text, lead, body, width, line_style)
         return text
 
     def _missing(self, width: int) -> Text:
         notes = self.zapp.advisory().not_judged
         if not notes:
             return Text("every rule had the figures it needs", style="dim")
-        return Text("\n".join(f"{n.rule}: {n.missing}" for n in notes), style="dim")
+        text = Text()
+        for i, note in enumerate(notes):
+            if i:
+                text.append("\n")
+            hanging(text, f"{note.rule}: ", note.missing, width, "dim")
+        return text

@@ -270,7 +270,15 @@ class ZeroscopeApp(App[str]):
             self.pop_screen()
 
     # -- actions -------------------------------------------------------------------------
+    def exit(self, result: str | None = None, *args: Any, **kwargs: Any) -> None:
+        """Once asked to exit, the app takes no more keys: a screen pushed while Textual tears
+        the app down mounts with no children (a key typed right after ``q`` crashed it)."""
+        self._exiting = True
+        super().exit(result, *args, **kwargs)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if getattr(self, "_exiting", False):
+            return False
         if action in ("step", "pause", "speed", "goto"):
             from textual.widgets import Input
 

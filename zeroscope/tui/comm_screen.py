@@ -80,15 +80,18 @@ class CommScreen(StateScreen):
 
     def _busbw(self, width: int) -> Text:
         text = Text()
-        busbw = self._view().busbw
+        view = self._view()
         for op, style in LANES:
-            series = busbw.get(op)
+            series = view.busbw.get(op)
             if series is None:
                 continue
             if text:
                 text.append("\n")
-            text.append(f"{op:<15}{units.rate(series[-1]):>11} ", style=style)
-            text.append_text(sparkline(series, max(8, width - 28), lo=0, style=style))
+            value, ago = view.busbw_last[op]
+            text.append(f"{op:<15}{units.rate(value):>11} ", style=style)
+            old = f"{units.steps(ago)} ago " if ago else ""
+            text.append(old, style="dim")
+            text.append_text(sparkline(series, max(8, width - 28 - len(old)), lo=0, style=style))
         return text or Text("no collectives reported", style="dim")
 
     def _exposed(self, width: int) -> Text:

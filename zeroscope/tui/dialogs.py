@@ -4,51 +4,81 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from zeroscope.state.viewmodel import AlertRules
 
-KEYS = """\
-[b]Keys[/b]
-  ↑ ↓  j k      move in the rank table (heatmap: ← → too)
-  enter         drill into the rank under the cursor
-  escape        back to the cluster view (or clear the filter)
-  tab           next pane
-  m  c  l  o    memory · communication · loss scale · the job's log
-  p             pipeline screen (stages x time, bubbles; 3D-parallel jobs)
-  a             advice: which ds_config change buys how much memory or time
-  s             sort the table (heatmap: metric)
-  v             table / heatmap
-  n             more history plots (when they do not all fit)
-  /             filter ranks: 3  0-7  r12  node1  slow
-  ctrl+p        command palette (every screen, every rank)
-  ?             this help        q  quit
-[b]Columns[/b]
-  memory        device bytes by part: [bold blue]P[/] params [bold green]G[/] grads \
-[bold yellow]O[/] optimizer [bold magenta]A[/] activations
-                P counts frozen parameters too (LoRA); G and O only the trainable
-  slow          the rank's compute (step minus time waiting in collectives)
-                ÷ the median of the other ranks' (1.00x typical)
-  expo          exposed comm: share of the rank's step spent waiting in collectives
-  offload       host ↔ device transfer bandwidth; scale: fp16 loss scale
-  flag          slow · comm · mem! · silent · exited · died · drops (see the alerts)
-"""
-REPLAY_KEYS = """\
-[b]Replay[/b]
-  space         pause / play     ← →   step back / forward
-  [  ]          slower / faster  g     go to step
-"""
+KEYS: list[tuple[str, str]] = [
+    ("[b]Keys[/b]", ""),
+    ("↑ ↓  j k", "move in the rank table (heatmap: ← → too)"),
+    ("enter", "drill into the rank under the cursor"),
+    ("escape", "back to the cluster view (or clear the filter)"),
+    ("tab", "next pane"),
+    ("m  c  l  o", "memory · communication · loss scale · the job's log"),
+    ("p", "pipeline screen (stages x time, bubbles; 3D-parallel jobs)"),
+    ("a", "advice: which ds_config change buys how much memory or time"),
+    ("s", "sort the table (heatmap: metric)"),
+    ("v", "table / heatmap"),
+    ("n", "more history plots (when they do not all fit)"),
+    ("/", "filter ranks: 3  0-7  r12  node1  slow"),
+    ("ctrl+p", "command palette (every screen, every rank)"),
+    ("?", "this help        q  quit"),
+    ("[b]Columns[/b]", ""),
+    (
+        "memory",
+        "device bytes by part: [bold blue]P[/] params [bold green]G[/] grads "
+        "[bold yellow]O[/] optimizer [bold magenta]A[/] activations",
+    ),
+    ("", "P counts frozen parameters too (LoRA); G and O only the trainable"),
+    ("slow", "the rank's compute (step minus time waiting in collectives)"),
+    ("", "÷ the median of the other ranks' (1.00x typical)"),
+    ("expo", "exposed comm: share of the rank's step spent waiting in collectives"),
+    ("offload", "host ↔ device transfer bandwidth; scale: fp16 loss scale"),
+    ("flag", "slow · comm · mem! · silent · exited · died · drops (see the alerts)"),
+]
+REPLAY_KEYS: list[tuple[str, str]] = [
+    ("[b]Replay[/b]", ""),
+    ("space", "pause / play     ← →   step back / forward"),
+    ("[  ]", "slower / faster  g     go to step"),
+]
+KEY_COLUMN = 14
+"""The key column's width: a description that wraps continues under itself, never at column 0."""
+
+
+def help_table(rows: list[tuple[str, str]]) -> Table:
+    """Two columns, the second wrapping with a hanging indent at whatever width the dialog gets
+    (an 80-column terminal wrapped the old fixed-width text back to the left edge)."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(width=KEY_COLUMN, no_wrap=True)
+    table.add_column(ratio=1)
+    for key, text in rows:
+        if key.startswith("[b]"):
+            table.add_row(Text.from_markup(key), Text.from_markup(text, style="dim"))
+        else:
+            table.add_row(Text(key), Text.from_markup(text))
+    return table
+
+
+def threshold_rows(rules: AlertRules) -> list[tuple[str, str]]:
+    """``AlertRules.thresholds()`` lines ("name   rule") as table rows."""
+    rows: list[tuple[str, str]] = [("[b]Colours[/b]", "zeroscope.state.AlertRules")]
+    for line in rules.thresholds():
+        name, _, rule = line.strip().partition(" ")
+        rows.append((name if line[:1] != " " else "", (rule if line[:1] != " " else line).strip()))
+    return rows
 
 
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static { width: auto; max-width: 90%; height: auto; padding: 1 2;
-        border: round $primary; background: $panel; }
+    HelpScreen > VerticalScroll { width: 96; max-width: 100%; height: auto; max-height: 100%;
+        padding: 0 1; border: round $primary; background: $panel; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "dismiss", "close")]
 
@@ -58,10 +88,10 @@ class HelpScreen(ModalScreen[None]):
         self.rules = rules or AlertRules()
 
     def compose(self) -> ComposeResult:
-        thresholds = "[b]Colours[/b] (zeroscope.state.AlertRules)\n" + "".join(
-            f"  {line}\n" for line in self.rules.thresholds()
-        )
-        yield Static(KEYS + thresholds + (REPLAY_KEYS if self.replay else ""))
+        rows = KEYS + threshold_rows(self.rules) + (REPLAY_KEYS if self.replay else [])
+        with VerticalScroll() as scroll:
+            scroll.border_title = "help (↑ ↓ scroll, escape closes)"
+            yield Static(help_table(rows))
 
 
 class QuitScreen(ModalScreen[str]):

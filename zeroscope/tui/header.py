@@ -84,13 +84,21 @@ class ClusterHeader(Widget):
         self._state: ClusterState | None = None
         self._status = ""
         self._shown: tuple[int, int] | None = None
+        self._lines = 0
 
     def show(
         self, state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
     ) -> None:
-        """``shown``: (ranks shown, ranks) while a filter hides some."""
+        """``shown``: (ranks shown, ranks) while a filter hides some. The layout is redone only
+        when the header's line count changes: a layout pass reflows the whole screen, and at
+        one redraw a second it was most of the live view's idle cost."""
         self._state, self._status, self._shown = state, status, shown
-        self.refresh(layout=True)
+        lines = self.render().plain.count("\n") + 1 if self.content_size.width else 0
+        if not lines or lines != self._lines:
+            self._lines = lines
+            self.refresh(layout=True)
+        else:
+            self.refresh()
 
     def render(self) -> Text:
         if self._state is None:

@@ -3,6 +3,7 @@ panes; the focused one is highlighted and scrolled into view)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 from rich.text import Text
@@ -23,3 +24,26 @@ class Pane(Widget, can_focus=True):
     def render(self) -> Text:
         width = self.content_size.width or 76
         return self._draw(width)
+
+
+def hanging(
+    text: Text, lead: str, body: str, width: int, style: str = "", lead_style: str | None = None
+) -> None:
+    """Append ``lead + body`` wrapped to ``width`` with its continuation lines indented under
+    the body, not back at column 0 (how an 80-column terminal showed long advice and alerts).
+    ``lead_style`` styles the lead apart from the body."""
+    wrapped = "\n".join(
+        textwrap.wrap(
+            body,
+            width=max(width, len(lead) + 10),
+            initial_indent=lead,
+            subsequent_indent=" " * len(lead),
+            break_on_hyphens=False,
+        )
+        or [lead]
+    )
+    if lead_style is None:
+        text.append(wrapped, style=style)
+    else:
+        text.append(wrapped[: len(lead)], style=lead_style)
+        text.append(wrapped[len(lead) :], style=style)

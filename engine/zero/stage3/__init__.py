@@ -3,6 +3,7 @@ ranks; each module's full parameters exist only while it runs (Rajbhandari et al
 arXiv 1910.02054, P_os+g+p).
 
 - ``partition``   flat padded shards and the all-gather / release primitives
+- ``placement``   start-up without ``zero.Init``: buffers moved, parameters moved as cut
 - ``coordinator`` which parameters to gather, prefetch, keep or release, learned from the trace
 - ``hooks``       module forward/backward hooks that drive the coordinator
 - ``grads``       reduce-scatter of gradients straight into the owner's shard

@@ -31,6 +31,10 @@ class CommView:
     """Why the paper's 2Ψ / 3Ψ differs from the engine's traffic for this config."""
     busbw: dict[str, list[float | None]]
     """Per op asked for and measured at least once: the median rank's busbw per step."""
+    busbw_last: dict[str, tuple[float, int]]
+    """Per op of ``busbw``: its newest measured busbw and how many steps before the newest one
+    it was measured (0: in the newest step). An op run once at start-up (the initial
+    broadcast) keeps its figure, said as old, rather than reading NA beside its own point."""
     exposed: list[float | None]
     """The cluster's exposed share per step (the least-exposed rank's)."""
     exposed_last: float | None
@@ -56,11 +60,19 @@ def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
         paper_ratio=expected.paper_ratio(last) if expected else None,
         differences=paper_differences(c, p) if c is not None and p is not None else [],
         busbw={op: s for op, s in busbw.items() if any(v is not None for v in s)},
+        busbw_last={op: newest for op, s in busbw.items() if (newest := _newest(s)) is not None},
         exposed=exposed,
         exposed_last=exposed_last,
         exposed_level=state.rules.exposed_level(exposed_last),
         exposed_limit=state.rules.exposed_max,
     )
+
+
+def _newest(series: list[float | None]) -> tuple[float, int] | None:
+    for ago, value in enumerate(reversed(series)):
+        if value is not None:
+            return value, ago
+    return None
 
 
 @dataclass(frozen=True, slots=True)

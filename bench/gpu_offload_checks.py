@@ -1,0 +1,106 @@
+"""The GPU slot's verdicts for the offload and agent-device items that had none: the NVMe pool
+buffer guarded by its copy's end event, one host sync per steady step with the optimizer
+offloaded, and the agent's events on the Hello's device. Each mirrors its GPU-marked test
+(tests/test_nvme_pool_guard.py, test_offload_host_syncs.py, test_agent_event_device.py) on a
+small model, seconds each; NA on the CPU, where none of the three can go wrong.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from typing import Any
+
+from bench.gpu_checks import Verdict, guarded, verdict
+
+SHAPE = {"vocab": 1024, "block": 64, "width": 256, "layers": 2, "heads": 4}
+BATCH = 4
+NVME = "NVMe optimizer store (fp32, one pool buffer) trains like no offload"
+SYNCS = "optimizer offload: one host sync per steady step"
+DEVICE = "agent events on the Hello's device (device='cuda:1', no set_device)"
+
+
+def _config(**zero: Any) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 2, **zero},
+    }
+
+
+def _engine(device: Any, cfg: dict[str, Any]) -> Any:
+    from bench.contenders import build_model
+    from zeroscope.engine.api import initialize
+
+    engine, *_ = initialize(model=build_model(SHAPE, str(device)), config=cfg)
+    return engine
+
+
+def _steps(engine: Any, device: Any, steps: range) -> None:
+    import torch
+
+    for step in steps:
+        g = torch.Generator().manual_seed(step)
+        x = torch.randint(0, SHAPE["vocab"], (BATCH, SHAPE["block"]), generator=g).to(device)
+        loss = engine(x, x)
+        engine.backward(loss)
+        engine.step()
+
+
+def nvme_trains_like_none(device: Any) -> Verdict:
+    """Adam is elementwise: the parameters after four steps must be bit-identical."""
+    params = {}
+    with tempfile.TemporaryDirectory(prefix="zs-slot-nvme-") as folder:
+        nvme = {"device": "nvme", "nvme_path": folder, "buffer_count": 1, "pin_memory": True}
+        for name, cfg in {
+            "none": _config(),
+            "nvme": _config(offload_optimizer=nvme, sub_group_size=4096),
+        }.items():
+            engine = _engine(device, cfg)
+            _steps(engine, device, range(4))
+            params[name] = [p.detach().cpu().clone() for p in engine.module.parameters()]
+            engine.destroy()
+    differ = sum(1 for a, b in zip(params["none"], params["nvme"], strict=True) if not a.equal(b))
+    return verdict(NVME, differ == 0, {"parameters differing": differ})
+
+
+def one_sync_per_step(device: Any) -> Verdict:
+    """Event synchronizations over two steady steps: two (the gradients' flush), not four."""
+    import torch
+
+    engine = _engine(device, _config(offload_optimizer={"device": "cpu"}))
+    _steps(engine, device, range(2))
+    torch.cuda.synchronize()
+    counts: list[int] = []
+    real = torch.cuda.Event.synchronize
+
+    loop = threading.get_ident()
+
+    def counted(self: Any) -> None:
+        if threading.get_ident() == loop:  # the training thread's, not the agent sender's
+            counts.append(1)
+        real(self)
+
+    torch.cuda.Event.synchronize = counted  # type: ignore[method-assign]
+    try:
+        _steps(engine, device, range(2, 4))
+    finally:
+        torch.cuda.Event.synchronize = real  # type: ignore[method-assign]
+    engine.destroy()
+    return verdict(SYNCS, len(counts) == 2, {"event syncs in 2 steps": len(counts)})
+
+
+def offload_and_device_verdicts(device: Any) -> list[Verdict]:
+    """The three rows (see the module docstring)."""
+    import torch
+
+    if device.type != "cuda":
+        why = "no GPU (the CPU tests drive a device clock and stand-in streams)"
+        return [verdict(NVME, None, why), verdict(SYNCS, None, why), verdict(DEVICE, None, why)]
+    two = torch.cuda.device_count() >= 2
+    why = "one GPU: needs a second (tests/test_agent_event_device.py, marked gpu)"
+    return [
+        guarded(NVME, lambda: nvme_trains_like_none(device)),
+        guarded(SYNCS, lambda: one_sync_per_step(device)),
+        verdict(DEVICE, None, why if not two else "run tests/test_agent_event_device.py"),
+    ]
