@@ -9,10 +9,12 @@
    ``resolve_hosts`` is the sender thread's side: a step's records as the wire's Collectives
    in one call (a ZeRO-3 step has hundreds; in Python each costs the cold sender ~0.4 us more).
 
-   The records are the very lists agent/comm.py's Python path makes (fields OP ... REF there),
-   so everything downstream (the step end's take, the sender's resolution) is shared, and
-   agent/comm.py's pure-Python ``Recorder`` and ``HostWork`` are the reference this module is
-   tested against (tests/test_agent_native.py). Times are CLOCK_MONOTONIC nanoseconds, the
+   The records are the very lists agent/host_seam.py's Python path makes, in the one layout of
+   agent/collective_record.py (``FIELDS`` there; this module exports its own as ``FIELDS`` and
+   the twin test holds the two equal), so everything downstream (the step end's take, the
+   sender's resolution, the attach's wait bookkeeping: ``book_wait``) is shared, and
+   agent/host_seam.py's pure-Python ``Recorder`` and ``HostWork`` and agent/collective_record.py
+   are the reference this module is tested against (tests/test_agent_native.py). Times are CLOCK_MONOTONIC nanoseconds, the
    clock of Python's ``time.perf_counter_ns`` on Linux (this module is built on Linux only).
 */
 #define PY_SSIZE_T_CLEAN
@@ -21,10 +23,14 @@
 #include <time.h>
 
 enum { OP, NBYTES, GROUP, PREFETCHED, LABEL, START, END, EXPOSED, REF, FIELDS };
+static const char *field_names[FIELDS] = {"op",      "nbytes", "group_size",
+                                          "prefetched", "label", "start_ns",
+                                          "end_ns",  "exposed_ns", "ref"};
 
 static PyObject *s_wait, *s_is_completed, *s_get_future;
 static PyObject *s_op, *s_nbytes, *s_group_size, *s_prefetched, *s_label, *s_timeout;
-static PyObject *empty_str;
+static PyObject *empty_str, *s_host;
+static PyObject *collective_kwnames; /* the wire Collective's fields resolve_hosts sets, by name */
 
 static inline long long now_ns(void) {
     struct timespec ts;
@@ -92,26 +98,31 @@ static PyObject *hw_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return hw_make(work, record, counters);
 }
 
-/* wait()'s bookkeeping, as agent/comm.py HostWork.wait: the time inside is exposed time, its
-   end the op's completion (the earliest of the ends seen). */
-static int hw_book(HostWorkObject *self, long long t0, long long t1) {
-    PyObject *rec = self->record;
-    if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) < FIELDS) return 0;
+/* wait()'s bookkeeping, as agent/collective_record.py book_wait_python: the time inside is
+   exposed time, its end the op's completion (the earliest of the ends seen). 1 = this wait
+   gave the record its first end, 0 = it had one (or is not a host record), -1 = error. */
+static int book(PyObject *rec, long long t0, long long t1) {
+    if (!PyList_Check(rec) || PyList_GET_SIZE(rec) < FIELDS) return 0;
     long long exposed = PyLong_AsLongLong(PyList_GET_ITEM(rec, EXPOSED));
     if (exposed == -1 && PyErr_Occurred()) return -1;
     if (set_item_ns(rec, EXPOSED, exposed + (t1 - t0)) < 0) return -1;
     PyObject *end = PyList_GET_ITEM(rec, END);
+    if (end == Py_None) return set_item_ns(rec, END, t1) < 0 ? -1 : 1;
+    long long e = PyLong_AsLongLong(end);
+    if (e == -1 && PyErr_Occurred()) return -1;
+    if (t1 < e && set_item_ns(rec, END, t1) < 0) return -1;
+    return 0;
+}
+
+static int hw_book(HostWorkObject *self, long long t0, long long t1) {
     RecorderObject *counters =
         self->counters == Py_None ? NULL : (RecorderObject *)self->counters;
-    if (end == Py_None) {
-        if (set_item_ns(rec, END, t1) < 0) return -1;
-        if (counters != NULL) counters->host_ended += 1;
-    } else {
-        long long e = PyLong_AsLongLong(end);
-        if (e == -1 && PyErr_Occurred()) return -1;
-        if (t1 < e && set_item_ns(rec, END, t1) < 0) return -1;
+    int first = book(self->record, t0, t1);
+    if (first < 0) return -1;
+    if (counters != NULL) {
+        counters->host_ended += first;
+        counters->collective_ns += now_ns() - t1;
     }
-    if (counters != NULL) counters->collective_ns += now_ns() - t1;
     return 0;
 }
 
@@ -390,15 +401,17 @@ static PyObject *seam_resolve_hosts(PyObject *mod, PyObject *const *args, Py_ssi
         /* As the Python twin computes them: exposed is capped at the op's duration. */
         double duration = end > start ? (double)(end - start) / 1e9 : 0.0;
         double exposed = (double)exposed_ns / 1e9;
-        PyObject *fields[8] = {PyList_GET_ITEM(rec, OP), PyList_GET_ITEM(rec, NBYTES),
-                               PyList_GET_ITEM(rec, GROUP), NULL, NULL, NULL,
-                               PyList_GET_ITEM(rec, PREFETCHED), PyList_GET_ITEM(rec, LABEL)};
+        /* clock "host": on CPU the op ran while the host waited in wait(), on its clock. */
+        PyObject *fields[10] = {PyList_GET_ITEM(rec, OP), PyList_GET_ITEM(rec, NBYTES),
+                                PyList_GET_ITEM(rec, GROUP), NULL, NULL, NULL,
+                                PyList_GET_ITEM(rec, PREFETCHED), PyList_GET_ITEM(rec, LABEL),
+                                s_host, Py_True};
         fields[3] = PyFloat_FromDouble((double)(start - step_start) / 1e9);
         fields[4] = PyFloat_FromDouble(duration);
         fields[5] = PyFloat_FromDouble(exposed < duration ? exposed : duration);
         PyObject *made = NULL;
         if (fields[3] != NULL && fields[4] != NULL && fields[5] != NULL)
-            made = PyObject_Vectorcall(make, fields, 8, NULL);
+            made = PyObject_Vectorcall(make, fields, 0, collective_kwnames);
         Py_XDECREF(fields[3]);
         Py_XDECREF(fields[4]);
         Py_XDECREF(fields[5]);
@@ -411,11 +424,27 @@ static PyObject *seam_resolve_hosts(PyObject *mod, PyObject *const *args, Py_ssi
     return out;
 }
 
+static PyObject *seam_book_wait(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "book_wait(record, t0_ns, t1_ns)");
+        return NULL;
+    }
+    long long t0 = PyLong_AsLongLong(args[1]), t1 = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int first = book(args[0], t0, t1);
+    if (first < 0) return NULL;
+    return PyBool_FromLong(first);
+}
+
 static PyMethodDef module_methods[] = {
     {"now_ns", seam_now_ns, METH_NOARGS, "This module's clock (perf_counter_ns's on Linux)."},
+    {"book_wait", (PyCFunction)(void (*)(void))seam_book_wait, METH_FASTCALL,
+     "book_wait(record, t0_ns, t1_ns) -> bool: a wait() from t0 to t1 on the record's op "
+     "(agent/collective_record.py's book_wait_python is its twin)."},
     {"resolve_hosts", (PyCFunction)(void (*)(void))seam_resolve_hosts, METH_FASTCALL,
-     "resolve_hosts(records, step_start_ns, make): make(op, nbytes, group_size, start_s, "
-     "duration_s, exposed_s, prefetched, label) per record, or None unless every record is a "
+     "resolve_hosts(records, step_start_ns, make): make(op=, nbytes=, group_size=, start_s=, "
+     "duration_s=, exposed_s=, prefetched=, label=, clock='host', exposed_measured=True) per "
+     "record, by keyword, or None unless every record is a "
      "host record that ended (agent/host_seam.py's resolve_hosts is its twin)."},
     {NULL},
 };
@@ -439,9 +468,34 @@ PyMODINIT_FUNC PyInit__seam(void) {
     INTERN(s_label, "label");
     INTERN(s_timeout, "timeout");
     INTERN(empty_str, "");
+    INTERN(s_host, "host");
+    collective_kwnames =
+        Py_BuildValue("(ssssssssss)", "op", "nbytes", "group_size", "start_s", "duration_s",
+                      "exposed_s", "prefetched", "label", "clock", "exposed_measured");
+    if (collective_kwnames == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(collective_kwnames); i++)
+        PyUnicode_InternInPlace(&PyTuple_GET_ITEM(collective_kwnames, i));
+    PyObject *names = PyTuple_New(FIELDS);
+    if (names == NULL) return NULL;
+    for (int i = 0; i < FIELDS; i++) {
+        PyObject *name = PyUnicode_InternFromString(field_names[i]);
+        if (name == NULL) {
+            Py_DECREF(names);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(names, i, name);
+    }
     if (PyType_Ready(&HostWorkType) < 0 || PyType_Ready(&RecorderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&seam_module);
-    if (m == NULL) return NULL;
+    if (m == NULL) {
+        Py_DECREF(names);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "FIELDS", names) < 0) {
+        Py_DECREF(names);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&HostWorkType);
     Py_INCREF(&RecorderType);
     if (PyModule_AddObject(m, "HostWork", (PyObject *)&HostWorkType) < 0 ||

@@ -1,25 +1,22 @@
-"""Collective timing without synchronizing anything.
+"""Collective timing without synchronizing anything, and without holding anything.
 
 Each collective is tracked from issue (when the engine hands us its async Work) to completion:
 
 - gloo / CPU: agent/host_seam.py (no callback per op; completion at the end of ``wait()`` or at
   the step boundary that finds the op complete; the Work held only weakly).
-- NCCL / CUDA: CUDA events recorded on the current stream at issue, at the start of ``wait()``
-  and after it; ``elapsed_time`` is read lazily once ``event.query()`` says they completed, so
-  the host never waits for the device. On CUDA, ``wait()`` only makes the compute stream wait,
-  so the *exposed* time is device-side: compute-stream time from the wait point until the
-  collective's result was usable (``wait_start -> end``), ~0 when the op was already done.
-  The *duration* ends at the collective's own end, not at ``wait()``'s: the work's future calls
-  back (at enqueue, on the host) with current streams that wait for the collective's CUDA
-  events, so an event recorded there completes when the collective does. Ending at the event
-  after ``wait()`` instead would add the compute overlapped with the op (busbw 10-1000x low
-  under prefetch). ``work._get_duration()`` would be exact but needs the Work kept until the
-  op completes, and a Work keeps its tensors alive: holding it would change the memory the
-  user sees, so it is only the reference in ``bench/gpu_slot.py``.
+- NCCL / CUDA: agent/device_collective.py, the definition the attach shares. The *duration* is
+  torch's own, measured with CUDA events on the NCCL stream and read from its Flight Recorder
+  by the op's group and sequence number (read at issue); the *exposed* time is the compute
+  stream's stall, CUDA events on the current stream just before and after ``wait()`` (which on
+  CUDA only makes that stream wait), ~0 when the op was already done. Both are read lazily
+  once ``event.query()`` says they completed, so the host never waits for the device. No
+  future callback is attached (it would ``recordStream`` the op's outputs on a pool stream and
+  keep every freed gather buffer reserved until the GPU passed it), and the Work is not kept
+  (it keeps its tensors alive).
 
 A synchronous op (``work`` None: ``async_op=False`` returned nothing) finished before
-``collective()`` was called: it is recorded (bytes, op, issue instant) with no time, 0 s, which
-the viewer's bus bandwidth leaves out; its handle's ``wait()`` returns at once. So is an op
+``collective()`` was called: it is recorded (bytes, op, issue instant) with no time (clock
+``none``: duration and exposed NA), and its handle's ``wait()`` returns at once. So is an op
 issued while the stream captures a CUDA graph (agent/capture.py), whose own Work is returned.
 
 Exposed time on CPU is host time spent inside ``wait()``. Unlike DeepSpeed's comms logger we
@@ -33,8 +30,10 @@ import time
 from typing import Any
 
 from .capture import capturing
+from .collective_record import END, to_wire
 from .cost import SeamCost, now_ns
-from .host_seam import END, make_recorder, stamp_host
+from .device_collective import default_group_sequence, resolve_device
+from .host_seam import make_recorder, stamp_host
 from .schema import Collective, CollectiveOp
 
 
@@ -43,7 +42,6 @@ class CollectiveRecord:
     future's callback) in flight or done; turned into a schema.Collective once complete."""
 
     __slots__ = (
-        "comm_end",
         "cuda_events",
         "end_ns",
         "exposed_ns",
@@ -52,7 +50,10 @@ class CollectiveRecord:
         "nbytes",
         "op",
         "prefetched",
+        "seen",
+        "sequence",
         "start_ns",
+        "untimed",
     )
 
     def __init__(
@@ -72,59 +73,52 @@ class CollectiveRecord:
         self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.end_ns: int | None = None
         self.exposed_ns = 0
-        self.cuda_events: list[Any] | None = None  # [issue, wait_start, end] on CUDA
-        self.comm_end: Any = None
-        """On CUDA: an event that completes with the collective itself (see the module doc)."""
+        self.cuda_events: list[Any] | None = None
+        """On CUDA: [issue, before wait(), after wait()] on the compute stream."""
+        self.sequence: tuple[str, int] | None = None
+        """On CUDA: (group name, sequence number), where torch's Flight Recorder has its
+        duration (agent/device_collective.py)."""
+        self.seen = [0]
+        self.untimed = False
+        """A synchronous op: it ran before the agent saw it (clock ``none``)."""
 
     def _on_complete(self, _fut: Any) -> None:
         now = time.perf_counter_ns()
         if self.end_ns is None or now < self.end_ns:
             self.end_ns = now
 
-    def _on_device_complete(self, _fut: Any) -> None:
-        try:
-            self.comm_end = _cuda_event()
-        except Exception:
-            pass  # the duration falls back to the event after wait()
-
     def resolve(self, step_start_ns: int, step_start_event: Any = None) -> Collective | None:
         """The wire record once complete, else None (still in flight). ``start_s`` is on the
         axis of the step it was issued in (agent/timeline.py): the device's when
         ``step_start_event`` is given (CUDA), else the host's."""
         start_s = (self.start_ns - step_start_ns) / 1e9
+        duration: float | None
+        exposed: float | None
         if self.cuda_events is not None:
             issue, wait_start, end = self.cuda_events
-            if end is None or not end.query():
+            if end is None:  # not waited for (yet): no stall to read
                 return None
-            own_end = self.comm_end
-            if own_end is not None and own_end.query():
-                duration = issue.elapsed_time(own_end) / 1e3
-            else:
-                duration = issue.elapsed_time(end) / 1e3
-            exposed = wait_start.elapsed_time(end) / 1e3
+            got = resolve_device(self.sequence, self.op, (wait_start, end), self.seen)
+            if got is None:
+                return None
+            duration, exposed = got
             if step_start_event is not None:
                 start_s = step_start_event.elapsed_time(issue) / 1e3
         else:
             if self.end_ns is None:  # stamped by wait() or the future's callback
                 return None
-            duration = (self.end_ns - self.start_ns) / 1e9
-            exposed = self.exposed_ns / 1e9
-        # Positional: the sender builds one per collective (the agent's overhead budget, agent/cost.py), keywords cost more.
-        # Inside wait() the op finished; a few us of wait() overhead after completion are not
-        # comm time, so exposed is capped at the op's duration.
-        duration = duration if duration > 0.0 else 0.0
-        exposed = exposed if exposed > 0.0 else 0.0
-        return Collective(
-            self.op,
-            self.nbytes,
-            self.group_size,
-            start_s,
-            duration,
-            exposed if exposed < duration else duration,
-            self.prefetched,
-            self.label,
-            "host" if self.cuda_events is None else "device",
-            True,
+            duration = None if self.untimed else (self.end_ns - self.start_ns) / 1e9
+            exposed = None if self.untimed else self.exposed_ns / 1e9
+        return to_wire(
+            op=self.op,
+            nbytes=self.nbytes,
+            group_size=self.group_size,
+            start_s=start_s,
+            duration_s=duration,
+            exposed_s=exposed,
+            prefetched=self.prefetched,
+            label=self.label,
+            clock="host" if self.cuda_events is None else "device",
         )
 
 
@@ -265,6 +259,7 @@ class CollectiveTracker:
         """A synchronous op, complete before it was handed to us: recorded with no time."""
         rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start_ns)
         rec.end_ns = rec.start_ns
+        rec.untimed = True
         self._objects.append(rec)
         return SYNC_DONE
 
@@ -288,10 +283,8 @@ class CollectiveTracker:
         rec = CollectiveRecord(op, nbytes, group_size, prefetched, label, start)
         if self.cuda:
             rec.cuda_events = [_cuda_event(), None, None]
-            try:
-                work.get_future().then(rec._on_device_complete)
-            except Exception:
-                pass  # no future: the duration ends with wait()
+            # No future callback here: it would recordStream the op's outputs (module doc).
+            rec.sequence = default_group_sequence(group_size)
         else:
             try:
                 work.get_future().then(rec._on_complete)

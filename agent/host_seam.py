@@ -9,7 +9,8 @@ the sender thread, for those still in flight. The end is thus an upper bound: an
 finished before its ``wait()`` ends at that ``wait()`` (its duration includes the compute
 between; the exposed time is exact).
 
-A host record is a plain list (fields ``OP`` ... ``REF`` below) and ``collective()`` returns a
+A host record is a plain list (the layout of agent/collective_record.py, shared with the C seam
+and the attach) and ``collective()`` returns a
 :class:`HostWork` for it. Each Python call between the engine's kernels runs cold (~0.5 us
 in place, against the agent's overhead budget), so on Linux both are made in C (agent/_seam.c: ``Recorder``, its
 ``HostWork``; ~3.5-4 us of CPU per op in place where this module's Python takes ~7-8,
@@ -34,6 +35,8 @@ import time
 import weakref
 from typing import Any
 
+from . import collective_record
+from .collective_record import END, REF, book_wait, resolve_host_record
 from .cost import now_ns
 from .schema import Collective, CollectiveOp
 
@@ -45,10 +48,6 @@ except ImportError:  # not built (not Linux, no compiler): the Python seam below
 NATIVE: Any = None if _seam is None else _seam.Recorder
 """The C seam's Recorder, or None where it was not built (tests set None to run the Python
 seam)."""
-
-OP, NBYTES, GROUP, PREFETCHED, LABEL, START, END, EXPOSED, REF = range(9)
-"""The fields of a host record: ``[op, nbytes, group_size, prefetched, label, start_ns,
-end_ns or None, exposed_ns, weakref to the Work]``."""
 
 weak = weakref.ref
 
@@ -79,14 +78,10 @@ class HostWork(tuple):
             return work.wait() if timeout is None else work.wait(timeout)
         finally:
             t1 = now_ns()
-            rec[EXPOSED] += t1 - t0
-            end = rec[END]
-            if end is None:
-                rec[END] = t1
-                if counters is not None:
-                    counters.host_ended += 1
-            elif t1 < end:
-                rec[END] = t1
+            # The one bookkeeping (agent/collective_record.py), a C call where the seam was
+            # built: no Python frame beside this one (the agent's overhead budget).
+            if book_wait(rec, t0, t1) and counters is not None:
+                counters.host_ended += 1
             if counters is not None:  # the agent's own part of wait(), not the wait itself
                 counters.collective_ns += now_ns() - t1
 
@@ -181,32 +176,16 @@ def resolve_hosts(records: list[Any], step_start_ns: int) -> list[Collective] | 
     resolves a ZeRO-3 step's hundreds of records, ~2-3 us each in this module's Python as the
     thread runs cold); :func:`resolve_hosts_python` is its twin."""
     if NATIVE is not None:
-        return _seam.resolve_hosts(records, step_start_ns, Collective)
+        return _seam.resolve_hosts(records, step_start_ns, collective_record.Collective)
     return resolve_hosts_python(records, step_start_ns)
 
 
 def resolve_hosts_python(records: list[Any], step_start_ns: int) -> list[Collective] | None:
-    """:func:`resolve_hosts` in one comprehension (no call per record)."""
-    # Inside wait() the op finished; a few us of wait() overhead after completion are not
-    # comm time, so exposed is capped at the op's duration. Positional: keywords cost more.
-    # One pass: an op in flight (its end None) or a CollectiveRecord (not a list) raises
-    # TypeError at its first field read, which is the answer "not all ended on the host".
+    """:func:`resolve_hosts` in Python: agent/collective_record.py's one resolver per record.
+    An op in flight (its end None) or a device record (not a list) raises TypeError at its
+    first field read, which is the answer "not all ended on the host"."""
     try:
-        return [
-            Collective(
-                rec[OP],
-                rec[NBYTES],
-                rec[GROUP],
-                (rec[START] - step_start_ns) / 1e9,
-                duration := (rec[END] - rec[START]) / 1e9 if rec[END] > rec[START] else 0.0,
-                rec[EXPOSED] / 1e9 if rec[EXPOSED] / 1e9 < duration else duration,
-                rec[PREFETCHED],
-                rec[LABEL],
-                "host",  # CPU: the op ran while the host waited in wait(), on its clock
-                True,
-            )
-            for rec in records
-        ]
+        return [resolve_host_record(rec, step_start_ns) for rec in records]
     except TypeError:
         return None
 

@@ -32,7 +32,7 @@ from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks, device_capacity, rss_peak
 from .loss_scale import LossScaleReading
 from .outbox import DRAIN_INTERVAL_S, Outbox
-from .pending import RawTransfer, StepFacts
+from .pending import RawTransfer, StepFacts, StepFigures
 from .phase_scope import PhaseScope
 from .publish import Publisher
 from .sampler import Sampler, pci_bus_id
@@ -414,25 +414,32 @@ class LiveTelemetry(Telemetry):
                 self._cadence.spent(share / 1e9)
             self._outbox.put(
                 StepFacts(
-                    self.rank,
-                    self.step,
-                    time.time_ns(),
-                    now,
-                    end_event,
-                    marks,
-                    records,
+                    rank=self.rank,
+                    step=self.step,
+                    wall_ns=time.time_ns(),
+                    end_ns=now,
+                    end_event=end_event,
+                    marks=marks,
+                    records=records,
                     # A copy: the caller may reuse its MemoryBytes; the sender fills it in.
-                    msgspec.structs.replace(memory),
-                    NO_SCALAR if loss is None else DeferredScalar(loss),
-                    NO_SCALAR if grad_norm is None else DeferredScalar(grad_norm),
-                    self._last_activations,
-                    self._last_blocks,
-                    None if self._peaks is None else self._peaks.take(),
-                    transfers,
-                    pipeline,
-                    (lr, loss_scale, overflow, skipped, samples, self._host),
-                    share,
-                    self.work.take(self.step),
+                    memory=msgspec.structs.replace(memory),
+                    loss=NO_SCALAR if loss is None else DeferredScalar(loss),
+                    grad_norm=NO_SCALAR if grad_norm is None else DeferredScalar(grad_norm),
+                    activations=self._last_activations,
+                    blocks=self._last_blocks,
+                    device=None if self._peaks is None else self._peaks.take(),
+                    transfers=transfers,
+                    pipeline=pipeline,
+                    figures=StepFigures(
+                        lr=lr,
+                        loss_scale=loss_scale,
+                        overflow=overflow,
+                        skipped=skipped,
+                        samples=samples,
+                        host=self._host,
+                    ),
+                    overhead_ns=share,
+                    work=self.work.take(self.step),
                 ),
                 now,
             )

@@ -12,7 +12,7 @@ collective whose ``wait()`` is never called never completes as far as the agent 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import capture
 from .activations import BlockSplit
@@ -37,11 +37,27 @@ MAX_DEFER_STEPS = 4
 """Later step ends a report may wait through for its collectives and device events."""
 
 
+class StepFigures(NamedTuple):
+    """The step's figures as ``step_end``'s caller gave them, unchecked (the sender thread reads
+    them: agent/cost.py). Built by keyword."""
+
+    lr: Any
+    loss_scale: Any
+    """A float, None, or a LossScaleReading read on the sender thread."""
+    overflow: Any
+    skipped: Any
+    samples: Any
+    host: Any
+    """The agent's latest HostSample (or None)."""
+
+
 class StepFacts:
     """What ``step_end`` took on the training thread, raw, in one constructor call: the sender
     thread makes the step's axis from its marks (agent/timeline.py) and turns the rest into the
     StepReport (``report``), so that building and converting run there, not between the
-    engine's kernels (the agent's overhead budget, agent/cost.py)."""
+    engine's kernels (the agent's overhead budget, agent/cost.py). Built by keyword only: a
+    field added or moved cannot shift its neighbours' values (tests/test_collective_record.py).
+    """
 
     __slots__ = (
         "activations",
@@ -67,6 +83,7 @@ class StepFacts:
 
     def __init__(
         self,
+        *,
         rank: int,
         step: int,
         wall_ns: int,
@@ -82,7 +99,7 @@ class StepFacts:
         device: tuple[int, int, int] | None,
         transfers: list[RawTransfer],
         pipeline: PipelineStep | None,
-        figures: tuple[Any, ...],
+        figures: StepFigures,
         overhead_ns: int,
         work: tuple[Any, ...] | None = None,
     ) -> None:
@@ -104,7 +121,6 @@ class StepFacts:
         self.transfers = transfers
         self.pipeline = pipeline
         self.figures = figures
-        """(lr, loss_scale, overflow, skipped, samples, host sample) as the caller gave them."""
         self.overhead_ns = overhead_ns
         self.bad_transfers = 0
         self.work = work
@@ -142,7 +158,9 @@ class StepFacts:
                 mem.activations_layer_inputs = blocks.inputs
         if self.device is not None:
             mem.device_allocated, mem.device_reserved, mem.device_peak = self.device
-        lr, loss_scale, overflow, skipped, samples, host = self.figures
+        figures = self.figures
+        lr, loss_scale, overflow = figures.lr, figures.loss_scale, figures.overflow
+        skipped, samples, host = figures.skipped, figures.samples, figures.host
         if isinstance(loss_scale, LossScaleReading):  # read here, on the sender thread
             overflow = skipped = loss_scale.overflow
             loss_scale = loss_scale.scale
@@ -219,7 +237,7 @@ class PendingReport:
                 pass
         force = block or self.age > MAX_DEFER_STEPS
         scalars = self.loss.ready(block) and self.grad_norm.ready(block)
-        scale = self.facts.figures[1]
+        scale = self.facts.figures.loss_scale
         if isinstance(scale, LossScaleReading):
             scalars = scale.ready(block) and scalars
         device = self.axis.device

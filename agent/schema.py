@@ -311,7 +311,7 @@ class Work(msgspec.Struct, omit_defaults=True):
     """batch x seq of every micro-batch: what the model computed on, padding included."""
     seq_len: int | None = None
     flops: float | None = None
-    """Model FLOPs of the step (forward + backward), counted by torch's FlopCounterMode on one
+    """Model FLOPs of the step (forward + backward), counted with torch's FLOP formulas on one
     step of these input shapes."""
     flops_step: int = 0
     """The step the count ran on."""

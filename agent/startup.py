@@ -29,6 +29,7 @@ def start_agent() -> Telemetry:
     """Build this rank's live agent from the environment torchrun and ``zeroscope run`` set;
     a NullTelemetry if anything goes wrong (telemetry must never stop a job)."""
     try:
+        device_timing_environment()
         env = os.environ
         rank = int(env.get("RANK", "0"))
         world_size = int(env.get("WORLD_SIZE", "1"))
@@ -55,6 +56,22 @@ def start_agent() -> Telemetry:
     except Exception as exc:
         print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
         return NullTelemetry()
+
+
+def device_timing_environment() -> None:
+    """On a GPU host: torch's Flight Recorder and NCCL's per-collective timing, where the agent
+    reads each collective's device duration (agent/device_collective.py). Effective for process
+    groups created from now on, so an agent-API job that asks for its telemetry first gets
+    them (under ``zeroscope run`` the bootstrap has set them already)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from .attach.flight_recorder import configure_environment
+
+            configure_environment()
+    except Exception:
+        pass  # no device durations (NA), said by their clock
 
 
 def install_exit_hooks(agent: LiveTelemetry) -> None:

@@ -1,5 +1,5 @@
 """The model's work per step: tokens from the inputs handed to the model's forward, model
-FLOPs counted by torch's own FlopCounterMode, and the peak MFU divides by (agent/peak.py).
+FLOPs counted with torch's own formulas as the step runs (agent/flops.py), and the peak MFU divides by (agent/peak.py).
 
 Tokens: each micro-batch's ``input_ids`` (or the forward's first tensor) of shape
 [batch, seq] (token ids) or [batch, seq, hidden] (embedded sequences) gives batch x seq
@@ -8,17 +8,15 @@ sum is taken as a tensor and read on the sender thread, so no device sync). Any 
 (images, feature vectors) is not a sequence: tokens are NA, and ``Work.na`` says why.
 
 FLOPs: counting runs on one step, from the first forward of the step to its ``step_end``
-(every micro-batch, forward and backward), under ``FlopCounterMode``: it counts the matmul,
-convolution and attention kernels as they run and changes nothing they compute (the losses
-are bit-identical with and without it: tests/test_work_numerics.py). Later steps with the same
-input shapes reuse the count; a step with new shapes is counted again, at most
+(every micro-batch, forward and backward), under agent/flops.py's dispatch mode: it counts the
+matmul, convolution and attention kernels with torch's own formulas as they run and runs every
+op as called (torch's FlopCounterMode does not: it swaps some fused kernels for their
+decompositions, which moved a Llama's gradients; agent/flops.py says which). Later steps with
+the same input shapes reuse the count; a step with new shapes is counted again, at most
 ``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
 after which a step of uncounted shapes has its FLOPs NA with the reason.
-The count is opt-in, ``ZEROSCOPE_FLOPS=1``: a dispatch mode around a step can change the kernels
-that step runs (under it a LoRA'd Llama's attention took another path, and the losses of the
-steps after it moved in their last bits on DeepSpeed and the bundled engine), and the profiler
-never changes numerics by default. Without it FLOPs and MFU are NA with that reason; tokens are
-always counted.
+``ZEROSCOPE_FLOPS=0`` turns the count off (FLOPs and MFU NA with that reason; tokens are still
+counted).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .flops import StepFlops
 from .peak import PeakProbe
 from .scalars import DeferredScalar
 from .schema import Work
@@ -131,46 +130,6 @@ def precision_of(module: Any, device: torch.device) -> str:
     return "fp32"
 
 
-def cpu_attention_formulas() -> dict[Any, Any]:
-    """FLOP formulas for the CPU kernel of ``scaled_dot_product_attention``, which torch's
-    FlopCounterMode counts on CUDA (flash, efficient, cuDNN) but not on CPU (it counted an HF
-    Llama's attention as 0 FLOPs here): the same formulas, the attention's two batched matmuls
-    forward and four backward, causal or not (as torch counts the CUDA kernels)."""
-    from torch.utils import flop_counter
-
-    aten = torch.ops.aten
-
-    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-        return int(flop_counter.sdpa_flop_count(q, k, v))
-
-    def backward(
-        grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any
-    ) -> int:
-        return int(flop_counter.sdpa_backward_flop_count(grad, q, k, v))
-
-    return {
-        aten._scaled_dot_product_flash_attention_for_cpu: forward,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
-    }
-
-
-class _TotalOnly:
-    """FlopCounterMode's module tracker cut down to the total, which is all MFU needs. The real
-    one (torch.utils.module_tracker) puts global forward hooks on every module and multi-grad
-    hooks and autograd-engine callbacks into the job's backward: costs the job pays per module,
-    and private engine calls whose absence (a torch that renamed ``queue_callback``) raised
-    inside the job's own backward and killed it. With this one the count sits in the dispatch
-    mode alone, every FLOP attributed to "Global"."""
-
-    parents = frozenset({"Global"})
-
-    def __enter__(self) -> _TotalOnly:
-        return self
-
-    def __exit__(self, *args: object) -> None:
-        return None
-
-
 class WorkMeter:
     """One rank's tokens and FLOPs per step. ``inputs`` runs on the training thread at each
     forward (a few attribute reads; the count's start on the one step counted); ``take`` at
@@ -179,7 +138,7 @@ class WorkMeter:
 
     def __init__(self) -> None:
         self.peak = PeakProbe()
-        self.enabled = os.environ.get(FLOPS_ENV, "0") == "1"
+        self.enabled = os.environ.get(FLOPS_ENV, "1") != "0"
         self._module: Callable[[], Any] = lambda: None
         self._shape: tuple[int, int | None, int | None] | None = None
         self._positions = 0
@@ -229,10 +188,7 @@ class WorkMeter:
             first = not self._shapes
             self._shapes.append(shape)
             if first and self._due(shape) and not self._compiled(module):
-                from torch.utils.flop_counter import FlopCounterMode
-
-                counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
-                counter.mod_tracker = _TotalOnly()  # type: ignore[assignment]
+                counter = StepFlops()
                 counter.__enter__()
                 self._counter = counter
                 self._counted_first.add(shape)
@@ -270,8 +226,13 @@ class WorkMeter:
         if counter is not None:
             try:
                 counter.__exit__(None, None, None)
-                flops = (float(counter.get_total_flops()), step)
-                self._counted[key] = flops
+                if counter.failed:
+                    self._na_flops = (
+                        f"FLOPs not counted: torch's formula for {counter.failed} failed"
+                    )
+                else:
+                    flops = (float(counter.total), step)
+                    self._counted[key] = flops
             except Exception:
                 self.errors += 1
         if not self._shapes:
@@ -283,8 +244,7 @@ class WorkMeter:
             why = why or self._na_flops
         if flops is None:
             why = why or (
-                "FLOPs not counted: ZEROSCOPE_FLOPS=1 counts one step under torch's "
-                "FlopCounterMode, which can change that step's kernels (off by default)"
+                "FLOPs not counted: the count is off (ZEROSCOPE_FLOPS=0)"
                 if not self.enabled
                 else f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
             )

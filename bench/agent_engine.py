@@ -30,6 +30,7 @@ SEAM = (
     "blocks_wanted",
     "collective",
     "transfer",
+    "model_inputs",
     "event",
     "step_end",
     "close",

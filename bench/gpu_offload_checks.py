@@ -1,8 +1,10 @@
 """The GPU slot's verdicts for the offload and agent-device items that had none: the NVMe pool
 buffer guarded by its copy's end event, one host sync per steady step with the optimizer
-offloaded, and the agent's events on the Hello's device. Each mirrors its GPU-marked test
+offloaded, the agent's events on the Hello's device, and the host cast inside the reported
+offload transfer. The first three mirror their GPU-marked tests
 (tests/test_nvme_pool_guard.py, test_offload_host_syncs.py, test_agent_event_device.py) on a
-small model, seconds each; NA on the CPU, where none of the three can go wrong.
+small model, seconds each; NA on the CPU, where none of them can go wrong (the cast's CPU test,
+tests/test_host_cast.py, slows the cast by a known sleep instead).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ BATCH = 4
 NVME = "NVMe optimizer store (fp32, one pool buffer) trains like no offload"
 SYNCS = "optimizer offload: one host sync per steady step"
 DEVICE = "agent events on the Hello's device (device='cuda:1', no set_device)"
+CAST = "offload bandwidth counts the host cast (reported >= 0.8 x (cast + link))"
+CAST_NUMEL = 64 * 2**20
+"""fp32 elements of the cast check's master (256 MiB; 128 MiB of bf16 cross the link)."""
 
 
 def _config(**zero: Any) -> dict[str, Any]:
@@ -90,17 +95,78 @@ def one_sync_per_step(device: Any) -> Verdict:
     return verdict(SYNCS, len(counts) == 2, {"event syncs in 2 steps": len(counts)})
 
 
+def cast_in_bandwidth(device: Any) -> Verdict:
+    """The engine's report of one fp32 master -> bf16 device parameter update against, in the
+    same run, the host cast alone (the engine's own casting threads) and the link alone (CUDA
+    events around the bf16 copy from page-locked memory). A report of the link alone, as
+    before, is about the last figure; the whole update lasts about the sum."""
+    import time
+
+    import torch
+
+    from zeroscope.agent.api import Telemetry
+    from zeroscope.engine.host_cast import host_copy
+    from zeroscope.engine.host_memory import host_empty
+    from zeroscope.engine.offload_copy import Copier
+
+    class Reports(Telemetry):
+        def __init__(self) -> None:
+            self.ns = 0
+
+        def transfer(
+            self, direction: Any, nbytes: int, start: int, end: int, label: str = ""
+        ) -> None:
+            self.ns += end - start
+
+    master = host_empty(CAST_NUMEL, torch.float32, pin=True)
+    master.normal_()
+    params = torch.empty(CAST_NUMEL, dtype=torch.bfloat16, device=device)
+    stage = host_empty(CAST_NUMEL, torch.bfloat16, pin=True)
+    reports = Reports()
+    copier = Copier(reports, pin=True)
+    copier.copy("h2d", params, master)  # warm: staging buffers, casting threads
+    copier.flush()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    host_copy(stage, master)
+    cast_ns = time.perf_counter_ns() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    params.copy_(stage, non_blocking=True)
+    end.record()
+    end.synchronize()
+    link_ns = int(start.elapsed_time(end) * 1e6)
+    reports.ns = 0
+    copier.copy("h2d", params, master)
+    copier.flush()
+    same = bool(torch.equal(params.cpu(), master.to(torch.bfloat16)))
+    seen = {
+        "cast_s": cast_ns / 1e9,
+        "link_s": link_ns / 1e9,
+        "reported_s": reports.ns / 1e9,
+        "parameters equal the cast": same,
+    }
+    return verdict(CAST, same and reports.ns >= 0.8 * (cast_ns + link_ns), seen)
+
+
 def offload_and_device_verdicts(device: Any) -> list[Verdict]:
-    """The three rows (see the module docstring)."""
+    """The four rows (see the module docstring)."""
     import torch
 
     if device.type != "cuda":
         why = "no GPU (the CPU tests drive a device clock and stand-in streams)"
-        return [verdict(NVME, None, why), verdict(SYNCS, None, why), verdict(DEVICE, None, why)]
+        cast = "no GPU: no link to time apart from the cast (tests/test_host_cast.py slows it)"
+        return [
+            verdict(NVME, None, why),
+            verdict(SYNCS, None, why),
+            verdict(DEVICE, None, why),
+            verdict(CAST, None, cast),
+        ]
     two = torch.cuda.device_count() >= 2
     why = "one GPU: needs a second (tests/test_agent_event_device.py, marked gpu)"
     return [
         guarded(NVME, lambda: nvme_trains_like_none(device)),
         guarded(SYNCS, lambda: one_sync_per_step(device)),
         verdict(DEVICE, None, why if not two else "run tests/test_agent_event_device.py"),
+        guarded(CAST, lambda: cast_in_bandwidth(device)),
     ]

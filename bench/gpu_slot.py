@@ -18,7 +18,9 @@ work). Sections, in order (each is skipped, and says so, once ``--budget-s`` is 
    time, the device peak, P/G/O as reported, and the collectives and transfers the agent saw;
 4. a large all-reduce alone and with compute queued beside it: the agent's duration and exposed
    time against ``work._get_duration()``;
-5. agent on/off: step time with the live agent against none (paired rounds, with an A/A control).
+5. agent on/off: step time with the live agent against none (paired rounds, with an A/A control);
+6. the collective-timing semantics (bench/gpu_semantics.py): overlapped and waited-at-once
+   all-reduces against a known sleep, the duration's clock, a freed buffer reused at once.
 
 On the CPU (``--dry-run``, or no CUDA) every section runs with tiny sizes on gloo; GPU-only
 figures are None (NA). tests/test_gpu_slot.py runs the dry run.
@@ -289,6 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from bench import gpu_checks as checks
+    from bench import gpu_semantics
     from bench.gpu_offload_checks import offload_and_device_verdicts
     from bench.gpu_placement import placement_verdicts
     from bench.gpu_probes import allreduce_overlap, copy_bandwidth, identity
@@ -323,6 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         first = agent.step
         comm = Comm.data_parallel(agent, device)
         out["allreduce"] = allreduce_overlap(comm, device, size["allreduce_bytes"], agent)
+        out["semantics"] = gpu_semantics.probe(comm, device, agent)
         cuda = device.type == "cuda"
         out["checks"] = [
             checks.guarded("too few GPUs", lambda: checks.too_few_gpus(cuda)),
@@ -350,6 +354,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if c.label.startswith("bench "):
                 row = out["allreduce"][c.label.removeprefix("bench ")]
                 row.update(agent_duration_s=c.duration_s, agent_exposed_s=c.exposed_s)
+    gpu_semantics.take_reports(out["semantics"], reports)
     out["agent_errors"] = agent.errors
     out["verdicts"] = verdicts(out)
     return out
@@ -358,6 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
     """The PASS/FAIL/NA table: the readiness items, then the timing semantics."""
     from bench import gpu_checks as checks
+    from bench import gpu_semantics
 
     cuda = not out["dry_run"]
     rows = out["matrix"]
@@ -381,6 +387,7 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
         checks.reserved_on_off(out.get("reserved", {})),
         *checks.allreduce_timing(out["allreduce"], cuda),
         checks.agent_overhead(out["agent_overhead"]),
+        *gpu_semantics.verdicts(out.get("semantics", {}), cuda),
     ]
 
 

@@ -5,6 +5,7 @@ engine's stage 2 without offload.
 
     PYTHONPATH=. python bench/offload.py [--rounds 7] [--steps 3] [--dim 128] [--layers 4]
     PYTHONPATH=. python bench/offload.py --no-deepspeed      # without the DeepSpeed contenders
+    PYTHONPATH=. python bench/offload.py --cold-reads        # NVMe reads from the drive each time
 
 DeepSpeed runs with DS_ACCELERATOR=cpu on the already-initialized gloo group; its first use
 compiles CPU Adam (minutes), then the build is cached. If it cannot run, the reason is printed
@@ -209,7 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-deepspeed", dest="deepspeed", action="store_false")
+    parser.add_argument(
+        "--cold-reads",
+        action="store_true",
+        help="every NVMe read drops the file's cached pages first: the drive's read GB/s "
+        "(training reads may be served from the page cache; slower steps)",
+    )
     args = parser.parse_args(argv)
+    if args.cold_reads:
+        os.environ["ZEROSCOPE_NVME_COLD_READS"] = "1"  # engine/nvme.py; the spawned ranks inherit
     import multiprocessing as mp
 
     with socket.socket() as s:

@@ -406,3 +406,41 @@ def relay(quick: bool) -> list[Table]:
         "the run, idle polling included. Goal at 16,384 ranks: relayed <= 0.5 x direct."
     )
     return [t]
+
+
+def throughput(quick: bool) -> list[Table]:
+    """The FLOP count's cost on the steps after the counted one (bench/flop_count_overhead.py)."""
+    from bench import flop_count_overhead
+
+    args = flop_count_overhead.parser().parse_args(["--rounds", "30" if quick else "300"])
+    r = flop_count_overhead.run(args)
+    t = Table(
+        title="FLOP count: the work meter with the count on vs off (1 process, CPU)",
+        columns=[
+            "model",
+            "CPU ms/step off",
+            "CPU on/off",
+            "CPU A/A control",
+            "counted step / plain step (once)",
+            "counts",
+            "goal <= 1.01 (CPU)",
+        ],
+    )
+    t.digits = dict.fromkeys(("CPU on/off", "CPU A/A control"), 3)
+    ratio = r["cpu_on_off"]
+    t.add(
+        f"GPT d{args.dim} x 2 layers, seq {args.seq}, batch {args.batch}, AdamW",
+        r["cpu_ms_per_step_off"],
+        ratio,
+        r["cpu_aa_control"],
+        r["counted_step_ratio"],
+        r["counts"],
+        "met" if ratio <= 1.01 else "MISSED",
+    )
+    t.note = (
+        "Rounds of one block of 4 training steps per mode (count on, off, off again: the A/A "
+        "control), the order rotated every round; ratios are medians of per-round pairs of "
+        "process CPU time. The count on ran once, on its first step (timed alone, beside an "
+        "uncounted step: the one-time cost); after it the meters do the same work per step."
+    )
+    return [t]

@@ -6,11 +6,18 @@ DeepSpeed swaps through libaio (runtime/swap_tensor/*: ``AsyncTensorSwapper``,
 thread do the same job (the GIL is released during file I/O, so they overlap the optimizer's
 compute). Each swap *unit* is one file holding a few tensors back to back.
 
-Disk speed, not page-cache speed: a write is timed to the end of its ``fsync`` (the bytes are on
-the device), then its pages are dropped from the page cache (``posix_fadvise(DONTNEED)``), so the
-next read of the file comes from the disk too; a read drops any cached pages of the file before
-its clock starts. (DeepSpeed reaches the same with O_DIRECT through libaio; O_DIRECT needs
-block-aligned buffers, which torch tensors do not promise.) The reported GB/s is the drive's.
+Writes at disk speed: a write is timed to the end of its ``fsync`` (the bytes are on the
+device), then its pages are dropped from the page cache (``posix_fadvise(DONTNEED)``): swap files
+exist because host memory is short, and the cache would otherwise fill with them. So the first
+read after a write comes from the drive. (DeepSpeed reaches the same with O_DIRECT through
+libaio; O_DIRECT needs block-aligned buffers, which torch tensors do not promise.)
+
+Reads cost what they cost the job: a later read of bytes still cached (stage 3 reads a
+parameter's shard in the forward and again in the backward) is served from the page cache. A
+read used to drop the file's cached pages before its clock started, so that every reported read
+GB/s was the drive's; that made every training read go to the disk, for an honest figure
+nothing but a bandwidth measurement needs. ``ZEROSCOPE_NVME_COLD_READS=1`` (:data:`COLD_READS_ENV`)
+brings it back for such a measurement (bench/offload.py sets it).
 
 Safety, which a long run needs more than speed:
 
@@ -48,6 +55,9 @@ from zeroscope.agent.api import Telemetry
 from .host_memory import host_empty
 
 _SEQUENCE = itertools.count()
+COLD_READS_ENV = "ZEROSCOPE_NVME_COLD_READS"
+"""Set to 1: every read drops the file's cached pages first (the drive's read GB/s, for a
+bandwidth measurement; slower training)."""
 
 Timing = tuple[str, int, int, int, str]
 """(direction, nbytes, start_ns, end_ns, label) of one finished file transfer."""
@@ -91,6 +101,7 @@ class NvmeSwapper:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="zeroscope-nvme-read")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="zeroscope-nvme-write")
         self._finalizer: weakref.finalize | None = None
+        self.cold_reads = os.environ.get(COLD_READS_ENV, "") == "1"
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -167,7 +178,8 @@ class NvmeSwapper:
         """Fill ``out`` (contiguous CPU) from the unit's file, starting ``offset`` bytes in."""
         nbytes = out.numel() * out.element_size()
         with open(self.path(unit), "rb") as f:
-            drop_cached_pages(f.fileno())
+            if self.cold_reads:
+                drop_cached_pages(f.fileno())
             start = time.perf_counter_ns()
             if offset:
                 f.seek(offset)
@@ -223,13 +235,16 @@ class BufferPool:
     read."""
 
     def __init__(self, count: int, numel: int, *, dtype: torch.dtype, pin: bool) -> None:
+        self.dtype, self.pin = dtype, pin
         self.buffers = [host_empty(numel, dtype, pin=pin) for _ in range(count)]
         self._guards: list[Any] = [None] * count
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(count):
             self._free.put(i)
 
-    def take(self, *, block: bool = True) -> int | None:
+    def take(self, *, block: bool = True, numel: int = 0) -> int | None:
+        """A free buffer's index (None: none free and ``block`` is False); one smaller than
+        ``numel`` elements is replaced by one that large (once: it stays that size)."""
         try:
             index = self._free.get(block=block)
         except queue.Empty:
@@ -237,6 +252,8 @@ class BufferPool:
         guard, self._guards[index] = self._guards[index], None
         if guard is not None and not guard.query():
             guard.synchronize()  # the device copy still reads this buffer
+        if self.buffers[index].numel() < numel:
+            self.buffers[index] = host_empty(numel, self.dtype, pin=self.pin)
         return index
 
     def give(self, index: int, guard: Any = None) -> None:

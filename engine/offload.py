@@ -215,8 +215,8 @@ class OffloadStrategy:
 
     def _host_buffers(self) -> list[torch.Tensor]:
         buffers = [*self.host_grads, *self.store.host_buffers(), *self.copier.staging_buffers]
-        if self.params is not None and self.params.host is not None:
-            buffers.append(self.params.host)
+        if self.params is not None:
+            buffers.extend(self.params.host_buffers())
         return buffers
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,11 +3,17 @@
 Two things a plain ``dst.copy_(src)`` gets wrong on a GPU:
 
 - **A cast across the link.** ``device_bf16.copy_(host_fp32)`` first casts on the CPU into a
-  *pageable* temporary, then copies from it synchronously: the pinned master is wasted and the
-  measured GB/s includes the cast. Here the cast goes into a page-locked 16-bit staging buffer
-  on the host, and only same-dtype bytes cross PCIe, with ``non_blocking=True``. Two staging
-  buffers of at most :data:`STAGING_NUMEL` elements alternate, so the host casts chunk k+1
-  while the link carries chunk k; a buffer is reused only after its copy's end event.
+  *pageable* temporary, then copies from it synchronously: the pinned master is wasted. Here the
+  cast goes into a page-locked 16-bit staging buffer on the host (on several cores:
+  engine/host_cast.py), and only same-dtype bytes cross PCIe, with ``non_blocking=True``. Two
+  staging buffers of at most :data:`STAGING_NUMEL` elements alternate, so the host casts chunk
+  k+1 while the link carries chunk k; a buffer is reused only after its copy's end event.
+- **What a transfer costs.** The cast is part of moving an fp32 master to a 16-bit parameter:
+  a report of the link alone would show PCIe's GB/s while the step waits on the cast. A staged
+  copy's report starts at the host instant its cast began and lasts the cast (host clock) plus
+  the copy's own device time (its events): the transfer's own work, without the time it waited
+  in the stream's queue, on one clock (a start instant with a duration, never a host start with
+  a device end).
 - **Timing the queue, not the copy.** Host time around a blocking copy includes every kernel
   queued before it (the end of backward). On CUDA each copy is timed with CUDA events recorded
   on the current stream right around it: the copy's own device time. Events are read only once
@@ -31,6 +37,7 @@ import torch
 from zeroscope.agent.api import Telemetry
 from zeroscope.agent.schema import TransferDirection
 
+from .host_cast import host_copy
 from .host_memory import host_empty
 
 STAGING_NUMEL = 1 << 24
@@ -45,6 +52,7 @@ class _Pending:
     start: Any
     end: Any
     label: str
+    cast_ns: int = 0
 
 
 class Copier:
@@ -85,8 +93,10 @@ class Copier:
         for lo in range(0, flat_src.numel(), STAGING_NUMEL):
             n = min(STAGING_NUMEL, flat_src.numel() - lo)
             stage = self._take_staging(n, dst.dtype)
-            stage.copy_(flat_src[lo : lo + n])  # the cast, on the host, into page-locked memory
-            self._timed(direction, flat_dst[lo : lo + n], stage, label)
+            t0 = time.perf_counter_ns()
+            # The cast, on the host (several cores), into page-locked memory.
+            host_copy(stage, flat_src[lo : lo + n])
+            self._timed(direction, flat_dst[lo : lo + n], stage, label, cast_from=t0)
             self._staging_done[self._next] = self._last_event
 
     def _take_staging(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -102,8 +112,14 @@ class Copier:
         return buf[:numel]
 
     def _timed(
-        self, direction: TransferDirection | None, dst: torch.Tensor, src: torch.Tensor, label: str
+        self,
+        direction: TransferDirection | None,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        label: str,
+        cast_from: int | None = None,
     ) -> None:
+        """The copy, reported from ``cast_from`` (the host instant its cast began) when given."""
         self._last_event = None
         nbytes = dst.numel() * dst.element_size()
         if dst.device.type == "cuda" or src.device.type == "cuda":
@@ -115,10 +131,16 @@ class Copier:
             end.record()
             self._last_event = end
             if direction is not None:
-                self._pending.append(_Pending(direction, nbytes, issued, start, end, label))
+                began = issued if cast_from is None else cast_from
+                self._pending.append(
+                    _Pending(direction, nbytes, began, start, end, label, issued - began)
+                )
             return
-        t0 = time.perf_counter_ns()
-        dst.copy_(src)
+        t0 = time.perf_counter_ns() if cast_from is None else cast_from
+        if src.device.type == "cpu" and dst.device.type == "cpu":
+            host_copy(dst, src)
+        else:
+            dst.copy_(src)
         if direction is not None:
             self.tel.transfer(direction, nbytes, t0, time.perf_counter_ns(), label)
 
@@ -144,7 +166,7 @@ class Copier:
             self._report(self._pending.pop(0))
 
     def _report(self, p: _Pending) -> None:
-        elapsed_ns = int(p.start.elapsed_time(p.end) * 1e6)
+        elapsed_ns = p.cast_ns + int(p.start.elapsed_time(p.end) * 1e6)
         self.tel.transfer(p.direction, p.nbytes, p.issued_ns, p.issued_ns + elapsed_ns, p.label)
 
     @property

@@ -10,6 +10,14 @@ coordinator issues gathers early, so with NVMe the file reads run ahead of need 
 
 Updated parameters come back through :meth:`ParamHome.sink`, called by the optimizer store
 with each updated master chunk after the step.
+
+NVMe reads land in a ring of ``offload_param.buffer_count`` page-locked buffers (DeepSpeed's
+``buffer_count``; each holds ``buffer_size`` elements, or the whole shard when smaller, grown to
+a larger fetch the first time one comes), not in a new page-locked buffer per fetch: pinning
+calls into the driver and locks pages, at every gather of every step. A buffer is taken again
+only after the end event of the device copy that read it (:class:`~.nvme.BufferPool`'s guard),
+so a read never overwrites bytes a copy has yet to carry. The staging of the rewritten file is
+pageable: it is only written to the file, never copied to the device.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from zeroscope.agent.api import Telemetry
 
 from .config_zero import OffloadParamConfig
 from .host_memory import host_empty
-from .nvme import NvmeSwapper
+from .nvme import BufferPool, NvmeSwapper
 from .offload_copy import Copier
 
 _UNIT = "params"
@@ -56,6 +64,7 @@ class ParamHome:
         self.swapper: NvmeSwapper | None = None
         self.host: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
+        self.reads: BufferPool | None = None
         if cfg.device == "cpu":
             self.host = host_empty(self.numel, self.dtype, pin=pin)
             self.host.copy_(part.shards)
@@ -66,12 +75,23 @@ class ParamHome:
             self.swapper.allocate({_UNIT: self.numel * self.element_size})
             self.swapper.write(_UNIT, part.shards.detach().to("cpu").contiguous())
             part.shards = torch.empty(0, dtype=self.dtype, device=self.device)
+            numel = max(1, min(cfg.buffer_size, self.numel))
+            self.reads = BufferPool(max(1, cfg.buffer_count), numel, dtype=self.dtype, pin=pin)
         part.shard_of = self.fetch
         part.shard_span = self.fetch_span
 
     @property
     def host_bytes(self) -> int:
+        """The host shards (cpu), or the ring of read buffers (nvme: the file holds the rest)."""
+        if self.reads is not None:
+            return self.reads.nbytes
         return 0 if self.host is None else self.numel * self.element_size
+
+    def host_buffers(self) -> list[torch.Tensor]:
+        """Every host buffer this home keeps (for the page-locked accounting)."""
+        if self.reads is not None:
+            return list(self.reads.buffers)
+        return [] if self.host is None else [self.host]
 
     @property
     def nvme_bytes(self) -> int:
@@ -95,15 +115,21 @@ class ParamHome:
         """A device copy of elements ``[start, end)`` of the rank's flat shards (one read and
         one copy for a whole bucket of adjacent parameters)."""
         n = end - start
+        out = torch.empty(n, dtype=self.dtype, device=self.device)
         if self.host is not None:
-            src = self.host[start:end]
-        else:
-            assert self.swapper is not None
-            src = host_empty(n, self.dtype, pin=self.pin)
+            self.copier.copy("h2d", out, self.host[start:end], label)
+            return out
+        assert self.swapper is not None and self.reads is not None
+        index = self.reads.take(numel=n)
+        assert index is not None  # blocking take: every fetch gives its buffer back
+        try:
+            src = self.reads.buffers[index][:n]
             self.swapper.record(self.swapper.read(_UNIT, src, offset=start * self.element_size))
             self.swapper.report()
-        out = torch.empty(n, dtype=self.dtype, device=self.device)
-        self.copier.copy("h2d", out, src, label)
+            self.copier.copy("h2d", out, src, label)
+        finally:
+            # Taken again only once the device copy has read it.
+            self.reads.give(index, self.copier.last_event)
         return out
 
     # -- NVMe: the optimizer writes the new 16-bit shards through a staging buffer ------------
@@ -120,7 +146,7 @@ class ParamHome:
                 self.host[start:].copy_(frozen)
             return
         assert self.swapper is not None
-        self._staging = host_empty(self.numel, self.dtype, pin=self.pin)
+        self._staging = host_empty(self.numel, self.dtype, pin=False)  # file-bound only
         kept = self._staging[start:]
         if frozen is not None:
             kept.copy_(frozen)

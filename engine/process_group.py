@@ -66,6 +66,13 @@ def init_distributed(device: torch.device, backend: str | None = None) -> None:
     if not dist.is_available() or dist.is_initialized():
         return
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        # torch's Flight Recorder and NCCL's per-collective timing must be on before the group
+        # exists: the agent reads each collective's device duration there (on the CPU the
+        # host's clock times it, and the recorder is left off).
+        from zeroscope.agent.attach.flight_recorder import configure_environment
+
+        configure_environment()
     # Bound to the rank's GPU for NCCL (eager communicator, no guessing from the current device).
     nccl = device.type == "cuda" and "nccl" in backend
     bound: dict[str, Any] = {"device_id": device} if nccl else {}

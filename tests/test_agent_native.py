@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from zeroscope.agent import host_seam
-from zeroscope.agent.host_seam import END, EXPOSED, REF, START, Recorder
+from zeroscope.agent.collective_record import END, EXPOSED, REF, START
+from zeroscope.agent.host_seam import Recorder
 
 IMPLEMENTATIONS = ["C", "Python"]
 

@@ -244,7 +244,7 @@ def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo:
         pending = dist.all_reduce(torch.ones(7), async_op=True)
         pending.get_future().wait()  # a consumer asks for the future: its completion counts
         assert futures == [1]
-        start = log.records[0][collectives.ISSUE]
+        start = log.records[0][collectives.START]
         taken = log.take_all()
         out = [op.resolve(start) for op in taken]
         # gloo at world 1 finishes every op at once, but on a loaded machine its worker thread

@@ -303,3 +303,54 @@ def test_the_ring_size_the_job_set_under_either_name_is_kept() -> None:
     env = {}
     configure_environment(env)
     assert ring_size(env) == DEFAULT_BUFFER and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+
+
+def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's two recorders (NCCL's own and the generic one) are dumped, decoded and indexed
+    together: a watched gloo group's entries from one, an NCCL group's device duration from the
+    other. Each recorder numbers its entries itself, so the watched group's share of its ring
+    is counted within its recorder (1.0 here), not across the two numberings; with neither
+    recorder in torch the reader turns itself off and says why."""
+    import torch
+
+    from zeroscope.agent.attach import flight_recorder
+    from zeroscope.agent.attach.session import SESSION
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")
+    monkeypatch.setattr(SESSION, "_lost", {})
+    gloo = [_entry(s, process_group=["0", ""], record_id=s) for s in (1, 2, 3, 4)]
+    nccl = [
+        _entry(s, "nccl:all_reduce", process_group=["1", ""], record_id=9000 + s) for s in (1, 2)
+    ]
+    nccl[1].update(state="completed", duration_ms=3.0)
+
+    def as_json(entries: list[dict]) -> Any:
+        return lambda with_stack, only_active: json.dumps({"entries": entries}).encode()
+
+    c10d = torch._C._distributed_c10d
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", as_json(gloo), raising=False)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", as_json(nccl), raising=False)
+    reader = FlightRecorderReader()
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    group.seq = 4
+    mark = reader.mark()
+    assert mark is not None
+    ops = mark.expand()
+    assert [op.resolve(0).nbytes for op in ops] == [40] * 4 and reader.lost == 0
+    assert reader.share == 1.0  # across both numberings it would read (9002 - 1 + 1) / 4
+    assert reader.device_duration("1", 2, "all_reduce") == pytest.approx(0.003)
+    assert reader.device_duration("1", 1, "all_reduce") is False  # not retired yet
+    assert reader.device_duration("1", 2, "broadcast") is None  # never another op's figure
+    assert reader.dumps >= 2  # the NCCL group is indexed once asked for
+
+    for name in flight_recorder.DUMPS:
+        monkeypatch.delattr(c10d, name, raising=False)
+    off = FlightRecorderReader()
+    off.watch(_Group("0"), "DDP")
+    off_mark = off.mark()
+    assert off_mark is not None and off_mark.expand() == []
+    assert "none of" in off.off_reason and not off.groups

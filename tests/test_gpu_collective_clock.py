@@ -38,9 +38,12 @@ def _sleep_s(cycles: int) -> float:
 def _one_collective(cuda_rig: tuple, overlap: bool) -> tuple[float, object]:
     import torch.distributed as dist
 
+    from zeroscope.agent.attach.flight_recorder import configure_environment
+
     tel, got = cuda_rig
     cycles = 50_000_000
     sleep = _sleep_s(cycles)
+    configure_environment()  # as `zeroscope run` and the agent's start-up do, before the group
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         t = torch.ones(1 << 20, device="cuda")
@@ -61,10 +64,10 @@ def _one_collective(cuda_rig: tuple, overlap: bool) -> tuple[float, object]:
 
 
 def test_an_all_reduce_hidden_behind_compute_is_short_and_not_exposed(cuda_rig: tuple) -> None:
-    """Today's bundled CUDA path ends a collective at an event recorded from the Work's future
-    callback on a pool stream, and exposed is the host-ordered interval from the compute
-    stream's wait event: the duration can include queueing on the pool stream behind the
-    sleep, so it is expected to exceed 0.2 x the sleep."""
+    """The code before agent/device_collective.py failed this: the bundled CUDA path ended a
+    collective at an event recorded from the Work's future callback on a pool stream, so the
+    duration could include queueing on that stream behind the sleep (over 0.2 x the sleep).
+    Now the duration is torch's own (NCCL-stream events, read from its Flight Recorder)."""
     sleep, c = _one_collective(cuda_rig, overlap=True)
     assert c.clock == "device" and c.exposed_measured
     assert c.duration_s < 0.2 * sleep
@@ -72,9 +75,10 @@ def test_an_all_reduce_hidden_behind_compute_is_short_and_not_exposed(cuda_rig: 
 
 
 def test_an_all_reduce_waited_at_once_is_all_exposed(cuda_rig: tuple) -> None:
-    """Waited on at once, the compute stream stalls for the whole collective: exposed equals
-    its duration (within 20%). Expected to fail today where the device's exposed time is the
-    interval between two events on the compute stream that need not bracket the stall."""
+    """Waited on at once, the compute stream stalls for the whole collective: exposed (events
+    around the stream wait) equals its duration (torch's NCCL-stream events) within 20%. The
+    code before failed it where the duration ended at the pool stream's callback event, which
+    need not bracket the same interval as the compute stream's stall."""
     _, c = _one_collective(cuda_rig, overlap=False)
     assert c.clock == "device" and c.exposed_measured
     assert c.exposed_s == pytest.approx(c.duration_s, rel=0.2)
@@ -131,7 +135,8 @@ def test_stage3_reserves_the_same_memory_with_the_agent_as_without(tmp_path: Pat
     (agent/comm.py) ends each collective from a ``then`` callback on the Work's future, and
     torch's CUDA future records every output's data pointer on the callback's stream, so each
     freed stage-3 gather buffer and reduce-scatter output is parked until the device passes it:
-    the caching allocator cannot reuse it, and reserved memory grows with the agent on."""
+    the caching allocator cannot reuse it, and reserved memory grows with the agent on. (That
+    callback is gone: agent/device_collective.py; this test is the device's check.)"""
     off = _reserved("zero3", False, tmp_path)
     on = _reserved("zero3", True, tmp_path)
     assert on["losses"] == off["losses"]

@@ -73,6 +73,7 @@ def test_gpu_slot_dry_run_writes_every_section(tmp_path: Path) -> None:
         "NVMe optimizer store (fp32, one pool buffer) trains like no offload",
         "optimizer offload: one host sync per steady step",
         "agent events on the Hello's device (device='cuda:1', no set_device)",
+        "offload bandwidth counts the host cast (reported >= 0.8 x (cast + link))",
     ):
         assert verdicts[item]["verdict"] == "NA" and verdicts[item]["seen"], verdicts[item]
     copies = doc["copies"]

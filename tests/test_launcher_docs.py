@@ -42,3 +42,14 @@ def test_the_pages_run_commands_parse_and_pick_their_launcher(page: str, deepspe
         args = build_parser("run").parse_args(argv[1:])
         assert args.script == "train.py"
         assert uses_deepspeed_launcher(args) is deepspeed, argv
+
+
+def test_the_llama_factory_commands_run_its_launcher_module_under_torchrun() -> None:
+    """The page's ``zeroscope run`` lines start LLaMA-Factory's own torchrun module, as
+    ``llamafactory-cli train`` does, under torchrun."""
+    commands = _commands("llama-factory")
+    assert len(commands) >= 2
+    for argv in commands:
+        args = build_parser("run").parse_args(argv[1:])
+        assert args.module and args.script == "llamafactory.launcher", argv
+        assert args.nproc_per_node == "2" and not uses_deepspeed_launcher(args)

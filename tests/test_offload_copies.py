@@ -9,9 +9,10 @@
   bytes must be the 16-bit bytes, 2 Psi/N.
 - **Chunked, double-buffered staging**: a shard larger than the staging size goes in chunks,
   one transfer each, the two buffers taking turns.
-- **NVMe at disk speed, not page-cache speed**: after a swap write the kernel holds none of the
-  file's pages in its page cache (``mincore``, the kernel's own answer; a plain write, the
-  control, leaves them all resident), and the write's reported end is after its ``fsync``.
+- **NVMe writes at disk speed, not page-cache speed**: after a swap write the kernel holds none
+  of the file's pages in its page cache (``mincore``, the kernel's own answer; a plain write, the
+  control, leaves them all resident), and the write's reported end is after its ``fsync``. A
+  read leaves the cache alone unless a bandwidth measurement asks (``ZEROSCOPE_NVME_COLD_READS``).
 - **PCIe nominal rate** from the link's maximum speed and width, not the idle downclocked ones.
 - **Pinned bytes**: the real size of each page-locked block is what is reported.
 """
@@ -181,6 +182,34 @@ def test_nvme_writes_leave_no_page_cache_behind_and_are_timed_to_the_disk(
     back = torch.empty_like(data)
     swapper.read("u", back)
     assert torch.equal(back, data)
+    swapper.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore and /proc are Linux's")
+@pytest.mark.parametrize("cold", [False, True])
+def test_nvme_reads_drop_the_page_cache_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool
+) -> None:
+    # A training read may be served by the page cache (stage 3 reads a shard in the forward and
+    # again in the backward); only a bandwidth measurement asks every read to go to the drive.
+    if _filesystem(tmp_path) in {"tmpfs", "ramfs"}:
+        pytest.skip("on tmpfs the page cache is the file itself")
+    from zeroscope.engine import nvme
+
+    monkeypatch.setenv(nvme.COLD_READS_ENV, "1" if cold else "0")
+    data = torch.randn(1 << 20)  # 4 MiB
+    swapper = NvmeSwapper(str(tmp_path), rank=0, purpose="test", tel=Telemetry())
+    swapper.allocate({"u": data.numel() * 4})
+    swapper.write("u", data)
+    back = torch.empty_like(data)
+    swapper.read("u", back)  # the first read after a write: from the drive either way
+    assert _resident_fraction(swapper.path("u")) > 0.9  # the kernel's answer: now cached
+    dropped: list[int] = []
+    real = nvme.drop_cached_pages
+    monkeypatch.setattr(nvme, "drop_cached_pages", lambda fd: (dropped.append(fd), real(fd)))
+    swapper.read("u", back)
+    assert torch.equal(back, data)
+    assert len(dropped) == (1 if cold else 0)
     swapper.close()
 
 

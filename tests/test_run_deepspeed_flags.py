@@ -87,17 +87,37 @@ def test_torchruns_flags_alone_still_pick_torchrun() -> None:
     assert _launcher_argv(args, "train.py")[1:3] == ["-m", TORCHRUN_MODULE]
 
 
-@pytest.mark.parametrize(
-    ("flags", "said"),
-    [
-        (["--num_gpus", "2", "--nproc-per-node", "2"], "--nproc-per-node is torchrun's"),
-        (["--num_gpus", "2", "--as-deepspeed"], "--as-deepspeed runs under torchrun's flags"),
-    ],
-)
 def test_flags_no_single_launcher_takes_are_refused(
-    flags: list[str], said: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
+    flags = ["--num_gpus", "2", "--nproc-per-node", "2"]
     assert main(["run", "--headless", *flags, str(script)]) == 2
-    assert said in capsys.readouterr().err
+    assert "--nproc-per-node is torchrun's" in capsys.readouterr().err
+
+
+def test_no_ssh_nodes_plan_one_collector_on_node_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--no_ssh --node_rank N``: each node runs the launcher itself; ``--num_nodes`` says how
+    many, and node 0 hosts the collector where ``--master_addr`` reaches it, as with torchrun's
+    ``--nnodes``/``--node-rank`` (the same plan, zeroscope/remote/multinode.py)."""
+    from zeroscope.remote.multinode import plan_from_run_args
+
+    monkeypatch.setenv("ZEROSCOPE_TOKEN", "t" * 32)
+    monkeypatch.delenv("ZEROSCOPE_JOB_ID", raising=False)
+    common = ["run", "--no_ssh", "-H", "hf", "--master_addr", "10.0.0.1", "--master_port", "29600"]
+
+    def plan(*flags: str) -> Any:
+        return plan_from_run_args(build_parser("run").parse_args([*common, *flags, "train.py"]))
+
+    node0, node1 = (
+        plan("--num_nodes", "2", "--node_rank", "0"),
+        plan("--num_nodes=2", "--node_rank=1"),
+    )
+    assert (node0.hosts_collector, node0.bind_host, node0.port) == (True, "0.0.0.0", 29601)
+    assert not node1.hosts_collector
+    assert node1.rank_env()["ZEROSCOPE_COLLECTOR"] == "tcp://10.0.0.1:29601"
+    assert node0.job_id == node1.job_id
+    with pytest.raises(ValueError, match="needs --num_nodes"):
+        plan("--node_rank", "1")
+    assert plan("--node_rank", "0").bind_host == "127.0.0.1"  # one node: as before

@@ -41,7 +41,7 @@ def llama_dense_params() -> int:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("throughput-attach")
-    env = {**job_env(), "ZEROSCOPE_FLOPS": "1"}  # the count is opt-in
+    env = job_env()  # the FLOP count is on by default
     args = ["--modes", ",".join(MODES), "--steps", str(STEPS)]
     run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=600)
     run_zeroscope(SCRIPT, [*args, "--out", str(tmp / "zs")], env, tmp / "t.zstrace", 600)

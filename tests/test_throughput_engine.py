@@ -38,7 +38,6 @@ def train(rank: int, world: int, address: str | None) -> list[float]:
     if address:
         os.environ[api.COLLECTOR_ENV] = address
         os.environ["ZEROSCOPE_JOB_ID"] = "throughput"
-        os.environ["ZEROSCOPE_FLOPS"] = "1"  # the count is opt-in
     else:
         os.environ.pop(api.COLLECTOR_ENV, None)
     api.set_telemetry(None)

@@ -22,8 +22,8 @@ from zeroscope.state.throughput import cluster_step, predicted_flops, rank_step
 
 @pytest.fixture(autouse=True)
 def _counting_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FLOP count is opt-in (ZEROSCOPE_FLOPS=1); these tests are about what it counts."""
-    monkeypatch.setenv(work_mod.FLOPS_ENV, "1")
+    """The FLOP count is on unless ZEROSCOPE_FLOPS=0; these tests are about what it counts."""
+    monkeypatch.delenv(work_mod.FLOPS_ENV, raising=False)
 
 
 BASE_NS = 1_700_000_000 * 10**9
@@ -156,12 +156,12 @@ def test_meter_counts_up_to_its_budget_then_says_why(monkeypatch: pytest.MonkeyP
 
 
 def test_meter_off_and_non_sequence_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(work_mod.FLOPS_ENV)
+    monkeypatch.setenv(work_mod.FLOPS_ENV, "0")
     model, meter = KnownGPT(seq=16), WorkMeter()
     idx = torch.zeros(2, 16, dtype=torch.long)
     w = _step(meter, model, 1, idx, idx)
-    assert w.flops is None and "ZEROSCOPE_FLOPS=1" in w.na and w.tokens == 32
-    monkeypatch.setenv(work_mod.FLOPS_ENV, "1")
+    assert w.flops is None and "ZEROSCOPE_FLOPS=0" in w.na and w.tokens == 32
+    monkeypatch.delenv(work_mod.FLOPS_ENV)
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(1))
     conv(torch.zeros(1, 3, 8, 8))
 
@@ -238,7 +238,7 @@ def test_a_model_with_compiled_modules_is_not_counted_and_says_why() -> None:
     idx = torch.randint(0, 64, (2, 16))
     w = _step(meter, model, 1, idx, idx)
     assert w.flops is None and w.na == work_mod.COMPILED_NA and w.tokens == 32
-    assert meter._counter is None  # no FlopCounterMode was ever entered
+    assert meter._counter is None  # no count was ever entered
 
 
 def test_a_peak_the_model_exceeds_gives_mfu_na_with_both_figures() -> None:

@@ -40,7 +40,22 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Work
 
+from zeroscope.agent.collective_record import (
+    END,
+    EXPOSED,
+    FIELDS,
+    GROUP,
+    LABEL,
+    NBYTES,
+    OP,
+    PREFETCHED,
+    REF,
+    START,
+    book_wait,
+    to_wire,
+)
 from zeroscope.agent.comm import CollectiveTracker
+from zeroscope.agent.device_collective import resolve_device, sequence_of, stall_event
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 from . import patches
@@ -52,9 +67,13 @@ MAX_IN_FLIGHT = 10_000
 """Ops kept while no step boundary takes them (no engine found yet); beyond it the oldest half
 is dropped and counted in ``abandoned``."""
 
-# Record fields (a plain list per op: cheapest to build on the training thread).
-OP, NBYTES, GROUP, ISSUE, END, EXPOSED, LABEL, REF, KEY, CUDA, MEASURED = range(11)
-"""``CUDA``: the op's tensors are on a GPU, where ``wait()`` returns once the op is enqueued on
+# A record is the agent's one host record (agent/collective_record.py: a plain list, cheapest to
+# build on the training thread) with a tail of the attach's own.
+KEY, CUDA, MEASURED, SEQUENCE, STALL, SEEN = range(len(FIELDS), len(FIELDS) + 6)
+"""``KEY``: ``id(work)`` while it waits in ``CollectiveLog.waiting``. ``SEQUENCE``, ``STALL``,
+``SEEN`` (GPU ops, agent/device_collective.py): (group, sequence number) where torch's Flight
+Recorder has the op's device duration; the compute stream's events around its ``wait()``; when
+it was first found complete. ``CUDA``: the op's tensors are on a GPU, where ``wait()`` returns once the op is enqueued on
 the device, so no host clock here measures it (its clock is ``none``). ``MEASURED``: the end
 was seen by the host (``wait()`` returned, or the work's future ran), not stamped at a step
 boundary."""
@@ -125,13 +144,21 @@ class CollectiveLog(CollectiveTracker):
         self.abandoned = 0
 
     def add(
-        self, op: CollectiveOp, nbytes: int, group: int, issue_ns: int, work: Any, cuda: bool
+        self,
+        op: CollectiveOp,
+        nbytes: int,
+        group: int,
+        issue_ns: int,
+        work: Any,
+        cuda: bool,
+        sequence: tuple[str, int] | None = None,
     ) -> None:
         records = self.records
         if len(records) >= MAX_IN_FLIGHT:  # nobody takes them (no step boundary seen yet)
             self.abandoned += len(records) // 2
             del records[: len(records) // 2]
-        rec = [op, nbytes, group, issue_ns, 0, 0, self.label, None, 0, cuda, False]
+        rec = [op, nbytes, group, False, self.label, issue_ns, None, 0, None, 0, cuda, False]
+        rec += (sequence, None, [0])
         if work is not None:
             rec[REF] = weakref.ref(work)
             rec[KEY] = key = id(work)
@@ -208,29 +235,33 @@ class LoggedOp:
         # Host-timed only where the host saw the op end on CPU tensors (gloo: wait() returns
         # when the op has run). On a GPU, wait() and the future return at enqueue; and an end
         # stamped at the step boundary is the boundary's time: neither is a measurement.
-        if rec[CUDA] or not rec[MEASURED]:
-            return Collective(
+        if rec[CUDA]:  # the device's own figures (agent/device_collective.py), as the engine's
+            got = resolve_device(rec[SEQUENCE], rec[OP], rec[STALL], rec[SEEN])
+            if got is None:
+                return None  # the stall's events or torch's duration still to come
+            duration, exposed = got
+            return to_wire(
                 op=rec[OP],
                 nbytes=rec[NBYTES],
                 group_size=rec[GROUP],
-                start_s=(rec[ISSUE] - step_start_ns) / 1e9,
-                duration_s=0.0,
-                exposed_s=0.0,
+                start_s=(rec[START] - step_start_ns) / 1e9,
+                duration_s=duration,
+                exposed_s=exposed,
+                prefetched=rec[PREFETCHED],
                 label=rec[LABEL],
-                clock="none",
-                exposed_measured=False,
+                clock="device",
             )
-        duration = max(rec[END] - rec[ISSUE], 0)
-        return Collective(
+        measured = rec[MEASURED]
+        return to_wire(
             op=rec[OP],
             nbytes=rec[NBYTES],
             group_size=rec[GROUP],
-            start_s=(rec[ISSUE] - step_start_ns) / 1e9,
-            duration_s=duration / 1e9,
-            exposed_s=min(rec[EXPOSED], duration) / 1e9,
+            start_s=(rec[START] - step_start_ns) / 1e9,
+            duration_s=(rec[END] - rec[START]) / 1e9 if measured else None,
+            exposed_s=rec[EXPOSED] / 1e9 if measured else None,
+            prefetched=rec[PREFETCHED],
             label=rec[LABEL],
             clock="host",
-            exposed_measured=True,
         )
 
 
@@ -265,7 +296,10 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
             work = original(self, *args, **kwargs)
         try:
             tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
-            log.add(op, size_of(tensors), self.size(), issue, work, _is_cuda(tensors[0]))
+            if _is_cuda(tensors[0]):  # its device duration is torch's, by sequence number
+                log.add(op, size_of(tensors), self.size(), issue, work, True, sequence_of(self))
+            else:
+                log.add(op, size_of(tensors), self.size(), issue, work, False)
         except Exception:
             log.errors += 1
         return work
@@ -278,6 +312,7 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
 def _wrap_wait() -> Any:
     original = Work.wait
     waiting = LOG.waiting
+    book = book_wait
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = waiting.pop(id(self), None)
@@ -285,18 +320,45 @@ def _wrap_wait() -> Any:
             rec = None  # a dead op's address reused by this work: not its record
         if rec is None:
             return original(self, *args, **kwargs)
+        if rec[CUDA]:
+            return _wait_on_device(original, self, rec, args, kwargs)
         t0 = _now()
         try:
             return original(self, *args, **kwargs)
         finally:
-            t1 = _now()
-            rec[EXPOSED] += t1 - t0
+            book(rec, t0, _now())
             rec[MEASURED] = True
-            if not rec[END] or t1 < rec[END]:
-                rec[END] = t1
 
     wait.__doc__ = original.__doc__
     return wait
+
+
+def _wait_on_device(original: Any, work: Any, rec: list[Any], args: Any, kwargs: Any) -> Any:
+    """A GPU op's ``wait()``: it only makes the current stream wait for the op, so the stall is
+    read from events on that stream around it, when that stream is the device's compute
+    (default) stream; a wait on a side stream (FSDP2's all-gather stream) stalls no compute,
+    and its exposed time stays NA. No event while a CUDA graph is being captured."""
+    before = None
+    try:
+        if (
+            rec[STALL] is None
+            and not torch.cuda.is_current_stream_capturing()
+            and torch.cuda.current_stream() == torch.cuda.default_stream()
+        ):
+            before = stall_event()
+    except Exception:
+        LOG.errors += 1
+    try:
+        return original(work, *args, **kwargs)
+    finally:
+        t1 = _now()
+        if not rec[END] or t1 < rec[END]:
+            rec[END] = t1  # enqueued: the report may look at it (its figures are the device's)
+        if before is not None:
+            try:
+                rec[STALL] = (before, stall_event())
+            except Exception:
+                LOG.errors += 1
 
 
 def _stamp_when_done(rec: list[Any], _: Any) -> None:

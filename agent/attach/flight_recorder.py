@@ -24,7 +24,9 @@ counts exact; duration, busbw and exposed NA). Where torch measured a duration w
 clock. Exposed time is never measured here. Entries the ring overwrote before a read are
 counted in ``lost``, never guessed.
 
-The dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
+torch keeps two recorders, ProcessGroupNCCL's own (NCCL collectives, with CUDA events) and a
+generic one (gloo): both are dumped (:data:`DUMPS`), each decoded, and their entries read as one.
+A dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
 its cost is per entry in the ring (measured on this project's 2-core VM, torch 2.13, gloo: ~15
 us of CPU per entry for torch's JSON, ~5 more to decode it in Python), so what the reader costs
 a job is how many times each entry is dumped. It is decoded straight into typed structs
@@ -48,19 +50,23 @@ from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import pairwise
 from typing import Any
 
 import msgspec
 
+from zeroscope.agent.collective_record import to_wire
 from zeroscope.agent.schema import Collective, CollectiveOp
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 """torch's older name for the ring size, read when ``TORCH_FR_BUFFER_SIZE`` is unset."""
 TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+FRESH_S = 0.05
+"""How old a dump may be when a device duration not yet in it is asked for again (torch's
+watchdog retires completed works every ~0.1 s)."""
 DEFAULT_BUFFER = 128
 """Entries in torch's ring. Each dump walks the whole ring (under the interpreter lock, ~2-4 ms
 at 128 entries on a loaded 2-core VM), and each entry is dumped about ring / (ring - headroom)
@@ -202,16 +208,15 @@ def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) ->
         return None
     duration_ms = entry.duration_ms
     timed = duration_ms is not None and entry.state == "completed"
-    return Collective(
+    return to_wire(
         op=op,
         nbytes=nbytes,
         group_size=group_size,
         start_s=entry.time_created_ns / 1e9,
-        duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else 0.0,
-        exposed_s=0.0,
+        duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else None,
+        exposed_s=None,
         label=label,
-        clock="device" if timed else "none",
-        exposed_measured=False,
+        clock="device",
     )
 
 
@@ -300,10 +305,14 @@ class FlightRecorderReader:
         and the entries, so that each take visits its step's entries only."""
         self._cache_top: dict[str, int] = {}
         self.dumps = 0
+        """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
+        self._dumped_at = 0.0
+        self._timed: set[str] = set()
+        """Groups whose device durations were asked for (:meth:`device_duration`), indexed
+        with the watched ones."""
         self.wanted = False
         """A step end asked for a read (an urgent mark; set on the training thread, cleared by
         the sender as it dumps): the reports waiting before it are due too."""
-        """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
         self._last_marks: dict[str, int] = {}
         self._recent: deque[int] = deque(maxlen=RECENT_STEPS)
         """The watched entries (scaled by ``share``) each of the last steps issued, as the
@@ -434,29 +443,67 @@ class FlightRecorderReader:
         out.sort(key=lambda op: op._issue_ns)
         return out
 
-    def _entries(self, marks: dict[str, int]) -> dict[str, tuple[list[int], list[Entry]]]:
-        """The watched groups' entries, dumped again only when the last dump does not reach
-        every mark (one dump serves the reports of a batch)."""
-        if not self.covers(marks):
-            dump = self._dump or _dump
+    def device_duration(self, name: str, seq: int, op: CollectiveOp) -> float | bool | None:
+        """Sender thread: the device duration [s] torch measured for collective ``seq`` of
+        group ``name`` (NCCL with ``TORCH_NCCL_ENABLE_TIMING=1``: CUDA events on the NCCL
+        stream, nothing held by zeroscope); False while its entry is not retired yet (ask
+        again), None when it will not come (the ring dropped it, no timing, another op)."""
+        self._timed.add(name)
+        try:
+            cache = self._entries({name: seq}, fresh=True)
+        except Exception as exc:
+            self.errors += 1
+            self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
+            return None
+        seqs, entries = cache.get(name, ([], []))
+        i = bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            return None  # overwritten before this read (or never recorded)
+        entry = entries[i]
+        if OPS.get(entry.profiling_name.rpartition(":")[2]) != op:
+            return None  # not the op asked about: never another op's figure
+        duration_ms = entry.duration_ms
+        if duration_ms is None or entry.state != "completed":
+            timed = os.environ.get(TIMING_ENV, "") == "1"
+            return False if timed and entry.state != "completed" else None
+        return float(duration_ms) / 1e3
+
+    def _entries(
+        self, marks: dict[str, int], fresh: bool = False
+    ) -> dict[str, tuple[list[int], list[Entry]]]:
+        """The watched (and timed) groups' entries, dumped again only when the last dump does
+        not reach every mark (one dump serves the reports of a batch), or, ``fresh``, when it
+        is older than :data:`FRESH_S` (an entry's duration appears once torch's watchdog
+        retires it)."""
+        stale = fresh and time.monotonic() - self._dumped_at > FRESH_S
+        if stale or not self.covers(marks):
+            self._dumped_at = time.monotonic()
+            raw = (self._dump or _dump)()
             self.wanted = False
-            entries = entries_of(dump())
+            parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
             self.dumps += 1
             cache: dict[str, tuple[list[int], list[Entry]]] = {}
             groups = self.groups
-            low = high = -1
-            watched = 0
-            for e in entries:
-                rid = e.record_id
-                low = rid if low < 0 or rid < low else low
-                high = max(high, rid)
-                name = e.group
-                if name not in groups:
-                    continue
-                watched += 1
-                seqs, kept = cache.setdefault(name, ([], []))
-                seqs.append(e.collective_seq_id)
-                kept.append(e)
+            timed = self._timed
+            span = watched = 0
+            for entries in parts:  # one recorder's entries each; record_id is per recorder
+                low = high = -1
+                mine = 0
+                for e in entries:
+                    rid = e.record_id
+                    low = rid if low < 0 or rid < low else low
+                    high = max(high, rid)
+                    name = e.group
+                    if name in groups:
+                        mine += 1
+                    elif name not in timed:
+                        continue
+                    seqs, kept = cache.setdefault(name, ([], []))
+                    seqs.append(e.collective_seq_id)
+                    kept.append(e)
+                if mine:  # only a ring holding a watched group's entries can overwrite them
+                    watched += mine
+                    span += high - low + 1
             for seqs, kept in cache.values():  # ring order is issue order; sorted, to be sure
                 if any(a >= b for a, b in pairwise(seqs)):
                     pairs = sorted(zip(seqs, kept, strict=True), key=lambda p: p[0])
@@ -464,8 +511,8 @@ class FlightRecorderReader:
                     kept[:] = [k for _, k in pairs]
             self._cache = cache
             self._cache_top = {n: seqs[-1] for n, (seqs, _) in cache.items() if seqs}
-            if watched and len(entries) > 1:  # all entries per watched one (record_id spans all)
-                self.share = max(1.0, (high - low + 1) / watched)
+            if watched and span > 1:  # all entries per watched one (record_id spans all)
+                self.share = max(1.0, span / watched)
         return self._cache
 
 
@@ -479,11 +526,20 @@ def _say(part: str, reason: str) -> None:
         pass
 
 
-def _dump() -> bytes:
+DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+"""torch keeps two recorders: ProcessGroupNCCL's own (CUDA events: where NCCL collectives go,
+absent from a CPU build) and the generic one (gloo). Both are read."""
+
+
+def _dump() -> list[list[Entry]]:
+    """Each recorder torch has, dumped and decoded (one list of entries per recorder)."""
     import torch
 
     c10d: Any = torch._C._distributed_c10d
-    return bytes(c10d._dump_fr_trace_json(True, False))
+    found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
+    if not found:
+        raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
+    return [entries_of(bytes(fn(True, False))) for fn in found]
 
 
 READER = FlightRecorderReader()

@@ -200,13 +200,8 @@ def _launcher_argv(args: argparse.Namespace, script: str) -> list[str]:
             f"{mixed} is torchrun's and the other launcher flags are DeepSpeed's launcher's: "
             "use one launcher's flags"
         )
-    if args.as_deepspeed:
-        # The alias would replace DeepSpeed in the launcher's own processes too, and
-        # deepspeed.launcher is no part of the bundled engine.
-        raise CliError(
-            "--as-deepspeed runs under torchrun's flags only (--nproc-per-node N for "
-            "--num_gpus N): DeepSpeed's launcher is itself DeepSpeed, which the alias replaces"
-        )
+    # With --as-deepspeed the launcher's own processes keep the real DeepSpeed (the alias's
+    # start-up hook knows them, engine/deepspeed/boot); the ranks they start get the alias.
     return deepspeed_argv(args, script, args.script_args)
 
 

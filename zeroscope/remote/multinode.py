@@ -179,6 +179,8 @@ def plan_from_run_args(args: object) -> CollectorPlan:
     port = getattr(args, "port", 0) or None
     token_file = getattr(args, "token_file", None)
     nnodes = _int_flag(getattr(args, "nnodes", None), 1, "--nnodes")
+    if getattr(args, "no_ssh", False):
+        nnodes = _no_ssh_nodes(args)
     if nnodes > 1 and (
         getattr(args, "node_rank", None) is None or not getattr(args, "master_addr", None)
     ):
@@ -196,6 +198,22 @@ def plan_from_run_args(args: object) -> CollectorPlan:
         collector_port=port,
         token_file=Path(token_file) if token_file else None,
     )
+
+
+def _no_ssh_nodes(args: object) -> int:
+    """DeepSpeed's launcher with ``--no_ssh``: every node runs ``zeroscope run --no_ssh
+    --node_rank N`` itself, as torchrun's nodes do, and ``--num_nodes`` says how many (DeepSpeed
+    takes that many hosts of the hostfile); node 0 hosts the collector."""
+    node_rank = _int_flag(getattr(args, "node_rank", None), 0, "--node_rank")
+    num_nodes = getattr(args, "num_nodes", None)
+    if num_nodes is None or str(num_nodes) == "-1":
+        if node_rank > 0:
+            raise ValueError(
+                "a multi-node --no_ssh zeroscope run needs --num_nodes (how many nodes run the "
+                "job; node 0 hosts the collector)"
+            )
+        return 1
+    return _int_flag(num_nodes, 1, "--num_nodes")
 
 
 def local_ingest_address(ingest_address: str) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .throughput import cluster_step
+
 if TYPE_CHECKING:
     from .cluster import ClusterState, StepAggregate
     from .rank import StepSummary
@@ -92,6 +94,11 @@ class StepPoint:
     """The median rank's device P+G+O+A [bytes]."""
     offload_bw: float | None
     """The median offload bandwidth of the ranks that moved data [bytes/s]; None if none did."""
+    mfu: float | None = None
+    """The cluster's MFU in this step [fraction] (zeroscope.state.throughput.cluster_step);
+    None where NA or no rank reported its work."""
+    tokens_per_s: float | None = None
+    """The cluster's tokens/s in this step; None where NA or not reported."""
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -122,7 +129,17 @@ def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
         host=w.host_bytes,
         median_memory=_median(s.device_total for s in summaries),
         offload_bw=_median(s.offload_bw for s in summaries),
+        **_throughput(agg),
     )
+
+
+def _throughput(agg: StepAggregate) -> dict[str, float | None]:
+    """The cluster's MFU and tokens/s of the step (none computed when no rank reported work:
+    a trace from before the figures existed pays nothing for them)."""
+    if all(s.work is None for s in agg.summaries.values()):
+        return {}
+    t = cluster_step(agg)
+    return {"mfu": t.mfu, "tokens_per_s": t.tokens_per_s}
 
 
 class StepSeries:

@@ -7,7 +7,7 @@ Definitions (one place; every view formats these):
 - tokens/s = tokens of the step / step time. A rank's: its own tokens / its step time; the
   cluster's: every rank's tokens added up / the cluster's step time (its slowest rank's).
 - TFLOP/s = model FLOPs of the step (forward + backward, counted by the agent with torch's
-  FlopCounterMode: agent/work.py) / step time / 10^12. Model FLOPs, not hardware FLOPs:
+  FLOP formulas: agent/flops.py) / step time / 10^12. Model FLOPs, not hardware FLOPs:
   activation recomputation is counted only if it ran on the counted step.
 - MFU = achieved FLOP/s / the device's peak FLOP/s (PaLM, Chowdhery et al. 2022, appendix B).
   The cluster's: the ranks' FLOPs / (step time x the sum of their peaks). The peak is the

@@ -1,6 +1,6 @@
 """What the history plots show, built from zeroscope.state (StepSeries, RankState.history): the
-cluster's step time, loss, memory by part, exposed communication and offload bandwidth over
-steps, and one rank's beside the cluster's. Formatting only: every value is a field of a
+cluster's step time, loss, memory by part, exposed communication, MFU, offload bandwidth and
+tokens/s over steps, and one rank's beside the cluster's. Formatting only: every value is a field of a
 StepPoint or a StepSummary (state/history.py, state/rank.py), scaled to the axis's unit.
 """
 
@@ -15,6 +15,8 @@ from zeroscope.state.viewmodel import (
     StepSeries,
     rank_beside_cluster,
     stacked_parts,
+    summary_mfu,
+    summary_tokens_per_s,
 )
 
 from .history_plot import Chart, Line
@@ -22,7 +24,7 @@ from .history_plot import Chart, Line
 PART_COLORS = {"P": "blue", "G": "green", "O": "yellow", "A": "magenta"}
 """The stacked bar's colours (charts.PART_STYLES), in plotext's names."""
 
-ORDER = ("step", "loss", "memory", "exposed", "offload")
+ORDER = ("step", "loss", "memory", "exposed", "mfu", "offload", "tokens")
 """Charts in the order they are shown; the first ones stay when space is short."""
 
 
@@ -120,7 +122,37 @@ def cluster_charts(
         cursor=cursor,
         note="NA: no offload transfers reported",
     )
+    out["mfu"] = _mfu_chart(xs, [("cluster", [p.mfu for p in points], "green")], cursor)
+    out["tokens"] = _tokens_chart(
+        xs, [("cluster", [p.tokens_per_s for p in points], "green")], cursor
+    )
     return out
+
+
+def _mfu_chart(
+    xs: list[int], lines: list[tuple[str, list[float | None], str]], cursor: int | None
+) -> Chart:
+    """MFU over steps [%] (left out, like offload, when no step has one: the FLOP count off,
+    a compiled model, or a trace from before the figure existed)."""
+    return Chart(
+        "MFU [%]",
+        [Line(name, xs, _div(values, 0.01), color) for name, values, color in lines],
+        cursor=cursor,
+        y_format=lambda v: f"{v:.3g}",
+        note="NA: no MFU reported",
+    )
+
+
+def _tokens_chart(
+    xs: list[int], lines: list[tuple[str, list[float | None], str]], cursor: int | None
+) -> Chart:
+    return Chart(
+        "tokens/s",
+        [Line(name, xs, values, color) for name, values, color in lines],
+        cursor=cursor,
+        y_format=units.count,
+        note="NA: no tokens reported",
+    )
 
 
 def _memory_chart(
@@ -201,4 +233,8 @@ def rank_charts(
         cursor=cursor,
         note="NA: no offload transfers reported",
     )
+    xs, mine, theirs = pair(summary_mfu, lambda p: p.mfu)
+    out["mfu"] = _mfu_chart(xs, [(me, mine, "yellow"), ("cluster", theirs, "green")], cursor)
+    xs, mine, _ = pair(summary_tokens_per_s, lambda p: p.tokens_per_s)
+    out["tokens"] = _tokens_chart(xs, [(me, mine, "yellow")], cursor)
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from zeroscope.state import units
-from zeroscope.state.viewmodel import RankState
+from zeroscope.state.viewmodel import RankState, rank_throughput
 
 
 def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -64,7 +64,33 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
         ("pcie tx", units.rate(host.pcie_tx_bytes_s if host else None)),
         ("pcie rx", units.rate(host.pcie_rx_bytes_s if host else None)),
     ]  # fmt: skip
-    return [("step", step), ("memory", memory), ("comm", comm), ("host/GPU sampler", sampler)]
+    groups = [("step", step), ("memory", memory), ("comm", comm)]
+    t = rank_throughput(rs)
+    if t is not None:  # reported work: a rank that reports none keeps the pane as it was
+        groups.append(
+            (
+                "model throughput",
+                [
+                    ("tokens", units.count(t.tokens_per_step)),
+                    ("tokens/s", units.count(t.tokens_per_s)),
+                    ("model FLOP/s", units.flop_rate(t.tflops_per_s)),
+                    ("MFU", units.fine_percent(t.mfu)),
+                    ("FLOPs/step", units.count(t.flops_per_step)),
+                    ("predicted", units.count(t.predicted_flops_per_step)),
+                    ("peak", units.flop_rate(t.peak_tflops)),
+                ],
+            )
+        )
+    return [*groups, ("host/GPU sampler", sampler)]
+
+
+def _notes(rs: RankState) -> list[str]:
+    """The throughput group's long words: which peak MFU divides by, and why a figure is NA."""
+    t = rank_throughput(rs)
+    if t is None:
+        return []
+    notes = [f"peak: {t.peak_source}"] if t.peak_source else []
+    return notes + ([f"NA: {t.na}"] if t.na else [])
 
 
 def rank_figures(rs: RankState | None, width: int) -> Text:
@@ -82,4 +108,7 @@ def rank_figures(rs: RankState | None, width: int) -> Text:
             text.append("\n" if i % per_line == 0 else "")
             text.append(f"{label:<13}", style="dim")
             text.append(f"{value:<{cell - 13}}")
+        if group == "model throughput":
+            for note in _notes(rs):
+                text.append("\n" + note, style="dim")
     return text

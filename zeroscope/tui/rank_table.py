@@ -1,5 +1,6 @@
 """The sortable rank table: a stacked P/G/O/A bar, step time, slowness vs the median, exposed
-comm, offload bandwidth, loss scale. Draws only the rows that fit (1024 ranks stay cheap)."""
+comm, offload bandwidth, loss scale, and MFU (tokens/s beside it from 100 columns) once some
+rank reports its work. Draws only the rows that fit (1024 ranks stay cheap)."""
 
 from __future__ import annotations
 
@@ -117,16 +118,22 @@ class RankTable(Widget, can_focus=True):
         self.descending = self.sort_key not in ("rank", "mesh")  # biggest / slowest first
 
     # -- drawing -------------------------------------------------------------------------
-    def _layout(self, width: int) -> tuple[int, bool]:
+    def _layout(self, width: int) -> tuple[int, bool, bool, bool]:
+        """(bar width, host shown, MFU shown, tokens/s shown). MFU (7 columns) is shown once a
+        rank reports its work (the bar gives way: 17 columns left at 80), tokens/s (7) from
+        100 columns; a job that reports no work keeps the table as it was."""
         fixed = 6 + 7 + 7 + 6 + 5 + 9 + 7 + 7
         host = width >= 120
+        mfu = any(r.throughput is not None for r in self._rows)
+        tokens = mfu and width >= 100
         mesh = 10 if any(r.mesh is not None for r in self._rows) else 0
-        bar = max(8, min(48, width - fixed - mesh - (10 if host else 0) - 2))
-        return bar, host
+        extra = (7 if mfu else 0) + (7 if tokens else 0)
+        bar = max(8, min(48, width - fixed - mesh - extra - (10 if host else 0) - 2))
+        return bar, host, mfu, tokens
 
     def render(self) -> Text:
         width, height = self.size.width, self.size.height
-        bar, host = self._layout(width)
+        bar, host, mfu, tokens = self._layout(width)
         arrow = "▼" if self.descending else "▲"
 
         def head(name: str, key: str, w: int, left: bool = False) -> str:
@@ -153,6 +160,8 @@ class RankTable(Widget, can_focus=True):
             + head("expo", "exposed", 5)
             + head("offload", "offload", 9)
             + "  scale"
+            + ("    MFU" if mfu else "")
+            + ("  tok/s" if tokens else "")
             + "  flag",
             style="bold",
         )
@@ -186,6 +195,11 @@ class RankTable(Widget, can_focus=True):
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
             line.append(f"{units.percent(row.exposed):>5}{units.rate(row.offload_bw):>9}")
             line.append(f"{units.scale(row.loss_scale):>7}")
+            t = row.throughput
+            if mfu:
+                line.append(f"{units.fine_percent(t.mfu if t else None):>7}")
+            if tokens:
+                line.append(f"{units.count(t.tokens_per_s if t else None):>7}")
             line.append(f"  {row.flag}", style="bold red" if row.flag else "")
             if i == cursor:
                 line.stylize("reverse" if self.has_focus else "underline")

@@ -4,6 +4,11 @@ engine's DeepSpeed surface (zeroscope/engine/deepspeed/alias.py) before the scri
 anything. Then it runs the ``sitecustomize`` that would have run without this folder (another
 bootstrap, a site-wide one), so a job's own start-up hooks still work.
 
+DeepSpeed's own launcher (``zeroscope run --as-deepspeed --num_gpus N``: zeroscope's supervisor
+of it, ``deepspeed.launcher.runner`` and ``deepspeed.launcher.launch``) is the real DeepSpeed and
+keeps it: the alias is for the ranks those processes start, which inherit this folder and the
+switch. The bundled engine has no ``deepspeed.launcher``.
+
 It must never stop the interpreter: a failure is one line on stderr.
 """
 
@@ -13,8 +18,37 @@ import importlib
 import os
 import sys
 
+LAUNCHER_MODULES = (
+    "zeroscope.run.deepspeed_main",
+    "deepspeed.launcher.runner",
+    "deepspeed.launcher.launch",
+)
+"""``python -m`` modules that start ranks and are not one: they keep the real DeepSpeed."""
+
+
+def is_launcher_process(argv: list[str]) -> bool:
+    """Whether this interpreter's command line (``sys.orig_argv``) runs one of DeepSpeed's
+    launcher modules (``-m MODULE`` or ``-mMODULE``)."""
+    takes_value = False
+    for i, arg in enumerate(argv[1:], start=1):
+        if takes_value:
+            takes_value = False
+            continue
+        if arg in ("-X", "-W"):
+            takes_value = True
+            continue
+        if arg == "-m":
+            return i + 1 < len(argv) and argv[i + 1] in LAUNCHER_MODULES
+        if arg.startswith("-m"):
+            return arg[2:] in LAUNCHER_MODULES
+        if not arg.startswith("-"):
+            return False  # a script or "-c" program runs, not a module
+    return False
+
 
 def _install_alias() -> None:
+    if is_launcher_process(list(getattr(sys, "orig_argv", []))):
+        return
     try:
         from zeroscope.engine.deepspeed.alias import install_from_env
 

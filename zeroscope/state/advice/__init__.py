@@ -19,6 +19,9 @@ or nothing. docs/advisor.md lists every rule, its evidence, formula and sources.
 | 10 stage-3 save without gathering | rules_offload.save_gather |
 | 11 divergent collective sequences | rules_run.divergence (state/sequences.py) |
 | 12 pipeline bubbles | rules_run.pipeline |
+
+Advice priced in time also cites the run's tokens/s and MFU, and what the price makes of them
+(throughput.throughput_evidence), NA with the reason where they were not measured.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .facts import Facts
 from .measure import Check, checks, measure
 from .model import Advice, Change, Finding, NotJudged, Thresholds
 from .preflight import preflight
+from .throughput import run_throughput, throughput_evidence
 
 if TYPE_CHECKING:
     from zeroscope.state.cluster import ClusterState
@@ -110,6 +114,7 @@ def advise(
     t = thresholds or state.rules.advice
     advice: list[Advice] = []
     notes: list[NotJudged] = []
+    run = None
     for name, rule in RULES:
         try:
             found = rule(f, t)
@@ -117,6 +122,10 @@ def advise(
             found = NotJudged(name, f"the rule failed on these figures: {exc!r}")
         for item in found if isinstance(found, list) else [found]:
             if isinstance(item, Advice):
+                if item.saves_ms is not None:  # priced in time: cite tokens/s and MFU too
+                    run = run or run_throughput(f)
+                    cite = throughput_evidence(item, run, f.step_s)
+                    item = replace(item, evidence=item.evidence + ((cite,) if cite else ()))
                 advice.append(replace(item, gain=gain(item, f)))
             elif isinstance(item, NotJudged):
                 notes.append(item)

@@ -9,8 +9,9 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 | screen or report | function |
 |---|---|
 | cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``header_throughput``, ``StepSeries`` |
-| rank table and heatmap | ``rank_rows`` (slowness judged), ``heat_view`` (bands) |
-| rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster`` |
+| rank table and heatmap | ``rank_rows`` (slowness judged, each row's ``throughput``), ``heat_view`` (bands) |
+| rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster``, ``rank_throughput`` |
+| history plots | ``StepSeries`` (the cluster's MFU and tokens/s per step), ``summary_mfu``, ``summary_tokens_per_s`` |
 | memory | ``memory_view`` (each part's deviation judged) |
 | communication | ``comm_view`` (traffic ratio and exposed share judged) |
 | pipeline | ``judged_pipeline`` (each stage's bubble judged against its plan) |
@@ -60,6 +61,7 @@ from .screens import (
     loss_scale_view,
     price_words,
 )
+from .throughput import Throughput, rank_throughput, summary_mfu, summary_tokens_per_s
 
 __all__ = [
     "EVENT_LEVELS",
@@ -84,6 +86,7 @@ __all__ = [
     "RankState",
     "StepPoint",
     "StepSeries",
+    "Throughput",
     "advise",
     "busbw_series",
     "collective_figures",
@@ -110,6 +113,7 @@ __all__ = [
     "rank_beside_cluster",
     "rank_comm_view",
     "rank_rows",
+    "rank_throughput",
     "role",
     "run_report",
     "skipped_steps",
@@ -118,5 +122,7 @@ __all__ = [
     "step_line",
     "step_lines",
     "summary_lines",
+    "summary_mfu",
+    "summary_tokens_per_s",
     "volume_series",
 ]

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from zeroscope.state.alerts import HEAT_METRICS, AlertRules, Level
 from zeroscope.state.pipeline import layout_of
 
+from .throughput import Throughput, rank_throughput
+
 if TYPE_CHECKING:
     from zeroscope.state.cluster import ClusterState
 
@@ -37,6 +39,9 @@ class RankRow:
     """"" or a short word: raised, killed, died, exited, silent, mem!, slow, comm, drops."""
     mesh: tuple[int, int, int] | None = None
     """(pp, dp, tp) of a 3D-parallel job's rank: the table groups by stage, then replica."""
+    throughput: Throughput | None = None
+    """The newest step's tokens/s, model TFLOP/s and MFU; None when the rank reported no work
+    (the table then leaves the columns out)."""
 
 
 def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[RankRow]:
@@ -64,6 +69,7 @@ def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> lis
                 loss_scale=s.loss_scale if s else None,
                 flag=flagged.get(r, ""),
                 mesh=None if layout is None else (layout.pp, layout.dp, layout.tp),
+                throughput=rank_throughput(rs),
             )
         )
     return rows
