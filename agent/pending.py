@@ -190,6 +190,7 @@ class PendingReport:
         "_device",
         "_every",
         "_failed",
+        "_mark",
         "_resolved",
         "age",
         "axis",
@@ -205,12 +206,12 @@ class PendingReport:
         self.loss, self.grad_norm = facts.loss, facts.grad_norm
         self.axis = axis
         self.records = records = facts.records
-        expand = getattr(records[-1], "expand", None) if records else None
-        if expand is not None:  # a step end's mark in a recorder read here, off the loop
-            try:
-                self.records = records[:-1] + expand()
-            except Exception:
-                self.records = records[:-1]
+        self._mark: Any = None
+        """A step end's mark in a recorder (agent/attach/flight_recorder.py), expanded here,
+        off the loop, once the reader says it is due: its read walks the whole ring."""
+        if records and getattr(records[-1], "expand", None) is not None:
+            self._mark = records[-1]
+            self.records = records[:-1]
         self.age = 0
         """Step ends since this one."""
         self.report: StepReport | None = None
@@ -226,6 +227,14 @@ class PendingReport:
         ``block`` at close, or too old); False = keep waiting."""
         if capture.state.underway and not block:
             return False  # no event may be touched while the training thread captures a graph
+        if self._mark is not None:
+            if not block and not self._mark.due():
+                return False  # not counted against MAX_DEFER_STEPS: the reader bounds it
+            mark, self._mark = self._mark, None
+            try:
+                self.records = self.records + mark.expand()
+            except Exception:
+                pass
         force = block or self.age > MAX_DEFER_STEPS
         scalars = self.loss.ready(block) and self.grad_norm.ready(block)
         scale = self.facts.figures.loss_scale

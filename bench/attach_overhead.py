@@ -1,31 +1,40 @@
-"""Attach overhead: an unmodified DDP or DeepSpeed job with the attach on vs off, 2 gloo ranks.
+"""Attach overhead: an unmodified DDP, FSDP2 or DeepSpeed job with the attach on vs off, 2 gloo
+ranks.
 
-The same measurement as bench/agent_overhead.py, for jobs zeroscope does not own: both modes run
-in the same processes, interleaved in blocks of steps (on, off, off-again, ...); the figure is
-the median of per-block CPU-time ratios on/off, beside the off-again/off ratio (the A/A control,
-this machine's noise floor). "On" is everything the bootstrap installs in a real run: the
-class-level ProcessGroup and Work wrappers, the optimizer and ``Tensor.backward`` hooks, the
-engine's wrapped methods and reader (memory counted on its schedule), one StepReport per step
-published to a real collector, the sampler thread. "Off" has every patch removed.
+The same measurement as bench/agent_overhead.py, for jobs zeroscope does not own. Both modes run
+in the same processes, in blocks of steps, each round in the order on, off, off-again,
+off-again, off, on (ABCCBA): drift that is linear over a round cancels in both pairs. The
+figures are medians over rounds of the round's CPU-time ratios: on/off, and off-again/off (the
+A/A control, this machine's noise floor, taken the same way). CPU time is the whole rank
+process's (every thread: the agent's sender and ZeroMQ's, gloo's). The agent's sender thread
+works when it wakes, not when a step runs: every "on" block ends by draining what its steps
+handed over on the training thread (``tel.drain()``, inside the block's clock), so the work an
+"on" block caused is charged to it, never to the "off" block after it (blocks of 6 steps: the
+drain adds about one Flight Recorder read per block to DDP's own, about one per 6 steps here). "On" is everything the
+bootstrap installs in a real run: the class-level ProcessGroup and Work wrappers, the optimizer
+and ``Tensor.backward`` hooks, the engine's wrapped methods and reader (memory counted on its
+schedule), torch's Flight Recorder read by the sender, one StepReport per step published to a
+real collector, the sampler thread. "Off" has every patch removed.
 
-- ``--engine ddp``: two identical DDP models; the "on" one was built with the attach installed
-  (its group watched in torch's Flight Recorder, which the agent's sender thread reads; DDP's
-  reducer runs as it is), the "off" one without. The recorder itself is process-wide (set
-  before the groups exist), so both modes record into it: its per-collective cost is not in
+- ``--engine ddp``: DDP models built alike: the "on" one with the attach installed (its group
+  watched in torch's Flight Recorder, which the agent's sender thread reads; DDP's reducer runs
+  as it is), the "off" and "off-again" ones without. The recorder itself is process-wide (set
+  before the groups exist), so every mode records into it: its per-collective cost is not in
   the ratio, its reads are. An MLP of ``--layers`` x ``--width`` with 1 MB buckets.
+- ``--engine fsdp2``: the same MLP under ``fully_shard`` per linear layer and at the root
+  (an all-gather per layer in forward and backward, a reduce-scatter per layer), built alike.
 - ``--engine deepspeed``: one ZeRO-3 engine (every parameter sharded, none persistent, so each
   step issues a gather per layer in forward and backward and a reduce-scatter per bucket),
-  toggled between modes: the many-collective case.
+  toggled between modes: the many-collective case. Its A/A runs the same engine off twice.
 - ``--engine ddp --amp``: the DDP loop under fp16 CPU autocast with a ``torch.amp.GradScaler``
   per model (the attach's scaler wrappers on: the loss read before scaling, the scale copied
   for the sender thread at ``step()`` and ``update()``).
-
 - ``--engine ddp --compile``: the same DDP models under ``torch.compile`` (``aot_eager``, each
   compiled during the warm-up): the attach runs nothing inside the compiled region, and its
   forward wrapper, saved-tensor hooks and backward hook sit outside it.
 
-Usage: ``python bench/attach_overhead.py [--engine ddp|deepspeed] [--amp] [--compile]
-[--blocks 10] [--steps 2]``
+Usage: ``python bench/attach_overhead.py [--engine ddp|fsdp2|deepspeed] [--amp] [--compile]
+[--rounds 6] [--steps 6]``
 """
 
 from __future__ import annotations
@@ -105,115 +114,160 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
             model=model, config=config, model_parameters=model.parameters()
         )
 
-        def step_on(x: Any, y: Any) -> None:
+        def train(mode: str, x: Any, y: Any) -> None:
             loss = torch.nn.functional.mse_loss(engine(x), y)
             engine.backward(loss)
             engine.step()
 
-        step_off = step_hook = step_on
     else:
         dist.init_process_group("gloo")
 
-        def compiled(model: Any) -> Any:
+        def wrapped(model: Any) -> Any:
+            if args.engine == "fsdp2":
+                from torch.distributed.fsdp import fully_shard
+
+                for layer in model:
+                    if isinstance(layer, torch.nn.Linear):
+                        fully_shard(layer)
+                model = fully_shard(model)
+            else:
+                model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
             return torch.compile(model, backend="aot_eager") if args.compile else model
 
-        ddp_on = compiled(torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1))
-        opt_on = torch.optim.AdamW(ddp_on.parameters(), lr=1e-4)
-        _toggle(False, None)
-        ddp_off = compiled(torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1))
-        opt_off = torch.optim.AdamW(ddp_off.parameters(), lr=1e-4)
-        # What any Python comm hook costs DDP (no attach): the share of "on" that is torch's.
-        ddp_hook = torch.nn.parallel.DistributedDataParallel(_model(args), bucket_cap_mb=1)
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        pairs = {}
+        for mode in ("on", "off", "off-again"):
+            _toggle(mode == "on", None)  # the "on" model is built as the attach finds it
+            model = wrapped(_model(args))
+            pairs[mode] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+        scalers = {mode: torch.amp.GradScaler("cpu") for mode in pairs}
 
-        ddp_hook.register_comm_hook(None, allreduce_hook)
-        ddp_hook = compiled(ddp_hook)
-        opt_hook = torch.optim.AdamW(ddp_hook.parameters(), lr=1e-4)
-
-        scalers = {id(o): torch.amp.GradScaler("cpu") for o in (opt_on, opt_off, opt_hook)}
-
-        def train(ddp: Any, opt: Any, x: Any, y: Any) -> None:
+        def train(mode: str, x: Any, y: Any) -> None:
+            model, opt = pairs[mode]
             if not args.amp:
-                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
                 opt.zero_grad()
                 return
-            scaler = scalers[id(opt)]  # fp16 autocast with a dynamic loss scale
+            scaler = scalers[mode]  # fp16 autocast with a dynamic loss scale
             with torch.autocast("cpu", dtype=torch.float16):
-                loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
 
-        def step_on(x: Any, y: Any) -> None:
-            train(ddp_on, opt_on, x, y)
-
-        def step_off(x: Any, y: Any) -> None:
-            train(ddp_off, opt_off, x, y)
-
-        def step_hook(x: Any, y: Any) -> None:
-            train(ddp_hook, opt_hook, x, y)
-
     x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, 1)
-    for _ in range(3):  # warm-up: buckets rebuilt, optimizer state created, agent connected
-        _toggle(True, deepspeed)
-        step_on(x, y)
-        _toggle(False, deepspeed)
-        step_off(x, y)
-    modes = ("on", "off", "off-again") + (("python-hook",) if deepspeed is None else ())
-    cpu: dict[str, list[float]] = {m: [] for m in modes}
-    wall: dict[str, list[float]] = {m: [] for m in modes}
-    recorded = 0
-    for block in range(len(modes) * args.blocks):
-        mode = modes[block % len(modes)]
-        _toggle(mode == "on", deepspeed)
-        step = {"on": step_on, "python-hook": step_hook}.get(mode, step_off)
-        dist.barrier()
-        before = collectives.LOG.recorded
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(args.steps):
-            step(x, y)
-        wall[mode].append((time.perf_counter() - t0) / args.steps)
-        cpu[mode].append((time.process_time() - c0) / args.steps)
-        if mode == "on":
-            recorded += collectives.LOG.recorded - before
+    from bench.thread_cpu import thread_ids
+    from zeroscope.agent.attach.flight_recorder import READER as RECORDER
     from zeroscope.agent.attach.session import SESSION
 
+    for _ in range(3):  # warm-up: buckets rebuilt, optimizer state created, agent connected
+        for mode in ("on", "off", "off-again"):
+            _toggle(mode == "on", deepspeed)
+            train(mode, x, y)
     _toggle(False, deepspeed)
-    per_step = recorded / (args.blocks * args.steps)
-    out.put((rank, cpu, wall, per_step, SESSION.errors, SESSION.steps))
+    modes = ("on", "off", "off-again")
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    main: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    recorded = dumps = 0
+    tids = len(thread_ids())
+    for _ in range(args.rounds):
+        for mode in ("on", "off", "off-again", "off-again", "off", "on"):  # ABCCBA
+            _toggle(mode == "on", deepspeed)
+            dist.barrier()
+            if mode == "on":
+                _skip_off_collectives(RECORDER)
+            before, dumped = collectives.LOG.recorded, RECORDER.dumps
+            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+            for _ in range(args.steps):
+                train(mode, x, y)
+            if mode == "on" and SESSION.tel is not None:
+                RECORDER.wanted = True  # the recorder read due (else its reports wait for it)
+                SESSION.tel.drain()  # what these steps handed over, sent on this block's clock
+            wall[mode].append((time.perf_counter() - t0) / args.steps)
+            cpu[mode].append((time.process_time() - c0) / args.steps)
+            main[mode].append((time.thread_time() - m0) / args.steps)
+            if mode == "on":
+                recorded += collectives.LOG.recorded - before
+                dumps += RECORDER.dumps - dumped
+    _toggle(False, deepspeed)
+    on_steps = 2 * args.rounds * args.steps
+    out.put(
+        (
+            rank,
+            {
+                "rank": rank,
+                "cpu": cpu,
+                "main": main,
+                "wall": wall,
+                "collectives_per_step": recorded / on_steps,
+                "dumps_per_step": dumps / on_steps,
+                "threads": tids,
+                "errors": SESSION.errors,
+                "steps_reported": SESSION.steps,
+            },
+        )
+    )
     if SESSION.tel is not None:
         SESSION.tel.close()
 
 
+def _skip_off_collectives(reader: Any) -> None:
+    """The "off" models' collectives ran on the group the reader watches (DDP's default
+    group), which no real job has: the reader starts each "on" block from the group's present
+    sequence number, as if those were never issued (else the first "on" step would read them
+    as its own backlog, and size the ring's headroom on them)."""
+    for name, group in reader.groups.items():
+        group.taken = int(reader._objects[name]._get_sequence_number_for_group())
+        group.claimed.clear()
+    reader._last_marks = {}
+
+
+def _rounds(values: list[float]) -> list[float]:
+    """Per-round sums of a mode's two blocks (ABCCBA: each mode runs twice per round)."""
+    return [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import os as _os
+
     from bench.agent_overhead import spawn_ranks
     from bench.harness import paired_ratio
 
+    load = _os.getloadavg()[0]
     results, received = spawn_ranks(rank_main, args, timeout=3600)
     ranks = []
-    for rank, cpu, wall, per_step, errors, steps in results:
-        off = statistics.median(cpu["off"])
+    for _, r in results:
+        cpu, main, wall = (
+            {m: _rounds(v) for m, v in r[k].items()} for k in ("cpu", "main", "wall")
+        )
+        off = statistics.median(cpu["off"]) / 2
         ranks.append(
             {
-                "rank": rank,
+                "rank": r["rank"],
                 "cpu_off_s": off,
                 "cpu_on_off": paired_ratio(cpu["on"], cpu["off"]),
                 "cpu_aa": paired_ratio(cpu["off-again"], cpu["off"]),
+                "main_on_off": paired_ratio(main["on"], main["off"]),
+                "main_aa": paired_ratio(main["off-again"], main["off"]),
                 "wall_on_off": paired_ratio(wall["on"], wall["off"]),
                 "wall_aa": paired_ratio(wall["off-again"], wall["off"]),
-                "cpu_extra_us": (statistics.median(cpu["on"]) - off) * 1e6,
-                "cpu_python_hook_off": paired_ratio(cpu.get("python-hook", []), cpu["off"]),
-                "collectives_per_step": per_step,
-                "errors": errors,
-                "steps_reported": steps,
+                "cpu_extra_us": (statistics.median(cpu["on"]) / 2 - off) * 1e6,
+                "collectives_per_step": r["collectives_per_step"],
+                "dumps_per_step": r["dumps_per_step"],
+                "errors": r["errors"],
+                "steps_reported": r["steps_reported"],
             }
         )
     return {
         "engine": args.engine,
         "amp": args.amp,
         "compile": args.compile,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "load_start": load,
+        "load_end": _os.getloadavg()[0],
         "ranks": ranks,
         "collector": received,
     }
@@ -221,31 +275,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=("ddp", "deepspeed"), default="ddp")
-    parser.add_argument("--blocks", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--engine", choices=("ddp", "fsdp2", "deepspeed"), default="ddp")
+    parser.add_argument("--rounds", type=int, default=6, help="ABCCBA rounds")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=6,
+        help="steps per block (DDP's recorder is read about every 6 steps: a block's closing "
+        "drain then adds about one read to what a real run makes)",
+    )
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument(
-        "--amp", action="store_true", help="ddp: fp16 autocast and torch.amp.GradScaler('cpu')"
+        "--amp",
+        action="store_true",
+        help="ddp/fsdp2: fp16 autocast and torch.amp.GradScaler('cpu')",
     )
-    parser.add_argument("--compile", action="store_true", help="ddp: torch.compile each model")
+    parser.add_argument(
+        "--compile", action="store_true", help="ddp/fsdp2: torch.compile each model"
+    )
     return parser
 
 
-def main() -> int:
-    result = run(parser().parse_args())
+def describe(result: dict[str, Any]) -> list[str]:
+    """One line per rank: the ratios with their A/A control."""
+    job = (
+        result["engine"]
+        + ("+amp" if result["amp"] else "")
+        + ("+compile" if result["compile"] else "")
+    )
+    lines = []
     for r in result["ranks"]:
-        print(
-            f"{result['engine']} rank {r['rank']}: CPU {r['cpu_off_s'] * 1e3:.2f} ms/step off; "
-            f"on/off {r['cpu_on_off']:.4f} (A/A {r['cpu_aa']:.4f}); wall on/off "
-            f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); bare Python comm hook/off "
-            f"{r['cpu_python_hook_off'] or float('nan'):.4f}; {r['cpu_extra_us']:.0f} us/step "
-            f"extra CPU; {r['collectives_per_step']:.0f} collectives/step; "
-            f"{r['steps_reported']} steps reported, errors {r['errors']}"
+        lines.append(
+            f"{job} rank {r['rank']}: CPU {r['cpu_off_s'] * 1e3:.2f} ms/step off; on/off "
+            f"{r['cpu_on_off']:.4f} (A/A {r['cpu_aa']:.4f}); training thread on/off "
+            f"{r['main_on_off']:.4f} (A/A {r['main_aa']:.4f}); wall on/off "
+            f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); {r['cpu_extra_us']:.0f} us/step "
+            f"extra CPU; {r['collectives_per_step']:.1f} wrapped collectives/step; "
+            f"{r['dumps_per_step']:.2f} recorder dumps/step; {r['steps_reported']} steps "
+            f"reported, errors {r['errors']}"
         )
-    print(f"collector: {result['collector']['accepted']} messages accepted")
+    lines.append(
+        f"{result['rounds']} rounds x 6 blocks x {result['steps']} steps; load average "
+        f"{result['load_start']:.1f} -> {result['load_end']:.1f}; collector: "
+        f"{result['collector']['accepted']} messages accepted"
+    )
+    return lines
+
+
+def main() -> int:
+    for line in describe(run(parser().parse_args())):
+        print(line)
     return 0
 
 

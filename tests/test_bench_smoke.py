@@ -131,3 +131,15 @@ def test_the_collective_cost_bench_runs_every_variant_through_the_real_agent() -
     figures = dict(line.strip().rsplit(": ", 1) for line in out.splitlines())
     assert set(VARIANTS) <= set(figures)
     assert float(figures["agent counters us per collective"].split()[0]) > 0
+
+
+def test_attach_rounds_pair_abccba_blocks_and_the_goal_needs_a_quiet_control() -> None:
+    from bench.attach_overhead import _rounds
+    from bench.sections import attach_verdict
+
+    # ABCCBA: a mode's two blocks of a round sit at positions 2k and 2k+1 of its list.
+    assert _rounds([1.0, 3.0, 2.0, 2.0]) == [4.0, 4.0]
+    assert attach_verdict(1.005, 0.99) == "met"
+    assert attach_verdict(1.05, 1.01) == "MISSED"
+    assert attach_verdict(1.005, 1.05) == "unresolved (A/A 1.050)"
+    assert attach_verdict(None, 1.0) is None

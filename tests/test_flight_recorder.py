@@ -170,6 +170,110 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
     assert (taken, lost) == (issued, 0)
 
 
+def _urgent_reads(
+    per_step: int, steps: int, late: int, first: int | None = None
+) -> tuple[int, int, int, int]:
+    """One watched group issuing ``per_step`` entries per step into a ring of 64; the sender
+    reads only when woken by an urgent mark, ``late`` steps after it (a loaded machine), every
+    mark handed over by then; the first step issues ``first`` entries if given (a burst).
+    Returns (dumps, entries taken, entries issued, lost)."""
+    ring = _Ring(64)
+    dumps = [0]
+
+    def dump() -> bytes:
+        dumps[0] += 1
+        return ring.dump()
+
+    reader = FlightRecorderReader(dump=dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    marks: list[Any] = []
+    taken = 0
+    due: int | None = None
+    for step in range(1, steps + 1):
+        for _ in range(first if first is not None and step == 1 else per_step):
+            ring.issue(group)
+        mark = reader.mark()
+        assert mark is not None
+        marks.append(mark)
+        if mark.urgent and due is None:
+            due = step + late
+        if due is not None and step >= due:
+            taken += sum(len(m.expand()) for m in marks)
+            marks.clear()
+            due = None
+    return dumps[0], taken, group.seq, reader.lost
+
+
+def test_the_ring_is_read_when_it_is_three_quarters_full_not_half(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each dump walks the whole ring (its cost is per entry), so reading at half a ring dumped
+    every entry twice. With a step's 4 entries, the headroom is a quarter of the ring: read at
+    48 of 64, every 12 steps, each entry dumped 64/48 times; nothing lost."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=120, late=0)
+    assert (taken, lost) == (issued, 0) and issued == 480
+    assert dumps == 480 // 48  # the half-ring threshold read 480 // 32 = 15 times
+
+
+def test_a_sender_a_step_late_loses_nothing_when_steps_are_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """20 entries per step into 64: a fixed three-quarter threshold (48) would wake the sender
+    at 60 unread and a sender one step late would read 80: 16 lost. The headroom is two of the
+    largest steps (40), so the mark is urgent at 40 unread and the late read finds 60."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=20, steps=30, late=1)
+    assert (taken, lost) == (issued, 0) and issued == 600
+    assert dumps == 10  # every 3 steps: urgent at step 2, read at 3
+
+
+def test_one_burst_widens_the_headroom_for_the_next_eight_steps_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first step of 40 entries (then 4 per step): the headroom is 80 (more than the ring)
+    while that step is among the last eight, so the ring is read at steps 1-8; from step 9
+    the quarter-ring headroom is back: read every 12 steps (at 48 unread), at steps 20 and 32."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=32, late=0, first=40)
+    assert (taken, lost) == (issued, 0) and issued == 40 + 31 * 4
+    assert dumps == 8 + 2  # with the largest step ever kept: read at every one of 32 steps
+
+
+def test_a_report_waits_for_a_due_read_not_for_each_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender expands a step's mark (and dumps) only when a read is due: an urgent mark
+    (this one or a later one), a dump that reaches it already, or the mark READ_EVERY_S old."""
+    from zeroscope.agent.attach.flight_recorder import READ_EVERY_NS
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    ring = _Ring(64)
+    dumps = [0]
+
+    def dump() -> bytes:
+        dumps[0] += 1
+        return ring.dump()
+
+    reader = FlightRecorderReader(dump=dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    ring.issue(group)
+    first = reader.mark()
+    assert first is not None and not first.urgent
+    assert not first.due(first.made_ns + READ_EVERY_NS - 1)  # young, nothing asked: it waits
+    assert first.due(first.made_ns + READ_EVERY_NS)  # a live view gets it within READ_EVERY_S
+    for _ in range(47):  # 48 unread of 64: the quarter-ring headroom is reached
+        ring.issue(group)
+    second = reader.mark()
+    assert second is not None and second.urgent
+    assert first.due(first.made_ns)  # a later urgent mark makes the earlier ones due
+    assert len(first.expand()) == 1 and dumps[0] == 1 and not reader.wanted
+    assert second.due(second.made_ns)  # the dump reaches it: no second dump
+    assert len(second.expand()) == 47 and dumps[0] == 1
+
+
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
     from types import SimpleNamespace
 
@@ -187,11 +291,66 @@ def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
 
 
 def test_the_ring_size_the_job_set_under_either_name_is_kept() -> None:
-    from zeroscope.agent.attach.flight_recorder import configure_environment, ring_size
+    from zeroscope.agent.attach.flight_recorder import (
+        DEFAULT_BUFFER,
+        configure_environment,
+        ring_size,
+    )
 
     env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
     configure_environment(env)
     assert "TORCH_FR_BUFFER_SIZE" not in env and ring_size(env) == 2000
     env = {}
     configure_environment(env)
-    assert ring_size(env) == 64 and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    assert ring_size(env) == DEFAULT_BUFFER and env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+
+
+def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's two recorders (NCCL's own and the generic one) are dumped, decoded and indexed
+    together: a watched gloo group's entries from one, an NCCL group's device duration from the
+    other. Each recorder numbers its entries itself, so the watched group's share of its ring
+    is counted within its recorder (1.0 here), not across the two numberings; with neither
+    recorder in torch the reader turns itself off and says why."""
+    import torch
+
+    from zeroscope.agent.attach import flight_recorder
+    from zeroscope.agent.attach.session import SESSION
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")
+    monkeypatch.setattr(SESSION, "_lost", {})
+    gloo = [_entry(s, process_group=["0", ""], record_id=s) for s in (1, 2, 3, 4)]
+    nccl = [
+        _entry(s, "nccl:all_reduce", process_group=["1", ""], record_id=9000 + s) for s in (1, 2)
+    ]
+    nccl[1].update(state="completed", duration_ms=3.0)
+
+    def as_json(entries: list[dict]) -> Any:
+        return lambda with_stack, only_active: json.dumps({"entries": entries}).encode()
+
+    c10d = torch._C._distributed_c10d
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", as_json(gloo), raising=False)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", as_json(nccl), raising=False)
+    reader = FlightRecorderReader()
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    group.seq = 4
+    mark = reader.mark()
+    assert mark is not None
+    ops = mark.expand()
+    assert [op.resolve(0).nbytes for op in ops] == [40] * 4 and reader.lost == 0
+    assert reader.share == 1.0  # across both numberings it would read (9002 - 1 + 1) / 4
+    assert reader.device_duration("1", 2, "all_reduce") == pytest.approx(0.003)
+    assert reader.device_duration("1", 1, "all_reduce") is False  # not retired yet
+    assert reader.device_duration("1", 2, "broadcast") is None  # never another op's figure
+    assert reader.dumps >= 2  # the NCCL group is indexed once asked for
+
+    for name in flight_recorder.DUMPS:
+        monkeypatch.delattr(c10d, name, raising=False)
+    off = FlightRecorderReader()
+    off.watch(_Group("0"), "DDP")
+    off_mark = off.mark()
+    assert off_mark is not None and off_mark.expand() == []
+    assert "none of" in off.off_reason and not off.groups

@@ -25,27 +25,37 @@ clock. Exposed time is never measured here. Entries the ring overwrote before a 
 counted in ``lost``, never guessed.
 
 torch keeps two recorders, ProcessGroupNCCL's own (NCCL collectives, with CUDA events) and a
-generic one (gloo): both are dumped (:data:`DUMPS`). The dump holds the interpreter lock while
-torch builds it, and walks the whole ring each time:
-the ring is kept small (:data:`DEFAULT_BUFFER`) and read only while a group is watched.
+generic one (gloo): both are dumped (:data:`DUMPS`), each decoded, and their entries read as one.
+A dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
+its cost is per entry in the ring (measured on this project's 2-core VM, torch 2.13, gloo: ~15
+us of CPU per entry for torch's JSON, ~5 more to decode it in Python), so what the reader costs
+a job is how many times each entry is dumped. It is decoded straight into typed structs
+(msgspec, fields the reader uses only) in one pass.
 
-Draining often enough: the sender thread wakes about twice a second, and a ring of 64 holds
-fewer entries than a job of short steps issues in that time (and one process-wide ring also
-holds every other group's collectives: FSDP2's, a GradScaler's). So at each step end the
+Draining often enough, and no more: the sender thread wakes about twice a second, and a ring
+holds fewer entries than a job of short steps issues in that time (and one process-wide ring
+also holds every other group's collectives: FSDP2's, a GradScaler's). So at each step end the
 training thread compares the backlog (a watched group's sequence numbers issued since the last
 take, scaled by the share of all entries its group issued in the last dump, from the entries'
-process-wide ``record_id``) with half the ring: past it, the mark is *urgent* and the step's
-hand-over wakes the sender at once (agent/outbox.py), so the dump comes before the ring turns
-over. What no drain can save, a single step issuing more than the ring holds, is counted lost
-and said with the ring size it would need.
+process-wide ``record_id``) with the ring less a headroom: the larger of a quarter of the ring
+and two of the largest of the last steps (scaled alike), so that a sender one step late still reads
+before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
+sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
+times: 1.33 for a job of few collectives per step, where the former half-ring threshold dumped
+each twice. What no drain can save, a single step issuing more than the ring holds, is counted
+lost and said with the ring size it would need.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
+from bisect import bisect_left, bisect_right
+from collections import deque
+from itertools import pairwise
 from typing import Any
+
+import msgspec
 
 from zeroscope.agent.collective_record import to_wire
 from zeroscope.agent.schema import Collective, CollectiveOp
@@ -57,11 +67,20 @@ TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 FRESH_S = 0.05
 """How old a dump may be when a device duration not yet in it is asked for again (torch's
 watchdog retires completed works every ~0.1 s)."""
-DEFAULT_BUFFER = 64
-"""Entries in torch's ring: more than the unseen collectives between two reads of a job with
-one DDP model (a few buckets per step, a read per batch of reports), few enough that a dump,
-which walks the whole ring, stays cheap (bench/attach_overhead.py: 256 entries cost DDP 6.5-10
-ms of CPU per step on a loaded 2-core machine, 64 entries 0.3-2.7 ms)."""
+DEFAULT_BUFFER = 128
+"""Entries in torch's ring. Each dump walks the whole ring (under the interpreter lock, ~2-4 ms
+at 128 entries on a loaded 2-core VM), and each entry is dumped about ring / (ring - headroom)
+times when reads come at urgent marks (see the module docstring): a DDP job of 8 bucket
+all-reduces per step (bench/attach_overhead.py) reads its ring every 12 steps, or every
+``READ_EVERY_S`` if its steps are slower. Larger rings cost more per entry (the dump's cache
+misses: ~30 us per entry at 1024)."""
+
+READ_EVERY_S = 1.0
+"""The longest a step's report waits for the reader's next dump (the ring not being due)."""
+READ_EVERY_NS = int(READ_EVERY_S * 1e9)
+
+RECENT_STEPS = 8
+"""Step ends whose entries the headroom is sized on (the largest of them, twice)."""
 
 OPS: dict[str, CollectiveOp] = {
     "all_reduce": "all_reduce",
@@ -99,6 +118,50 @@ DTYPE_BYTES = {
 }
 
 
+class Entry(msgspec.Struct, gc=False):
+    """One Flight Recorder entry: the fields the reader uses (torch's others are skipped by
+    the decoder, never built)."""
+
+    process_group: list[str] = msgspec.field(default_factory=list)
+    collective_seq_id: int = 0
+    record_id: int = 0
+    profiling_name: str = ""
+    input_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    input_dtypes: list[str] = msgspec.field(default_factory=list)
+    output_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    output_dtypes: list[str] = msgspec.field(default_factory=list)
+    time_created_ns: int = 0
+    duration_ms: float | None = None
+    state: str = ""
+    is_p2p: bool = False
+
+    @property
+    def group(self) -> str:
+        return self.process_group[0] if self.process_group else ""
+
+
+class _Dump(msgspec.Struct):
+    entries: list[Entry] = msgspec.field(default_factory=list)
+
+
+_DECODER = msgspec.json.Decoder(_Dump, strict=False)
+
+
+def entries_of(raw: bytes) -> list[Entry]:
+    """A dump's entries. An entry torch shaped otherwise than :class:`Entry` expects (a field
+    of another type in a later release) is left out, the others kept."""
+    try:
+        return _DECODER.decode(raw).entries
+    except msgspec.ValidationError:
+        out: list[Entry] = []
+        for e in msgspec.json.decode(raw).get("entries", []):
+            try:
+                out.append(msgspec.convert(e, Entry, strict=False))
+            except msgspec.ValidationError:
+                continue
+        return out
+
+
 def configure_environment(env: Any = os.environ) -> None:
     """Turn torch's Flight Recorder on (and NCCL's per-collective timing) for process groups
     created from now on, unless the job set them itself (under either of torch's names)."""
@@ -128,26 +191,28 @@ def _nbytes(sizes: list[list[int]], dtypes: list[str]) -> int | None:
     return total
 
 
-def collective_of(entry: dict[str, Any], group_size: int, label: str) -> Collective | None:
+def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) -> Collective | None:
     """One Flight Recorder entry as the wire's Collective, ``start_s`` still the entry's wall
     clock in seconds (see :class:`RecorderOp`); None for an op the wire has no name for.
     Bytes follow nccl-tests (the gathered size for all-gather, the input for reduce-scatter)."""
-    op = OPS.get(str(entry.get("profiling_name", "")).rpartition(":")[2])
+    if isinstance(entry, dict):
+        entry = msgspec.convert(entry, Entry, strict=False)
+    op = OPS.get(entry.profiling_name.rpartition(":")[2])
     if op is None:
         return None
     if op == "all_gather":
-        nbytes = _nbytes(entry["output_sizes"], entry["output_dtypes"])
+        nbytes = _nbytes(entry.output_sizes, entry.output_dtypes)
     else:
-        nbytes = _nbytes(entry["input_sizes"], entry["input_dtypes"])
+        nbytes = _nbytes(entry.input_sizes, entry.input_dtypes)
     if nbytes is None:
         return None
-    duration_ms = entry.get("duration_ms")
-    timed = duration_ms is not None and entry.get("state") == "completed"
+    duration_ms = entry.duration_ms
+    timed = duration_ms is not None and entry.state == "completed"
     return to_wire(
         op=op,
         nbytes=nbytes,
         group_size=group_size,
-        start_s=entry.get("time_created_ns", 0) / 1e9,
+        start_s=entry.time_created_ns / 1e9,
         duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else None,
         exposed_s=None,
         label=label,
@@ -190,16 +255,34 @@ class _Group:
 class RecorderMark:
     """A step end as the Flight Recorder reader needs it: each watched group's last sequence
     number then. Its :meth:`expand` (sender thread) is the step's unseen collectives.
-    ``urgent``: the ring is half full of entries not yet read (wake the sender now)."""
+    ``urgent``: the unread entries reach the ring less its headroom (wake the sender now).
+    The sender expands it only once :meth:`due` (agent/pending.py): a read walks the whole
+    ring, so reports wait for one read per near-full ring rather than one per batch."""
 
-    __slots__ = ("_reader", "marks", "urgent")
+    __slots__ = ("_reader", "made_ns", "marks", "urgent")
 
     def __init__(
-        self, reader: FlightRecorderReader, marks: dict[str, int], urgent: bool = False
+        self,
+        reader: FlightRecorderReader,
+        marks: dict[str, int],
+        urgent: bool = False,
+        made_ns: int = 0,
     ) -> None:
         self._reader = reader
         self.marks = marks
         self.urgent = urgent
+        self.made_ns = made_ns
+        """``time.perf_counter_ns()`` at the step end (0: due at once)."""
+
+    def due(self, now_ns: int | None = None) -> bool:
+        """Sender thread: whether to read now: the last dump reaches this mark already, a step
+        end since asked for a read (its mark was urgent), or the mark is ``READ_EVERY_S`` old
+        (a live view gets each report within that much)."""
+        r = self._reader
+        if self.urgent or r.wanted or r.covers(self.marks):
+            return True
+        now = time.perf_counter_ns() if now_ns is None else now_ns
+        return now - self.made_ns >= READ_EVERY_NS
 
     def expand(self) -> list[RecorderOp]:
         return self._reader.take(self.marks)
@@ -217,9 +300,25 @@ class FlightRecorderReader:
         """Why the reader turned itself off (empty while it works)."""
         self._dump = dump
         self._objects: dict[str, Any] = {}
-        self._cache: list[dict[str, Any]] = []
+        self._cache: dict[str, tuple[list[int], list[Entry]]] = {}
+        """The last dump's entries of each watched group: their sequence numbers (ascending)
+        and the entries, so that each take visits its step's entries only."""
         self._cache_top: dict[str, int] = {}
+        self.dumps = 0
+        """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
         self._dumped_at = 0.0
+        self._timed: set[str] = set()
+        """Groups whose device durations were asked for (:meth:`device_duration`), indexed
+        with the watched ones."""
+        self.wanted = False
+        """A step end asked for a read (an urgent mark; set on the training thread, cleared by
+        the sender as it dumps): the reports waiting before it are due too."""
+        self._last_marks: dict[str, int] = {}
+        self._recent: deque[int] = deque(maxlen=RECENT_STEPS)
+        """The watched entries (scaled by ``share``) each of the last steps issued, as the
+        training thread saw them at step ends: the headroom left for a late sender
+        (``_urgent``). Recent ones only: one burst (an evaluation's collectives between two
+        steps) would otherwise have the ring dumped at every step end for the rest of the run."""
         self.ring = 0
         """The ring's entries (torch's, read when a group is first watched)."""
         self.share = 1.0
@@ -273,24 +372,40 @@ class FlightRecorderReader:
         except Exception as exc:
             self.turn_off(f"the group's sequence number is unreadable ({exc!r})")
             return None
-        return RecorderMark(self, marks, self._urgent(marks))
+        urgent = self._urgent(marks)
+        if urgent:
+            self.wanted = True
+        return RecorderMark(self, marks, urgent, time.perf_counter_ns())
+
+    def covers(self, marks: dict[str, int]) -> bool:
+        """Whether the last dump reaches every mark (a take needs no new dump)."""
+        top = self._cache_top
+        return all(top.get(n, -1) >= t for n, t in marks.items())
 
     def _urgent(self, marks: dict[str, int]) -> bool:
-        """Training thread: whether the unread entries fill half the ring (integers only)."""
-        backlog = 0
+        """Training thread: whether the unread entries leave less than the headroom (the larger
+        of a quarter of the ring and two of the largest of the last eight steps) before the ring turns over;
+        integers and dict reads only."""
+        backlog = step = 0
+        last = self._last_marks
         for name, top in marks.items():
             g = self.groups.get(name)
             if g is not None:
                 backlog += max(0, top - g.taken)
-        scaled = int(backlog * self.share)
-        return 2 * scaled >= self.ring > 0
+                step += max(0, top - last.get(name, g.taken))
+        self._last_marks = marks
+        share = self.share
+        recent = self._recent
+        recent.append(int(step * share + 0.5))
+        headroom = max(self.ring // 4, 2 * max(recent))
+        return int(backlog * share) >= self.ring - headroom and self.ring > 0
 
     def take(self, marks: dict[str, int]) -> list[RecorderOp]:
         """Sender thread: every entry of a watched group up to its mark not yet taken nor
         claimed by the wrappers, once."""
         out: list[RecorderOp] = []
         try:
-            entries = self._entries(marks)
+            cache = self._entries(marks)
         except Exception as exc:
             self.errors += 1
             self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
@@ -299,26 +414,21 @@ class FlightRecorderReader:
         lost_before = self.lost
         issued = sum(max(0, top - g.taken) for n, top in marks.items() if (g := self.groups.get(n)))
         self.most_per_step = max(self.most_per_step, int(issued * self.share))
-        found: dict[str, set[int]] = {}
-        for entry in entries:
-            name = str(entry.get("process_group", [""])[0])
-            g = self.groups.get(name)
-            if g is None:
-                continue
-            seq = int(entry.get("collective_seq_id", 0))
-            if not g.taken < seq <= marks.get(name, 0) or entry.get("is_p2p"):
-                continue
-            found.setdefault(name, set()).add(seq)
-            if seq in g.claimed:
-                continue
-            c = collective_of(entry, g.size, g.label)
-            if c is not None:
-                out.append(RecorderOp(c, int(entry.get("time_created_ns", 0)) + offset))
         for name, top in marks.items():
             g = self.groups.get(name)
             if g is None or top <= g.taken:
                 continue
-            seen = found.get(name, set())
+            seqs, entries = cache.get(name, ((), ()))
+            seen: set[int] = set()
+            for i in range(bisect_right(seqs, g.taken), bisect_right(seqs, top)):
+                entry = entries[i]
+                seq = seqs[i]
+                seen.add(seq)
+                if entry.is_p2p or seq in g.claimed:
+                    continue
+                c = collective_of(entry, g.size, g.label)
+                if c is not None:
+                    out.append(RecorderOp(c, entry.time_created_ns + offset))
             for seq in range(g.taken + 1, top + 1):
                 if seq not in seen and seq not in g.claimed:
                     self.lost += 1
@@ -338,51 +448,72 @@ class FlightRecorderReader:
         group ``name`` (NCCL with ``TORCH_NCCL_ENABLE_TIMING=1``: CUDA events on the NCCL
         stream, nothing held by zeroscope); False while its entry is not retired yet (ask
         again), None when it will not come (the ring dropped it, no timing, another op)."""
+        self._timed.add(name)
         try:
-            entries = self._entries({name: seq}, fresh=True)
+            cache = self._entries({name: seq}, fresh=True)
         except Exception as exc:
             self.errors += 1
             self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
             return None
-        for entry in entries:
-            if str(entry.get("process_group", [""])[0]) != name:
-                continue
-            if int(entry.get("collective_seq_id", -1)) != seq:
-                continue
-            wire_op = OPS.get(str(entry.get("profiling_name", "")).rpartition(":")[2])
-            if wire_op != op:
-                return None  # not the op asked about: never another op's figure
-            duration_ms = entry.get("duration_ms")
-            if duration_ms is None or entry.get("state") != "completed":
-                timed = os.environ.get(TIMING_ENV, "") == "1"
-                return False if timed and entry.get("state") != "completed" else None
-            return float(duration_ms) / 1e3
-        return None  # overwritten before this read (or never recorded)
+        seqs, entries = cache.get(name, ([], []))
+        i = bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            return None  # overwritten before this read (or never recorded)
+        entry = entries[i]
+        if OPS.get(entry.profiling_name.rpartition(":")[2]) != op:
+            return None  # not the op asked about: never another op's figure
+        duration_ms = entry.duration_ms
+        if duration_ms is None or entry.state != "completed":
+            timed = os.environ.get(TIMING_ENV, "") == "1"
+            return False if timed and entry.state != "completed" else None
+        return float(duration_ms) / 1e3
 
-    def _entries(self, marks: dict[str, int], fresh: bool = False) -> list[dict[str, Any]]:
-        """The recorder's entries, dumped again only when the last dump does not reach every
-        mark (one dump serves the reports of a batch), or, ``fresh``, when it is older than
-        :data:`FRESH_S` (an entry's duration appears once torch's watchdog retires it)."""
+    def _entries(
+        self, marks: dict[str, int], fresh: bool = False
+    ) -> dict[str, tuple[list[int], list[Entry]]]:
+        """The watched (and timed) groups' entries, dumped again only when the last dump does
+        not reach every mark (one dump serves the reports of a batch), or, ``fresh``, when it
+        is older than :data:`FRESH_S` (an entry's duration appears once torch's watchdog
+        retires it)."""
         stale = fresh and time.monotonic() - self._dumped_at > FRESH_S
-        if stale or any(self._cache_top.get(n, -1) < top for n, top in marks.items()):
+        if stale or not self.covers(marks):
             self._dumped_at = time.monotonic()
             raw = (self._dump or _dump)()
-            entries = (raw if isinstance(raw, dict) else json.loads(raw)).get("entries", [])
-            top: dict[str, int] = {}
-            for e in entries:
-                name = str(e.get("process_group", [""])[0])
-                top[name] = max(top.get(name, -1), int(e.get("collective_seq_id", 0)))
-            self._cache, self._cache_top = entries, top
-            self._learn_share(entries)
+            self.wanted = False
+            parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
+            self.dumps += 1
+            cache: dict[str, tuple[list[int], list[Entry]]] = {}
+            groups = self.groups
+            timed = self._timed
+            span = watched = 0
+            for entries in parts:  # one recorder's entries each; record_id is per recorder
+                low = high = -1
+                mine = 0
+                for e in entries:
+                    rid = e.record_id
+                    low = rid if low < 0 or rid < low else low
+                    high = max(high, rid)
+                    name = e.group
+                    if name in groups:
+                        mine += 1
+                    elif name not in timed:
+                        continue
+                    seqs, kept = cache.setdefault(name, ([], []))
+                    seqs.append(e.collective_seq_id)
+                    kept.append(e)
+                if mine:  # only a ring holding a watched group's entries can overwrite them
+                    watched += mine
+                    span += high - low + 1
+            for seqs, kept in cache.values():  # ring order is issue order; sorted, to be sure
+                if any(a >= b for a, b in pairwise(seqs)):
+                    pairs = sorted(zip(seqs, kept, strict=True), key=lambda p: p[0])
+                    seqs[:] = [q for q, _ in pairs]
+                    kept[:] = [k for _, k in pairs]
+            self._cache = cache
+            self._cache_top = {n: seqs[-1] for n, (seqs, _) in cache.items() if seqs}
+            if watched and span > 1:  # all entries per watched one (record_id spans all)
+                self.share = max(1.0, span / watched)
         return self._cache
-
-    def _learn_share(self, entries: list[dict[str, Any]]) -> None:
-        """All entries per watched entry in this dump (``record_id`` counts every group's)."""
-        watched = sum(1 for e in entries if str(e.get("process_group", [""])[0]) in self.groups)
-        if watched and len(entries) > 1:
-            ids = [int(e.get("record_id", 0)) for e in entries]
-            span = max(ids) - min(ids) + 1
-            self.share = max(1.0, span / watched)
 
 
 def _say(part: str, reason: str) -> None:
@@ -400,17 +531,15 @@ DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
 absent from a CPU build) and the generic one (gloo). Both are read."""
 
 
-def _dump() -> dict[str, Any]:
+def _dump() -> list[list[Entry]]:
+    """Each recorder torch has, dumped and decoded (one list of entries per recorder)."""
     import torch
 
     c10d: Any = torch._C._distributed_c10d
     found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
     if not found:
         raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
-    entries: list[Any] = []
-    for fn in found:
-        entries += json.loads(bytes(fn(True, False))).get("entries", [])
-    return {"entries": entries}
+    return [entries_of(bytes(fn(True, False))) for fn in found]
 
 
 READER = FlightRecorderReader()
