@@ -1,0 +1,136 @@
+"""The Flight Recorder's entries, typed: torch's JSON dump decoded in one pass into the fields
+the reader uses (torch's other fields are skipped by the decoder, never built), and one entry
+as the wire's Collective (op name, bytes as nccl-tests count them, torch's own duration where
+it measured one). Kept apart from the reader (flight_recorder.py), which decides when to dump
+and which entries belong to which step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from zeroscope.agent.collective_record import to_wire
+from zeroscope.agent.schema import Collective, CollectiveOp
+
+OPS: dict[str, CollectiveOp] = {
+    "all_reduce": "all_reduce",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "all_gather": "all_gather",
+    "_allgather_base": "all_gather",
+    "allgather": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "send": "p2p",
+    "recv": "p2p",
+}
+"""The Flight Recorder's op names (after the backend's ``gloo:`` / ``nccl:``) as wire ops;
+others (barrier, all-to-all, gather, scatter) have no wire op and are skipped."""
+
+DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+}
+
+
+class Entry(msgspec.Struct, gc=False):
+    """One Flight Recorder entry: the fields the reader uses (torch's others are skipped by
+    the decoder, never built)."""
+
+    process_group: list[str] = msgspec.field(default_factory=list)
+    collective_seq_id: int = 0
+    record_id: int = 0
+    profiling_name: str = ""
+    input_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    input_dtypes: list[str] = msgspec.field(default_factory=list)
+    output_sizes: list[list[int]] = msgspec.field(default_factory=list)
+    output_dtypes: list[str] = msgspec.field(default_factory=list)
+    time_created_ns: int = 0
+    duration_ms: float | None = None
+    state: str = ""
+    is_p2p: bool = False
+
+    @property
+    def group(self) -> str:
+        return self.process_group[0] if self.process_group else ""
+
+
+class _Dump(msgspec.Struct):
+    entries: list[Entry] = msgspec.field(default_factory=list)
+
+
+_DECODER = msgspec.json.Decoder(_Dump, strict=False)
+
+
+def entries_of(raw: bytes) -> list[Entry]:
+    """A dump's entries. An entry torch shaped otherwise than :class:`Entry` expects (a field
+    of another type in a later release) is left out, the others kept."""
+    try:
+        return _DECODER.decode(raw).entries
+    except msgspec.ValidationError:
+        out: list[Entry] = []
+        for e in msgspec.json.decode(raw).get("entries", []):
+            try:
+                out.append(msgspec.convert(e, Entry, strict=False))
+            except msgspec.ValidationError:
+                continue
+        return out
+
+
+def _nbytes(sizes: list[list[int]], dtypes: list[str]) -> int | None:
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=False):
+        size = DTYPE_BYTES.get(dtype)
+        if size is None:
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * size
+    return total
+
+
+def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) -> Collective | None:
+    """One Flight Recorder entry as the wire's Collective, ``start_s`` still the entry's wall
+    clock in seconds (see :class:`RecorderOp`); None for an op the wire has no name for.
+    Bytes follow nccl-tests (the gathered size for all-gather, the input for reduce-scatter)."""
+    if isinstance(entry, dict):
+        entry = msgspec.convert(entry, Entry, strict=False)
+    op = OPS.get(entry.profiling_name.rpartition(":")[2])
+    if op is None:
+        return None
+    if op == "all_gather":
+        nbytes = _nbytes(entry.output_sizes, entry.output_dtypes)
+    else:
+        nbytes = _nbytes(entry.input_sizes, entry.input_dtypes)
+    if nbytes is None:
+        return None
+    duration_ms = entry.duration_ms
+    timed = duration_ms is not None and entry.state == "completed"
+    return to_wire(
+        op=op,
+        nbytes=nbytes,
+        group_size=group_size,
+        start_s=entry.time_created_ns / 1e9,
+        duration_s=float(duration_ms) / 1e3 if timed and duration_ms is not None else None,
+        exposed_s=None,
+        label=label,
+        clock="device",
+    )
