@@ -269,3 +269,26 @@ async def test_an_op_seen_only_at_start_keeps_its_figure_said_as_old() -> None:
         row = next(line for line in screen_text(app).splitlines() if "broadcast" in line)
     assert "NA" not in row and "11 steps ago" in row, row
     assert any(figure in row for figure in expected), (expected, row)
+
+
+@sync
+async def test_the_offload_figure_never_runs_into_the_exposed_one_at_80_columns() -> None:
+    """`7%882.62MB/s` at 80 columns: a 10-character rate in a 9-character column. Every rate
+    from 1 B/s to 1.5 TB/s fits 8 characters, and the table keeps a space before it."""
+    rates = [m * 10**e for e in range(10) for m in (1.0, 2.5, 9.9949, 9.9951, 99.95, 999.95)]
+    assert all(len(units.short_rate(r)) <= 8 for r in [*rates, 1.5e12]), max(
+        (units.short_rate(r) for r in rates), key=len
+    )
+    messages = synthetic_run(RunShape(ranks=4, steps=12))
+    for m in messages:
+        if isinstance(m, StepReport):
+            m.transfers = [
+                msgspec.structs.replace(t, duration_s=t.nbytes / 882.62e6) for t in m.transfers
+            ]
+    state = ClusterState()
+    state.ingest_all(messages)
+    app = ZeroscopeApp(state)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        rows = [line for line in screen_text(app).splitlines() if "883MB/s" in line]
+    assert rows and all(re.search(r"\d% +883MB/s", row) for row in rows), rows

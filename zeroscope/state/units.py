@@ -44,6 +44,20 @@ def rate(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s:.0f}B/s"
 
 
+def short_rate(bytes_per_s: float | None) -> str:
+    """``rate`` to three significant digits (882.62MB/s -> 883MB/s): at most 8 characters, so
+    a table column of 9 keeps a space before it (at 80 columns the offload figure ran into the
+    exposed one: ``7%882.62MB/s``)."""
+    if bytes_per_s is None:
+        return NA
+    for scale, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "KB/s")):
+        if bytes_per_s >= scale:
+            value = bytes_per_s / scale
+            digits = 2 if value < 9.995 else 1 if value < 99.95 else 0  # as it rounds
+            return f"{value:.{digits}f}{unit}"
+    return f"{bytes_per_s:.0f}B/s"
+
+
 def seconds(value: float | None) -> str:
     """``150ms`` / ``2.31s``; under 10 ms with a decimal, so a short time never prints as 0."""
     if value is None:

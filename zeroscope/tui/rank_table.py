@@ -193,7 +193,7 @@ class RankTable(Widget, can_focus=True):
             slow_style = SLOWNESS_STYLES[row.slowness_level]
             line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
-            line.append(f"{units.percent(row.exposed):>5}{units.rate(row.offload_bw):>9}")
+            line.append(f"{units.percent(row.exposed):>5}{units.short_rate(row.offload_bw):>9}")
             line.append(f"{units.scale(row.loss_scale):>7}")
             t = row.throughput
             if mfu:
