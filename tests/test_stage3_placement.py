@@ -8,6 +8,7 @@ the old move-then-partition path (the whole model moved first, which the canary 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -73,6 +74,19 @@ class FullCopies(TorchDispatchMode):
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.peak_count = self.peak_bytes = 0
 
+    def _settle(self, limit_s: float = 1.0) -> None:
+        """Before a new full copy is counted, give the copies already seen up to ``limit_s``
+        to be freed: gloo's worker thread drops its reference to a broadcast's tensor just
+        after ``wait()`` returns, so on a busy machine the last parameter's copy could still
+        be alive, held by torch and not by the engine, when the next is made (the clean-clone
+        run counted 2). A copy the engine still holds stays alive past the limit and counts
+        (the whole model moved first: 4)."""
+        deadline = time.monotonic() + limit_s
+        while any(not ref.expired() for ref, _ in self.live.values()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
@@ -81,6 +95,8 @@ class FullCopies(TorchDispatchMode):
             storage = t.untyped_storage()
             if storage.nbytes() in self.sizes:
                 ref = StorageWeakRef(storage)
+                if ref.cdata not in self.live:
+                    self._settle()
                 self.live.setdefault(ref.cdata, (ref, storage.nbytes()))
         self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
         self.peak_count = max(self.peak_count, len(self.live))
