@@ -90,8 +90,8 @@ class ClusterHeader(Widget):
         self, state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
     ) -> None:
         """``shown``: (ranks shown, ranks) while a filter hides some. The layout is redone only
-        when the header's line count changes: a layout pass reflows the whole screen, and at
-        one redraw a second it was most of the live view's idle cost."""
+        when the header's line count changes: a layout pass reflows the whole screen, and the
+        live view redraws the header every second."""
         self._state, self._status, self._shown = state, status, shown
         lines = self.render().plain.count("\n") + 1 if self.content_size.width else 0
         if not lines or lines != self._lines:
