@@ -26,26 +26,13 @@ CONTROL = "control: the whole model moved first hits the same cap"
 
 
 def _model() -> Any:
+    """The tests' frozen stack (tests/test_stage3_placement.py): start-up memory is parameters."""
     import torch
-    from torch import nn
 
-    class Frozen(nn.Module):
-        """Frozen square layers and a small trainable head: start-up memory is parameters."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS))
-            self.layers.requires_grad_(False)
-            self.head = nn.Linear(WIDTH, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = x.to(self.head.weight.dtype)
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
-            return self.head(x).float().square().mean()
+    from tests.test_stage3_placement import FrozenStack
 
     torch.manual_seed(0)
-    return Frozen()
+    return FrozenStack(WIDTH, LAYERS)
 
 
 CONFIG: dict[str, Any] = {
