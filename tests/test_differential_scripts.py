@@ -14,7 +14,7 @@ import pytest
 
 from tests.differential.cells import Cell
 from tests.differential.compare import TOLERANCE, compare_cell, table, without_aliases
-from tests.differential.conditioning import AMPLIFIED, fp32_error
+from tests.differential.conditioning import explained_by_rounding, fp32_error
 from tests.differential.generated import cell_for, fixed_budget, spec_for
 from tests.distributed import run_ranks
 
@@ -32,7 +32,7 @@ SCRIPTS = [
     Cell(model="odd", stage=3, optimizer="Adagrad", scheduler="decay"),
 ]
 GENERATED = fixed_budget()
-ILL_CONDITIONED = [cell_for(41), cell_for(54)]
+ILL_CONDITIONED = [cell_for(41), cell_for(54), cell_for(196)]
 """Soak seeds whose models amplify fp32 rounding past the tolerance (a LayerNorm over 2
 features): compared against float32's own error on them, not the tolerance."""
 CELLS = SCRIPTS + GENERATED + ILL_CONDITIONED
@@ -78,20 +78,21 @@ def test_ill_conditioned_generated_models_differ_only_as_fp32_rounding_does(
     runs: dict[str, dict[str, list[Any]]], cell: Cell
 ) -> None:
     """Found by the soak: seed 41 (stage 1, Adagrad; the engines' final ``blocks.2.up.bias``
-    1.8e-5 apart) and seed 54 (stage 2, AdamW, a head tied to the embedding; the third step's
-    grad norm 4.2e-5 apart, every loss but one bitwise equal). Both models end in a LayerNorm
-    over 2 features, whose gradient grows without bound as its two inputs meet: one process
-    training the same model in float32 is itself 1.8e-5 (weights) and 6.7e-5 / 1.3e-4 (norms)
-    from float64, and only reversing the order in which it adds two ranks' gradients moves the
-    seed-54 norm by 7e-6. Neither engine is the odd one out: what is checked is that the model
-    is that ill-conditioned, and that every figure over the tolerance is within twice float32's
-    own error (tests/differential/conditioning.py)."""
+    1.8e-5 apart), seed 54 (stage 2, AdamW, a head tied to the embedding; the third step's
+    grad norm 4.2e-5 apart, every loss but one bitwise equal) and seed 196 (stage 0, a Linear
+    placed four times; final weights 3.1e-5 apart). The three models end in a LayerNorm over 2
+    features, whose gradient grows towards 1/sqrt(eps) as its two inputs meet: one process training
+    the same model in float32 is itself 1.8e-5, 1.3e-5 and 1.0e-5 from float64 on the weights
+    (6.7e-5, 1.3e-4, 6.2e-5 on the norms), and only reversing the order in which it adds two
+    ranks' gradients moves the seed-54 norm by 7e-6. Neither engine is the odd one out (on 196
+    DeepSpeed is 1.2e-5 and the engine 1.9e-5 from float64): what is checked is that the model
+    is that ill-conditioned, and that on every figure over the tolerance each engine is within
+    twice float32's own error of float64 (tests/differential/conditioning.py)."""
     assert spec_for(int(cell.model[3:])).dim == 2  # the generator still draws this model
     error = fp32_error(cell)
-    assert max(error["weights"], error["grad_norm"]) > TOLERANCE["fp32"], error
-    d = compare_cell(
-        cell.name, cell.precision, runs["ours"][cell.name], runs["deepspeed"][cell.name]
-    )
+    assert max(error["weights"], error["grad_norm"]) >= TOLERANCE["fp32"], error
+    ours, ds = runs["ours"][cell.name], runs["deepspeed"][cell.name]
+    d = compare_cell(cell.name, cell.precision, ours, ds)
     assert {"loss", "lr", "weights", "model16"} <= d.figures.keys(), table([d])
-    for figure, value in d.figures.items():
-        assert value <= max(TOLERANCE["fp32"], AMPLIFIED * error.get(figure, 0.0)), table([d])
+    assert d.worst > TOLERANCE["fp32"], "now within the tolerance: move the seed to the budget"
+    assert explained_by_rounding(d.figures, TOLERANCE["fp32"], cell, [ours[0], ds[0]]), table([d])
