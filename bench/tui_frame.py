@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sqlite3
 import statistics
 import sys
@@ -58,9 +59,18 @@ def _ms(values: list[float]) -> str:
 UPDATES: list[float] = []
 """Duration of every screen update of the last _frames run (Screen._on_timer_update)."""
 
+VIEW = ["table"]
+"""What the cluster screen's ranks' slot showed in the last _frames run: table, heatmap, nodes."""
+
 PLOT_MODES = ("live", "one chart every frame", "every frame", "off")
 MIN_INTERVAL_S = {"live": 1.0, "one chart every frame": 1e-9, "every frame": 0.0, "off": 0.0}
 """HistoryPlots.min_interval_s per mode: any positive value paces the charts one per frame."""
+
+
+@functools.cache
+def _run(ranks: int, steps: int) -> list[schema.Message]:
+    """The fixture run, built once per process (16,384 ranks take a minute to build)."""
+    return synthetic_run(RunShape(ranks=ranks, steps=steps, collectives=True, straggle_from=1))
 
 
 async def _frames(
@@ -70,7 +80,7 @@ async def _frames(
     from zeroscope.tui.history_plot import HistoryPlot
     from zeroscope.tui.history_plots import HistoryPlots
 
-    run = synthetic_run(RunShape(ranks=ranks, steps=frames + 2, collectives=True, straggle_from=1))
+    run = _run(ranks, frames + 2)
     UPDATES.clear()
     hellos = [m for m in run if isinstance(m, schema.Hello)]
     by_step: dict[int, list[schema.Message]] = {}
@@ -120,21 +130,28 @@ async def _frames(
             # What a live view does between steps (the app redraws every 0.25 s): its screen
             # updates run, timed one by one in UPDATES.
             await asyncio.sleep(0.25)
+        screen = app.screen
+        VIEW[0] = next((v for v in ("nodes", "heatmap") if screen.has_class(v)), "table")
     Screen._on_timer_update = paint  # type: ignore[method-assign]
     return ingest, frame, cpu, charts
 
 
-def bench_frames(ranks: int, frames: int) -> dict[str, dict[str, float]]:
+def bench_frames(
+    ranks: int,
+    frames: int,
+    sizes: tuple[tuple[int, int], ...] = ((80, 24), (160, 48)),
+    modes: tuple[str, ...] = PLOT_MODES,
+) -> dict[str, dict[str, float]]:
     """Median/max frame wall and CPU time, and one step's ingest, per terminal size and plot
     mode (the plain size key is the live mode)."""
     out = {}
-    for size in ((80, 24), (160, 48)):
-        for mode in PLOT_MODES:
+    for size in sizes:
+        for mode in modes:
             ingest, frame, cpu, charts = asyncio.run(_frames(ranks, frames, size, mode))
             slow = sum(u > 0.05 for u in UPDATES)
             print(f"  every screen update ({len(UPDATES)}): {_ms(UPDATES)}; over 50 ms: {slow}")
             print(
-                f"cluster screen {size[0]}x{size[1]}, {ranks} ranks, plots {mode}: frame "
+                f"cluster screen {size[0]}x{size[1]} ({VIEW[0]}), {ranks} ranks, plots {mode}: frame "
                 f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}; "
                 f"charts built {sum(charts)} over {len(charts)} steps (at most {max(charts)} a step)"
             )
@@ -278,8 +295,16 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--reports", type=int, default=1_000_000)
     parser.add_argument("--seeks", type=int, default=20)
+    parser.add_argument(
+        "--plots", nargs="+", choices=PLOT_MODES, default=PLOT_MODES, help="plot modes to time"
+    )
+    parser.add_argument("--sizes", nargs="+", default=["80x24", "160x48"], help="terminal sizes")
+    parser.add_argument("--no-seek", action="store_true", help="frames and ingest only")
     args = parser.parse_args()
-    bench_frames(args.ranks, args.frames)
+    sizes = tuple(tuple(int(v) for v in size.split("x")) for size in args.sizes)
+    bench_frames(args.ranks, args.frames, sizes, tuple(args.plots))  # type: ignore[arg-type]
+    if args.no_seek:
+        return
     r = bench_seek_fresh(args.ranks, args.reports, args.seeks)
     print(
         f"replay process: RSS {r['rss_base'] / 2**20:.0f} MiB after imports, peak "

@@ -26,6 +26,7 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .history import StepSeries, step_point
+from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
@@ -175,12 +176,15 @@ class ClusterState:
         """Steps whose ranks issued different collective sequences (state/sequences.py)."""
         self.series = StepSeries(history_steps)
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
+        self.nodes = NodeBook()
+        """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank)
+            self.nodes.touch(rank)
         return state
 
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
@@ -207,6 +211,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.nodes.place(message.rank, message)
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
@@ -240,6 +245,7 @@ class ClusterState:
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
         agg.summaries[report.rank] = rank.record(report)
+        self.nodes.touch(report.rank)
         agg._median = None
         agg.samples += report.samples
         agg.skipped = agg.skipped or report.skipped
@@ -278,6 +284,7 @@ class ClusterState:
             rs = self.ranks[r]
             if rs.summary is not None and rs.summary.step == agg.step:
                 rs.slowness = st.slowness
+        self.nodes.touch_all()
         self.lags.add(agg.step, agg.standings, agg.median_time)
         flagged = next((f for f in self.lags.findings() if f.kind == "straggler"), None)
         self.series.add(
