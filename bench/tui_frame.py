@@ -56,6 +56,9 @@ def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1e3:6.1f} ms, max {max(values) * 1e3:6.1f} ms"
 
 
+ingest_cpu: list[float] = []
+"""CPU time of every step's ingest of the last _frames run (the wall time is in its result)."""
+
 UPDATES: list[float] = []
 """Duration of every screen update of the last _frames run (Screen._on_timer_update)."""
 
@@ -103,6 +106,7 @@ async def _frames(
     Screen._on_timer_update = timed_update  # type: ignore[method-assign]
     app = ZeroscopeApp(state)
     ingest, frame, cpu, charts = [], [], [], []
+    ingest_cpu.clear()
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         grid = app.screen.query_one(HistoryPlots)
@@ -112,9 +116,10 @@ async def _frames(
         built = sum(p.builds for p in app.screen.query(HistoryPlot))
         UPDATES.clear()  # from the first step on (not the start-up layout)
         for step in sorted(by_step):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             state.ingest_all(by_step[step])
             t1, c1 = time.perf_counter(), time.process_time()
+            ingest_cpu.append(c1 - c0)
             app.redraw()
             # What Pilot.pause() does minus its wait for an idle CPU (which would time the
             # machine's other load): let every widget handle its refresh, then lay out and
@@ -141,9 +146,9 @@ def bench_frames(
     frames: int,
     sizes: tuple[tuple[int, int], ...] = ((80, 24), (160, 48)),
     modes: tuple[str, ...] = PLOT_MODES,
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, Any]]:
     """Median/max frame wall and CPU time, and one step's ingest, per terminal size and plot
-    mode (the plain size key is the live mode)."""
+    mode (the plain size key is the live mode), and the view the ranks' slot showed."""
     out = {}
     for size in sizes:
         for mode in modes:
@@ -161,9 +166,11 @@ def bench_frames(
                 "frame_max_s": max(frame),
                 "frame_cpu_s": statistics.median(cpu),
                 "ingest_s": statistics.median(ingest),
+                "ingest_cpu_s": statistics.median(ingest_cpu),
                 "charts_max": max(charts),
                 "update_max_s": max(UPDATES),
                 "updates_over_50ms": slow,
+                "view": VIEW[0],
             }
     return out
 

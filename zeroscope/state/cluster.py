@@ -51,13 +51,14 @@ class StepAggregate:
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
 
-    _closed: tuple[int, float, float | None] | None = None
-    """(wall_ns, step_time, exposed_s) frozen when the step closed (its reports are final)."""
+    _closed: tuple[int, float, float | None, bool] | None = None
+    """(wall_ns, step_time, exposed_s, overflow) frozen when the step closed (its reports are
+    final): the alerts read the newest steps' every frame, a pass over every rank each."""
 
     def close(self) -> None:
         self.complete = True
         self._closed = None
-        self._closed = (self.wall_ns, self.step_time, self.exposed_s)
+        self._closed = (self.wall_ns, self.step_time, self.exposed_s, self.overflow)
 
     @property
     def wall_ns(self) -> int:
@@ -113,6 +114,9 @@ class StepAggregate:
 
     @property
     def overflow(self) -> bool:
+        """Some rank's optimizer step overflowed (fp16) in this step."""
+        if self._closed is not None:
+            return self._closed[3]
         return any(s.overflow for s in self.summaries.values())
 
     @property
