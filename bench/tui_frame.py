@@ -157,7 +157,8 @@ def bench_frames(
             print(f"  every screen update ({len(UPDATES)}): {_ms(UPDATES)}; over 50 ms: {slow}")
             print(
                 f"cluster screen {size[0]}x{size[1]} ({VIEW[0]}), {ranks} ranks, plots {mode}: frame "
-                f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}; "
+                f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)} "
+                f"(CPU {_ms(ingest_cpu)}); "
                 f"charts built {sum(charts)} over {len(charts)} steps (at most {max(charts)} a step)"
             )
             key = f"{size[0]}x{size[1]}" + ("" if mode == "live" else f", plots {mode}")

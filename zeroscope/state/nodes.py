@@ -63,18 +63,20 @@ def fold(key: NodeKey, ranks: list[RankState]) -> NodeFigures:
         if s is None:
             continue
         steps.append(s.step)
-        if step_time is None or s.duration_s > step_time:
-            step_time = s.duration_s
-        total = s.device_total
-        if total is not None:
-            memories.append(total)
-        share = s.exposed_share
-        if share is not None:
-            exposed.append(share)
+        took = s.duration_s
+        if step_time is None or took > step_time:
+            step_time = took
+        # StepSummary.device_total and exposed_share, written out: a closed step refolds every
+        # node, 16,384 ranks in a large job's next frame.
+        parts = (s.params, s.grads, s.optim, s.activations)
+        if parts != (None, None, None, None):
+            memories.append(sum(v for v in parts if v))
+        if not s.unexposed and took > 0:
+            exposed.append(s.exposed_s / took)
         # Judged ranks outrank unjudged ones; then the higher slowness, then the longer step,
         # then the lower rank.
-        judged = 1.0 if rs.slowness is not None else 0.0
-        candidate = (judged, rs.slowness if rs.slowness is not None else s.duration_s, -rs.rank)
+        slowness = rs.slowness
+        candidate = (0.0, took, -rs.rank) if slowness is None else (1.0, slowness, -rs.rank)
         if slowest is None or candidate > slowest:
             slowest = candidate
     slowest_rank = None if slowest is None else -slowest[2]
