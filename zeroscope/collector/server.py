@@ -34,6 +34,7 @@ from zeroscope.agent.schema import Message
 from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from zeroscope.collector.relays import RelayBook
+from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceWriter
 
 Listener = Callable[[Message], None]
@@ -75,6 +76,7 @@ class Collector:
         viewer_port: int = 0,
         history_bytes: int = HISTORY_BYTES,
         job_id: str = "",
+        thinning: ThinningPolicy | None = ThinningPolicy(),  # noqa: B008 (frozen)
     ) -> None:
         if not is_loopback(bind_host) and not token:
             raise ValueError(
@@ -93,6 +95,8 @@ class Collector:
         self.history_bytes = history_bytes
         self.job_id = job_id
         """Recorded in the trace from the start, so a job whose ranks never report is named."""
+        self.thinning = thinning
+        """What the trace keeps of a big job's history (store/thinning.py; None: everything)."""
 
         self.received = 0
         self.accepted = 0
@@ -221,7 +225,7 @@ class Collector:
                 ) from None
             # The trace is created only once the sockets are bound: a busy port leaves no file.
             if self.record is not None:
-                self.trace = TraceWriter(self.record, job_id=self.job_id)
+                self.trace = TraceWriter(self.record, job_id=self.job_id, thinning=self.thinning)
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()
