@@ -8,11 +8,15 @@ policy object's own methods.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Collective, Event, Hello, MemoryBytes, Phases, StepReport
+from zeroscope.cli import main
 from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceReader, TraceWriter
 
@@ -145,3 +149,37 @@ def test_thinned_file_grows_by_the_kept_rows_only(tmp_path: Path) -> None:
     unthinned_growth = 320 * ranks * per_row
     assert grown < 1.5 * formula, (grown, formula)
     assert grown < unthinned_growth / 8, (grown, unthinned_growth)
+
+
+def test_summary_and_replay_of_a_thinned_trace_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's pace from a thinned trace: the job ran 1 step per second (its steps end 1 s
+    apart on the ranks' clocks) with 64 ranks x 4 samples; counting only the kept steps would
+    read 1/16 of that."""
+    path = tmp_path / "t.zstrace"
+    write_job(path, ranks=64, steps=160, policy=ThinningPolicy(every=16, recent=8, from_ranks=64))
+    assert main(["summary", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["thinned"].startswith("thinned: every 16th step")
+    assert "before step 153" in out["thinned"]
+    assert out["steps_per_s"] == pytest.approx(1.0)
+    assert out["mean_step_s"] == pytest.approx(1.0)
+    assert out["samples_per_s"] == pytest.approx(64 * 4)
+    assert main(["summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "thinned: every 16th step" in text and "figures from thinned data" in text
+    assert main(["replay", "--headless", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "thinned: every 16th step" in text and "figures from thinned data" in text
+
+
+def test_unthinned_summary_says_nothing_of_thinning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.zstrace"
+    write_job(path, ranks=8, steps=20, policy=ThinningPolicy(every=4, recent=2, from_ranks=64))
+    assert main(["summary", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["thinned"] is None
+    assert out["steps_per_s"] == pytest.approx(1.0)
