@@ -35,6 +35,7 @@ from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from zeroscope.collector.relays import RelayBook
 from zeroscope.collector.snapshot import SNAPSHOT_BYTES, Snapshot
+from zeroscope.store.background import BackgroundWriter
 from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceWriter
 
@@ -139,7 +140,8 @@ class Collector:
         self.ingest_address = ""
         self.viewer_address = ""
         self.pub_address = ""
-        self.trace: TraceWriter | None = None
+        self.trace: TraceWriter | BackgroundWriter | None = None
+        """The trace, written on its own thread (store/background.py)."""
 
     # -- public ----------------------------------------------------------------------------
 
@@ -231,7 +233,9 @@ class Collector:
                 ) from None
             # The trace is created only once the sockets are bound: a busy port leaves no file.
             if self.record is not None:
-                self.trace = TraceWriter(self.record, job_id=self.job_id, thinning=self.thinning)
+                self.trace = BackgroundWriter(
+                    TraceWriter(self.record, job_id=self.job_id, thinning=self.thinning)
+                )
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()
