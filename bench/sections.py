@@ -451,7 +451,7 @@ def storage(quick: bool) -> list[Table]:
     1 step/s; a late viewer's catch-up and first frame (bench/storage.py)."""
     from bench import storage as bench_storage
 
-    argv = ["--ranks", "1024", "--steps", "600"] if quick else []
+    argv = ["--ranks", "256"] if quick else []
     argv += ["--viewer-ranks", "4096" if quick else "16384"]
     args = bench_storage.parser().parse_args(argv)
     out = bench_storage.run(args)
