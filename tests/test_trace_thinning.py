@@ -183,3 +183,16 @@ def test_unthinned_summary_says_nothing_of_thinning(
     out = json.loads(capsys.readouterr().out)
     assert out["thinned"] is None
     assert out["steps_per_s"] == pytest.approx(1.0)
+
+
+def test_the_replays_header_says_the_history_is_thinned(tmp_path: Path) -> None:
+    from zeroscope.store.feed import state_of_file
+    from zeroscope.tui.header import header_segments
+
+    path = tmp_path / "t.zstrace"
+    write_job(path, ranks=64, steps=40, policy=ThinningPolicy(every=8, recent=4, from_ranks=64))
+    pieces = [text for text, _ in header_segments(state_of_file(path), "REPLAY")]
+    assert pieces[2] == "thinned: every 8th step"
+    full = tmp_path / "full.zstrace"
+    write_job(full, ranks=8, steps=10, policy=ThinningPolicy(from_ranks=64))
+    assert not any("thinned" in t for t, _ in header_segments(state_of_file(full), "REPLAY"))
