@@ -135,7 +135,7 @@ def late_viewer(ranks: int, steps: int) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     src = LiveSource(col.viewer_address)
     got: list[Any] = []
-    while src.last_seq < col.seq and time.perf_counter() - t0 < 120:
+    while not (src.caught_up and src.last_seq >= col.seq) and time.perf_counter() - t0 < 300:
         got += src.poll(0.1)
     t_received, c_received = time.perf_counter() - t0, time.process_time() - c0
     state = ClusterState()

@@ -19,7 +19,7 @@ from zeroscope.store.sources import LiveSource
 RANKS = 16
 
 
-def run_job(col: Collector, steps: int, *, event_at: int | None = None) -> int:
+def run_job(col: Collector, steps: int, *, event_at: int | None = None, ranks: int = RANKS) -> int:
     """Hellos and ``steps`` steps of every rank into ``col``'s ingest socket; returns how many
     messages were sent."""
     ctx = zmq.Context.instance()
@@ -28,13 +28,13 @@ def run_job(col: Collector, steps: int, *, event_at: int | None = None) -> int:
     set_credentials(push)
     push.connect(col.ingest_address)
     sent: list[Message] = [
-        Hello(schema_version=schema.SCHEMA_VERSION, job_id="j", rank=r, world_size=RANKS)
-        for r in range(RANKS)
+        Hello(schema_version=schema.SCHEMA_VERSION, job_id="j", rank=r, world_size=ranks)
+        for r in range(ranks)
     ]
     for step in range(1, steps + 1):
         sent += [
-            StepReport(rank=r, step=step, wall_ns=10**9 * step, duration_s=0.5 + r / 100)
-            for r in range(RANKS)
+            StepReport(rank=r, step=step, wall_ns=10**9 * step, duration_s=0.5 + r / 10**5)
+            for r in range(ranks)
         ]
         if step == event_at:
             sent.append(Event(rank=2, step=step, wall_ns=10**9 * step, event="overflow"))
@@ -50,7 +50,7 @@ def catch_up(col: Collector) -> tuple[list[Message], LiveSource]:
     src = LiveSource(col.viewer_address)
     got: list[Message] = []
     deadline = time.monotonic() + 30
-    while src.last_seq < col.seq and time.monotonic() < deadline:
+    while not (src.caught_up and src.last_seq >= col.seq) and time.monotonic() < deadline:
         got += src.poll(0.2)
     return got, src
 
@@ -107,3 +107,18 @@ def test_the_viewer_goes_on_live_after_the_snapshot() -> None:
         finally:
             src.close()
     assert more == [late]
+
+
+def test_a_snapshot_in_many_frames_arrives_whole() -> None:
+    """1,200 ranks: the state is 3,600 messages, more than one frame holds (2,000)."""
+    ranks = 1200
+    with Collector(snapshot_bytes=20_000) as col:
+        run_job(col, 5, ranks=ranks)
+        got, src = catch_up(col)
+        src.close()
+    assert src.snapshots == 2
+    assert len(got) == ranks * (1 + SNAPSHOT_STEPS)
+    state = ClusterState()
+    state.ingest_all(got)
+    state.flush()
+    assert len(state.complete_steps()[-1].summaries) == ranks

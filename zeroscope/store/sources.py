@@ -74,6 +74,12 @@ class LiveSource:
         self._last_activity = time.monotonic()
         self._request()
 
+    @property
+    def caught_up(self) -> bool:
+        """The collector's answer to the latest catch-up request has ended (its snapshot, in
+        however many frames, has all arrived): what follows is live."""
+        return self.instance is not None and not self._inflight_since
+
     def _request(self) -> None:
         self._expect_since = self.last_seq
         self._dealer.send_multipart([proto.SINCE, proto.pack_seq(self.last_seq), self._token])
