@@ -491,8 +491,9 @@ def storage(quick: bool) -> list[Table]:
         "<= 2 GB/hour",
     )
     trace.note = (
-        "file B/rank-step: the file's growth (after a WAL checkpoint) over the second half of the "
-        "steps written, per rank-step; thinned: measured well past the recent window. Formula: "
+        "file B/rank-step: the file's growth (after a WAL checkpoint) per rank-step, over the "
+        "second half of the steps written (in full) or the last two thinning periods, well past "
+        "the recent window (thinned). Formula: "
         "the full trace's cost / every (the kept reports; the node_steps rows, one per 8 ranks "
         "a step, come on top). Projection: x 16,384 ranks x 3,600 steps (every term scales with "
         "the ranks). Writer CPU: append + commit (+ thinning) per step, one commit a step."
