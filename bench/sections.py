@@ -438,3 +438,89 @@ def throughput(quick: bool) -> list[Table]:
         "uncounted step: the one-time cost); after it the meters do the same work per step."
     )
     return [t]
+
+
+def storage(quick: bool) -> list[Table]:
+    """The trace's bytes per rank-step, kept in full and thinned, projected to 16,384 ranks at
+    1 step/s; a late viewer's catch-up and first frame (bench/storage.py)."""
+    from bench import storage as bench_storage
+
+    argv = ["--ranks", "256"] if quick else []
+    argv += ["--viewer-ranks", "4096" if quick else "16384"]
+    args = bench_storage.parser().parse_args(argv)
+    out = bench_storage.run(args)
+    policy = out["policy"]
+    trace = Table(
+        title="Trace bytes per rank-step (synthetic ZeRO-3 reports)",
+        columns=[
+            "trace",
+            "ranks x steps written",
+            "payload B/report",
+            "file B/rank-step",
+            "formula B/rank-step",
+            "GB/hour at 16,384 ranks x 1 step/s",
+            "writer CPU ms/step",
+            "goal",
+        ],
+    )
+    full, thinned = out["full"], out["thinned"]
+    trace.add(
+        "every message",
+        f"{full['ranks']} x {full['steps']}",
+        full["payload_per_report"],
+        full["bytes_per_rank_step"],
+        None,
+        full["gb_per_hour_16k"],
+        full["writer_cpu_ms_per_step"],
+        "",
+    )
+    trace.add(
+        f"thinned (every {policy.every}, recent {policy.recent})",
+        f"{thinned['ranks']} x {thinned['steps']}",
+        thinned["payload_per_report"],
+        thinned["bytes_per_rank_step"],
+        thinned["formula_bytes_per_rank_step"],
+        thinned["gb_per_hour_16k"],
+        thinned["writer_cpu_ms_per_step"],
+        "<= 2 GB/hour",
+    )
+    trace.note = (
+        "file B/rank-step: the file's growth (after a WAL checkpoint) per rank-step, over the "
+        "second half of the steps written (in full) or the last two thinning periods, well past "
+        "the recent window (thinned). Formula: "
+        "the full trace's cost / every (the kept reports; the node_steps rows, one per 8 ranks "
+        "a step, come on top). Projection: x 16,384 ranks x 3,600 steps (every term scales with "
+        "the ranks). Writer CPU: append + commit (+ thinning) per step, one commit a step."
+    )
+    v = out["viewer"]
+    viewer = Table(
+        title=f"A late viewer at {v['ranks']} ranks ({v['steps']} steps recorded)",
+        columns=[
+            "catch-up MB",
+            "messages",
+            "history MB (the old catch-up)",
+            "received s (CPU)",
+            "folded s (CPU)",
+            "first frame 160x48 s (CPU)",
+            "collector RSS MiB",
+            "goal",
+        ],
+    )
+    viewer.add(
+        v["snapshot_bytes"] / 1e6,
+        v["snapshot_messages"],
+        v["history_bytes"] / 1e6,
+        f"{v['received_s']:.2f} ({v['received_cpu_s']:.2f})",
+        f"{v['folded_s']:.2f} ({v['folded_cpu_s']:.2f})",
+        f"{v['first_frame_s']:.2f} ({v['first_frame_cpu_s']:.2f})",
+        v["collector_rss_bytes"] / 2**20,
+        "first frame <= 5 s",
+    )
+    viewer.note = (
+        "From the viewer's connect: catch-up received (LiveSource), folded into a ClusterState, "
+        "the cluster screen's first frame drawn (cumulative; CPU: this process's, the collector "
+        "idle in it). The catch-up is the state snapshot (collector/snapshot.py) once the "
+        "history exceeds 32 MB. Collector RSS: the process's growth while the collector took "
+        "the steps (its history and snapshot)."
+    )
+    return [trace, viewer]

@@ -149,6 +149,9 @@ class ClusterState:
         self.steps: OrderedDict[int, StepAggregate] = OrderedDict()
         self.events: deque[Event] = deque(maxlen=2000)
         self.job_id = ""
+        self.thinned = ""
+        """Read from a thinned trace: the sentence that says what was kept (store/thinning.py),
+        shown beside every run figure; "" when every step was kept."""
         self.world_size = 0
         self.config: ConfigSummary | None = None
         self.params: ParamCounts | None = None

@@ -38,7 +38,13 @@ from zeroscope.state.history import (
     stacked_parts,
     volume_series,
 )
-from zeroscope.state.lines import header_throughput, step_line, step_lines, summary_lines
+from zeroscope.state.lines import (
+    THINNED_FIGURES,
+    header_throughput,
+    step_line,
+    step_lines,
+    summary_lines,
+)
 from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
 from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
 from zeroscope.state.prediction import (
@@ -66,6 +72,7 @@ from .throughput import Throughput, rank_throughput, summary_mfu, summary_tokens
 __all__ = [
     "EVENT_LEVELS",
     "HEAT_METRICS",
+    "THINNED_FIGURES",
     "Act",
     "Advisory",
     "Alert",
