@@ -86,7 +86,7 @@ it (2.5 ms for 128 entries idle, 4-5 ms at load 20 on the 2-core VM): with slow 
 fp16 CPU step, ~1 s of wall time under that load) the 1 s bound read the whole ring at 0.7 of
 the steps to take ~9 new entries each, ~3 ms of the sender's CPU per step (1.5 % of the job),
 the largest share of the fp16 DDP bench's overhead (bench/attach_overhead.py)."""
-READ_LATEST_S = 5.0
+READ_LATEST_S = 2.0
 """The longest a report waits, however costly dumps are (a live view's latency)."""
 
 RECENT_STEPS = 8
