@@ -6,7 +6,7 @@ the two inputs meet), so any change of summation order, such as two ranks' gradi
 in another order, moves a figure by more than 1e-5. For such a seed the one-process reference
 is trained twice, in float32 and float64 from the same initial weights and data, and compared
 as the engines are compared (tests/differential/compare.py's definitions): where each engine
-is within twice float32's own distance from float64 of the float64 result, their difference
+is within three times float32's own distance from float64 of the float64 result, their difference
 is fp32 rounding the model amplifies, not a difference between the engines.
 """
 
@@ -25,8 +25,11 @@ from .models import build_model, loss_of, micro_batches
 WORLD = 2
 """The ranks the suite's cells train on (their micro-batches are the reference's)."""
 
-AMPLIFIED = 2.0
-"""An engine up to this multiple of float32's own error from float64 counts as rounding."""
+AMPLIFIED = 3.0
+"""An engine up to this multiple of float32's own error from float64 counts as rounding. The
+one-process float32 run adds its gradients in one order, the engines in another across two
+ranks: on seed 196 the engine sat at 1.9x, so 2x left a 5 % margin that another CPU's
+vectorised sums could cross; a real engine difference is orders of magnitude past 3x."""
 
 
 def _optimizer(cell: Cell, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -3,7 +3,7 @@ generated.py) trained on both engines, compared as the suite compares, every fai
 printed with the model it built. A stage-3 seed whose only difference is a documented
 DeepSpeed quirk (a module placed twice in the tree named once in DeepSpeed's 16-bit file and
 zero_to_fp32: tests/test_differential_scripts.py's named test) is counted and listed apart, as
-is a seed where each engine is within twice float32's own error of a float64 run of its
+is a seed where each engine is within three times float32's own error of a float64 run of its
 model (an ill-conditioned model: tests/differential/conditioning.py, and the named test of the
 seeds found so far).
 
