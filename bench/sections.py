@@ -297,8 +297,8 @@ def _tui_cpu(quick: bool) -> Table:
     the headless loop on the same stream."""
     from bench import tui_cpu
 
-    seconds = 5.0 if quick else 15.0
-    warmup = 2.0 if quick else 5.0
+    seconds = 5.0 if quick else 20.0
+    warmup = 2.0 if quick else tui_cpu.WARMUP_S
     t = Table(
         title="TUI: the live view's own CPU (160x48, synthetic steps at the job's pace)",
         columns=["what", "view, % of a core", "headless, % of a core", "goal"],

@@ -1,6 +1,6 @@
 """TUI bench: what the live view itself costs the machine, in CPU seconds per wall second.
 
-    python bench/tui_cpu.py [--seconds 15] [--warmup 5] [--ranks 2,8,64,1024] [--size 160x48]
+    python bench/tui_cpu.py [--seconds 20] [--warmup 13] [--ranks 2,8,64,1024] [--size 160x48]
 
 A monitoring view should cost what htop or nvitop cost: on a 2-core box every share of a core
 the view takes is taken from training. The real app (zeroscope.tui.app.ZeroscopeApp, its feed
@@ -11,9 +11,10 @@ process's CPU time over the window, less the producer thread's own (time.thread_
 thread), is the view's; the headless driver does not write to a terminal, so a real terminal's
 write cost is left out.
 
-The window starts after ``--warmup`` seconds of steps: a view that runs for hours costs its
-steady state, not the one-off layouts of its first steps (the charts appearing as their data
-arrives). The fixture's own messages are moved out of the collector's sight (``gc.freeze``)
+The window starts after ``--warmup`` seconds of steps (WARMUP_S: one round of the live charts'
+pace and 3 s more): a view that runs for hours costs its steady state, not the one-off layouts
+of its first steps (the charts appearing as their data arrives, up to one chart interval later;
+a window that held it read ~0.6 % of a core more). The fixture's own messages are moved out of the collector's sight (``gc.freeze``)
 before the view starts: they are the bench's, and a real viewer process never holds them.
 
 Each row is paired, in the same minutes, with ``zeroscope run --headless``'s work on the same
@@ -43,10 +44,13 @@ if str(ROOT) not in sys.path:
 
 from tests.fixtures import RunShape, synthetic_run  # noqa: E402
 from zeroscope.agent import schema  # noqa: E402
+from zeroscope.tui.history_plots import LIVE_INTERVAL_S  # noqa: E402
 
 GOALS = {8: 0.05, 1024: 1.0}
 """Cores per wall second the view may use at these rank counts."""
 SIZE = (160, 48)
+WARMUP_S = LIVE_INTERVAL_S + 3.0
+"""Steps before the window: the charts have taken their first data and laid out by then."""
 
 
 def _steps(ranks: int, count: int) -> tuple[list[schema.Message], list[list[schema.Message]]]:
@@ -180,7 +184,7 @@ def measure(
     steps_per_s: float,
     seconds: float,
     *,
-    warmup: float = 5.0,
+    warmup: float = WARMUP_S,
     size: tuple[int, int] = SIZE,
     headless: bool = True,
 ) -> dict[str, Any]:
@@ -221,8 +225,8 @@ def verdict(ranks: int, cores: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=WARMUP_S)
     parser.add_argument("--ranks", default="2,8,64,1024")
     parser.add_argument("--size", default="160x48")
     args = parser.parse_args()
