@@ -88,22 +88,39 @@ class ClusterHeader(Widget):
         self._status = ""
         self._shown: tuple[int, int] | None = None
         self._lines = 0
+        self._text: tuple[int, Text] | None = None
+        """(width, text) last shown: a redraw that changes no figure repaints nothing."""
 
     def show(
         self, state: ClusterState, status: str = "", shown: tuple[int, int] | None = None
     ) -> None:
-        """``shown``: (ranks shown, ranks) while a filter hides some. The layout is redone only
-        when the header's line count changes: a layout pass reflows the whole screen, and the
-        live view redraws the header every second."""
+        """``shown``: (ranks shown, ranks) while a filter hides some. The header is repainted
+        only when its text changed, and laid out again only when its line count did: a layout
+        pass reflows the whole screen, and the live view redraws the header every second."""
         self._state, self._status, self._shown = state, status, shown
-        lines = self.render().plain.count("\n") + 1 if self.content_size.width else 0
-        if not lines or lines != self._lines:
-            self._lines = lines
+        width = self.content_size.width
+        if not width:
+            self._text = None
+            self._lines = 0
             self.refresh(layout=True)
-        else:
-            self.refresh()
+            return
+        drawn = self._text
+        text = self._header(width)
+        if drawn is not None and drawn == (width, text):
+            return
+        self._text = (width, text)
+        lines = text.plain.count("\n") + 1
+        self.refresh(layout=lines != self._lines)
+        self._lines = lines
+
+    def _header(self, width: int) -> Text:
+        assert self._state is not None
+        return header_text(self._state, self._status, width, self._shown)
 
     def render(self) -> Text:
         if self._state is None:
             return Text(" zeroscope ", style="bold reverse")
-        return header_text(self._state, self._status, self.content_size.width or 80, self._shown)
+        width = self.content_size.width or 80
+        if self._text is None or self._text[0] != width:
+            self._text = (width, self._header(width))
+        return self._text[1]

@@ -29,10 +29,12 @@ from .plots import ORDER
 
 MIN_WIDTH = 36
 MIN_HEIGHT = 7
-LIVE_INTERVAL_S = 5.0
-"""While a job is live the charts take new data at most this often: a chart of hundreds of
-steps moves a column in that time, and rebuilding them every second was ~11 % of a core at 8
-ranks and 10 steps/s (bench/tui_cpu.py), more than the rest of the view together."""
+LIVE_INTERVAL_S = 10.0
+"""While a job is live the charts take new data at most this often (the rank table and the
+header show each step within a second): rebuilding them every second was ~11 % of a core at 8
+ranks and 10 steps/s (bench/tui_cpu.py), more than the rest of the view together; every 5 s,
+~2 % of the view's ~6.5 % at 160x48 under load (five plotext charts of ~10-20 ms each); every
+10 s, ~1 %."""
 
 
 class HistoryPlots(Widget):

@@ -63,6 +63,10 @@ class RankTable(Widget, can_focus=True):
 
     # -- data ----------------------------------------------------------------------------
     def set_rows(self, rows: list[RankRow]) -> None:
+        """New figures; the table is repainted only when a row changed (the live view redraws
+        every second, and a job between steps, or stopped, changes none)."""
+        if rows == self._rows:
+            return
         current = self.current_rank
         self._rows = rows
         self._reorder(keep=current)
