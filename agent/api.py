@@ -110,9 +110,20 @@ class Telemetry:
         return work
 
     def transfer(
-        self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
+        self,
+        direction: TransferDirection,
+        nbytes: int,
+        start_ns: int,
+        end_ns: int,
+        label: str = "",
+        *,
+        end_event: Any = None,
     ) -> None:
-        """One completed offload transfer (``time.perf_counter_ns`` instants)."""
+        """One completed offload transfer (``time.perf_counter_ns`` instants). A device copy
+        passes ``end_event``, the completed CUDA event recorded right after it on its stream:
+        the transfer is then placed on the step's device axis, ending there and lasting
+        ``end_ns - start_ns`` (a host instant would be when the copy was queued, not when it
+        ran; the live agent reads the event on its sender thread)."""
 
     def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """One micro-batch is about to enter ``module``'s forward (call it at each forward):

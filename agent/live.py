@@ -343,10 +343,17 @@ class LiveTelemetry(Telemetry):
             self.errors += 1
 
     def transfer(
-        self, direction: TransferDirection, nbytes: int, start_ns: int, end_ns: int, label: str = ""
+        self,
+        direction: TransferDirection,
+        nbytes: int,
+        start_ns: int,
+        end_ns: int,
+        label: str = "",
+        *,
+        end_event: Any = None,
     ) -> None:
         t0 = now_ns()
-        self._transfers.append((direction, nbytes, start_ns, end_ns, label))
+        self._transfers.append((direction, nbytes, start_ns, end_ns, label, end_event))
         if not self._started:
             self._begin(start_ns)
         self.cost.ns += now_ns() - t0

@@ -30,8 +30,8 @@ from .schema import (
 from .timeline import RawMark, StepAxis
 from .work import work_report
 
-RawTransfer = tuple[TransferDirection, int, int, int, str]
-"""(direction, nbytes, start_ns, end_ns, label) as ``transfer()`` was given them."""
+RawTransfer = tuple[TransferDirection, int, int, int, str, Any]
+"""(direction, nbytes, start_ns, end_ns, label, end_event) as ``transfer()`` was given them."""
 
 MAX_DEFER_STEPS = 4
 """Later step ends a report may wait through for its collectives and device events."""
@@ -126,18 +126,26 @@ class StepFacts:
         self.work = work
         """The step's tokens and FLOPs as agent/work.py took them (None: no forward seen)."""
 
-    def _transfers(self, start_ns: int) -> list[Transfer]:
+    def _transfers(self, axis: StepAxis, device: bool) -> list[Transfer]:
         """The step's transfers on its axis; one the caller gave unreadable figures for is left
-        out and counted in ``bad_transfers`` (it was not checked on the training thread)."""
+        out and counted in ``bad_transfers`` (it was not checked on the training thread). On
+        the device axis a transfer with its copy's end event ends at that event: its start is
+        never the host instant the copy was queued (the device may reach it much later)."""
         out = []
-        for direction, nbytes, start, end, label in self.transfers:
+        start_ns = axis.start_ns
+        for direction, nbytes, start, end, label, end_event in self.transfers:
             try:
+                duration_s = max(end - start, 0) / 1e9
+                if device and end_event is not None:
+                    start_s = axis.offset_s((None, end, end_event), True) - duration_s
+                else:
+                    start_s = (start - start_ns) / 1e9
                 out.append(
                     Transfer(
                         direction=direction,
                         nbytes=int(nbytes),
-                        start_s=(start - start_ns) / 1e9,
-                        duration_s=max(end - start, 0) / 1e9,
+                        start_s=start_s,
+                        duration_s=duration_s,
                         label=label,
                     )
                 )
@@ -145,7 +153,7 @@ class StepFacts:
                 self.bad_transfers += 1
         return out
 
-    def report(self, axis: StepAxis) -> StepReport:
+    def report(self, axis: StepAxis, device: bool = False) -> StepReport:
         """The StepReport, timing, collectives, loss and grad norm still to be filled."""
         mem = self.memory  # step_end's own copy
         if axis.forward_seen and self.activations is not None:
@@ -170,7 +178,7 @@ class StepFacts:
             wall_ns=self.wall_ns,
             duration_s=0.0,
             memory=mem,
-            transfers=self._transfers(axis.start_ns),
+            transfers=self._transfers(axis, device),
             lr=None if lr is None else float(lr),
             loss_scale=None if loss_scale is None else float(loss_scale),
             overflow=bool(overflow),
@@ -251,7 +259,7 @@ class PendingReport:
         every = self._every if collectives is self._every else None
         if not force and (not scalars or (every is None and None in collectives)):
             return False
-        r = self.report = self.facts.report(self.axis)
+        r = self.report = self.facts.report(self.axis, device)
         duration, phases, spans = self.axis.resolve(device)
         r.duration_s, r.phases, r.phase_spans = duration, phases, spans
         r.collectives = every if every is not None else [c for c in collectives if c is not None]

@@ -1,7 +1,7 @@
 """The GPU slot's verdicts for the offload and agent-device items that had none: the NVMe pool
 buffer guarded by its copy's end event, one host sync per steady step with the optimizer
 offloaded, the agent's events on the Hello's device, and the host cast inside the reported
-offload transfer. The first three mirror their GPU-marked tests
+offload transfer, and an offload copy placed where the device ran it. The first three mirror their GPU-marked tests
 (tests/test_nvme_pool_guard.py, test_offload_host_syncs.py, test_agent_event_device.py) on a
 small model, seconds each; NA on the CPU, where none of them can go wrong (the cast's CPU test,
 tests/test_host_cast.py, slows the cast by a known sleep instead).
@@ -21,6 +21,7 @@ NVME = "NVMe optimizer store (fp32, one pool buffer) trains like no offload"
 SYNCS = "optimizer offload: one host sync per steady step"
 DEVICE = "agent events on the Hello's device (device='cuda:1', no set_device)"
 CAST = "offload bandwidth counts the host cast (reported >= 0.8 x (cast + link))"
+PLACED = "an offload copy queued behind a kernel starts where the device ran it (>= 0.8 x sleep)"
 CAST_NUMEL = 64 * 2**20
 """fp32 elements of the cast check's master (256 MiB; 128 MiB of bf16 cross the link)."""
 
@@ -114,7 +115,7 @@ def cast_in_bandwidth(device: Any) -> Verdict:
             self.ns = 0
 
         def transfer(
-            self, direction: Any, nbytes: int, start: int, end: int, label: str = ""
+            self, direction: Any, nbytes: int, start: int, end: int, label: str = "", **_: Any
         ) -> None:
             self.ns += end - start
 
@@ -149,8 +150,46 @@ def cast_in_bandwidth(device: Any) -> Verdict:
     return verdict(CAST, same and reports.ns >= 0.8 * (cast_ns + link_ns), seen)
 
 
+def copy_placed_on_device_axis(device: Any) -> Verdict:
+    """A live agent on ``device``; the step queues a 200 ms kernel, then a 16 MiB host ->
+    device copy through the engine's Copier, all enqueued at once: the host instant of the
+    copy is ~0 s into the step, the device runs it after the kernel. The report must place
+    its start at >= 0.8 x the sleep (a host start, as before, reads ~0)."""
+    import torch
+
+    from bench.gpu_semantics import SLEEP_CYCLES, _sleep_s
+    from tests.test_agent_timeline import Sink
+    from zeroscope.agent.live import LiveTelemetry
+    from zeroscope.agent.schema import MemoryBytes
+    from zeroscope.engine.offload_copy import Copier
+
+    sink = Sink()
+    tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
+    sink.drain = tel.drain
+    try:
+        torch.cuda.set_device(device)
+        tel.bind_device(str(device))
+        src = torch.empty(8 * 2**20, dtype=torch.bfloat16).pin_memory()
+        dst = torch.empty_like(src, device=device)
+        copier = Copier(tel, pin=True)
+        sleep_s = _sleep_s(SLEEP_CYCLES)  # the kernel's own length, timed apart first
+        with tel.phase("optimizer"):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            copier.copy("h2d", dst, src)
+        copier.flush()
+        tel.step_end(memory=MemoryBytes())
+        torch.cuda.synchronize()
+        tel.step_end(memory=MemoryBytes())
+        reports = sink.reports()
+    finally:
+        tel.close()
+    starts = [t.start_s for r in reports for t in r.transfers]
+    ok = len(starts) == 1 and starts[0] >= 0.8 * sleep_s
+    return verdict(PLACED, ok, {"transfer starts (s)": starts, "sleep_s": sleep_s})
+
+
 def offload_and_device_verdicts(device: Any) -> list[Verdict]:
-    """The four rows (see the module docstring)."""
+    """The five rows (see the module docstring)."""
     import torch
 
     if device.type != "cuda":
@@ -161,6 +200,7 @@ def offload_and_device_verdicts(device: Any) -> list[Verdict]:
             verdict(SYNCS, None, why),
             verdict(DEVICE, None, why),
             verdict(CAST, None, cast),
+            verdict(PLACED, None, why),
         ]
     two = torch.cuda.device_count() >= 2
     why = "one GPU: needs a second (tests/test_agent_event_device.py, marked gpu)"
@@ -169,4 +209,5 @@ def offload_and_device_verdicts(device: Any) -> list[Verdict]:
         guarded(SYNCS, lambda: one_sync_per_step(device)),
         verdict(DEVICE, None, why if not two else "run tests/test_agent_event_device.py"),
         guarded(CAST, lambda: cast_in_bandwidth(device)),
+        guarded(PLACED, lambda: copy_placed_on_device_axis(device)),
     ]

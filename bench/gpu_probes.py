@@ -110,7 +110,9 @@ def copy_bandwidth(device: torch.device, nbytes: int, repeats: int) -> dict[str,
         def __init__(self) -> None:
             self.durations: list[tuple[int, float]] = []
 
-        def transfer(self, direction: Any, n: int, start: int, end: int, label: str = "") -> None:
+        def transfer(
+            self, direction: Any, n: int, start: int, end: int, label: str = "", **_: Any
+        ) -> None:
             self.durations.append((n, (end - start) / 1e9))
 
     seen = Seen()

@@ -86,7 +86,7 @@ class Transfers:
                 inner.ns: dict[str, int] = defaultdict(int)
 
             def transfer(
-                inner, direction: Any, nbytes: int, s: int, e: int, label: str = ""
+                inner, direction: Any, nbytes: int, s: int, e: int, label: str = "", **_: Any
             ) -> None:
                 inner.bytes[direction] += nbytes
                 inner.ns[direction] += e - s

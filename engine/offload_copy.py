@@ -10,10 +10,11 @@ Two things a plain ``dst.copy_(src)`` gets wrong on a GPU:
   k+1 while the link carries chunk k; a buffer is reused only after its copy's end event.
 - **What a transfer costs.** The cast is part of moving an fp32 master to a 16-bit parameter:
   a report of the link alone would show PCIe's GB/s while the step waits on the cast. A staged
-  copy's report starts at the host instant its cast began and lasts the cast (host clock) plus
-  the copy's own device time (its events): the transfer's own work, without the time it waited
-  in the stream's queue, on one clock (a start instant with a duration, never a host start with
-  a device end).
+  copy's report lasts the cast (host clock) plus the copy's own device time (its events): the
+  transfer's own work, without the time it waited in the stream's queue. Every device copy is
+  reported with its end event, so the agent places it on the step's device axis, ending where
+  the copy ended (a staged copy's cast laid right before its copy), never at the host instant
+  it was queued.
 - **Timing the queue, not the copy.** Host time around a blocking copy includes every kernel
   queued before it (the end of backward). On CUDA each copy is timed with CUDA events recorded
   on the current stream right around it: the copy's own device time. Events are read only once
@@ -167,7 +168,10 @@ class Copier:
 
     def _report(self, p: _Pending) -> None:
         elapsed_ns = p.cast_ns + int(p.start.elapsed_time(p.end) * 1e6)
-        self.tel.transfer(p.direction, p.nbytes, p.issued_ns, p.issued_ns + elapsed_ns, p.label)
+        end = p.issued_ns + elapsed_ns
+        # The end event places the copy on the device axis (a host instant is when the copy
+        # was queued); a staged copy's cast is laid right before it.
+        self.tel.transfer(p.direction, p.nbytes, p.issued_ns, end, p.label, end_event=p.end)
 
     @property
     def staging_buffers(self) -> list[torch.Tensor]:

@@ -222,6 +222,46 @@ def test_on_a_device_the_axis_is_the_devices_and_the_report_waits_for_it(
     ]
 
 
+def test_a_device_copy_is_placed_where_the_device_ran_it_not_where_the_host_queued_it(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    """An offload copy queued behind 300 ms of kernels runs 300 ms into the step on the
+    device. Its host instants are when it was queued (~0 s in): the report places it at its
+    end event less its duration. (Placed at the host start, it would read 0.0 s: a host
+    start paired with a device duration.)"""
+    tel, sink = agent
+    dev = FakeDevice()
+    tel._use_device_events(dev.event)
+    with tel.phase("forward"):
+        dev.enqueued += 0.30  # 300 ms of kernels, enqueued in no host time
+    with tel.phase("optimizer"):
+        queued = time.perf_counter_ns()
+        dev.enqueued += 0.02  # the copy itself: 20 ms on the device
+        copy_end = dev.event()
+        tel.transfer("h2d", 4096, queued, queued + 20_000_000, "offload", end_event=copy_end)
+    tel.step_end(memory=MemoryBytes())
+    dev.completed = 10.0
+    tel.step_end(memory=MemoryBytes())
+    (t,) = sink.reports()[0].transfers
+    assert t.duration_s == pytest.approx(0.02)
+    assert t.start_s == pytest.approx(0.30)
+
+
+def test_without_device_events_a_copy_keeps_its_host_instants(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    """On the host axis (CPU) the caller's instants are the copy's own: the end event, given
+    or not, is not read."""
+    tel, sink = agent
+    t0 = time.perf_counter_ns()
+    with tel.phase("optimizer"):
+        tel.transfer("d2h", 8, t0 + 5_000_000, t0 + 7_000_000, "offload")
+    tel.step_end(memory=MemoryBytes())
+    (t,) = sink.reports()[0].transfers
+    assert t.duration_s == pytest.approx(0.002)
+    assert 0.0 < t.start_s <= 0.005  # 5 ms after t0, the phase entered just after t0
+
+
 class _NeverDone:
     """A Work that never completes (a CUDA collective whose wait() is never called)."""
 
@@ -325,3 +365,13 @@ def test_the_cuda_path_of_the_agent_on_a_stand_in_device(
     assert first.memory.device_allocated == 100 and first.memory.device_reserved == 1000
     assert first.phases.forward == pytest.approx(0.2) and second.duration_s == pytest.approx(0.5)
     assert cuda.peak == 800 and tel.errors == 0
+
+
+@pytest.mark.gpu
+def test_gpu_an_offload_copy_starts_where_the_device_ran_it() -> None:
+    """A 16 MiB copy queued behind a ~0.1 s kernel: its report starts after the kernel. The
+    old report started it at the host instant it was queued (~0 s, with a device duration)."""
+    from bench.gpu_offload_checks import copy_placed_on_device_axis
+
+    row = copy_placed_on_device_axis(torch.device("cuda:0"))
+    assert row["verdict"] == "PASS", row

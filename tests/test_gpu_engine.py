@@ -176,7 +176,14 @@ class _Transfers(RecordingTelemetry):
         self.transfers: list[tuple[str, int, int, int]] = []
 
     def transfer(
-        self, direction: Any, nbytes: int, start_ns: int, end_ns: int, label: str = ""
+        self,
+        direction: Any,
+        nbytes: int,
+        start_ns: int,
+        end_ns: int,
+        label: str = "",
+        *,
+        end_event: Any = None,
     ) -> None:
         self.transfers.append((direction, nbytes, start_ns, end_ns))
 
