@@ -52,8 +52,10 @@ test: lint ds-ops
 test-fast: lint ds-ops
 	$(BIN)/pytest -m "not slow" -x -q
 
-# The generated differential suite's soak: 300 generated models on both engines (long).
+# The long tier: the tests marked soak (the pipeline tutorial at four stages on both engines),
+# then the generated differential suite's soak: 300 generated models on both engines.
 test-soak: ds-ops
+	$(BIN)/pytest --soak -m soak --durations=10
 	$(BIN)/python -m tests.differential.soak --count $(or $(SEEDS),300)
 
 # Before calling an issue resolved: the end-to-end and fault tests STABILITY_RUNS times (10) in a

@@ -2,7 +2,7 @@
 
     python -m bench                      # full run, ~10-15 min on 2 cores
     python -m bench --quick              # smaller sizes, fewer rounds, ~3 min
-    python -m bench --only engine,agent  # sections: engine, agent, attach, ingest, tui, gpu, pipeline, relay, throughput
+    python -m bench --only engine,agent  # sections: engine, agent, attach, ingest, tui, gpu, pipeline, relay, storage, throughput
     python -m bench --update-docs        # also refresh the tables in docs/bench.md
 
 Each section is independent: one that fails is recorded as failed in the table and the rest
@@ -32,6 +32,7 @@ SECTIONS: dict[str, Callable[[bool], list[Table]]] = {
     "gpu": sections.gpu,
     "pipeline": sections.pipeline,
     "relay": sections.relay,
+    "storage": sections.storage,
     "throughput": sections.throughput,
 }
 

@@ -6,7 +6,13 @@ in the same processes, in blocks of steps, each round in the order on, off, off-
 off-again, off, on (ABCCBA): drift that is linear over a round cancels in both pairs. The
 figures are medians over rounds of the round's CPU-time ratios: on/off, and off-again/off (the
 A/A control, this machine's noise floor, taken the same way). CPU time is the whole rank
-process's (every thread: the agent's sender and ZeroMQ's, gloo's). The agent's sender thread
+process's (every thread: the agent's sender and ZeroMQ's, gloo's); the job's figure for a
+round sums both ranks. Beside it, the same for the training thread's own CPU clock (what can
+slow the job's steps). Each on/off median has a bootstrap interval over rounds, and the goal
+is judged by bench/goal.py: PASS only when the whole interval is at or below 1.01 and the A/A
+is within 2% of 1, FAIL when the whole interval is above 1.01, UNREADABLE otherwise (this
+machine has no hardware counters to count instructions instead: ``perf stat -e instructions``
+says "not supported"). The agent's sender thread
 works when it wakes, not when a step runs: every "on" block ends by draining what its steps
 handed over on the training thread (``tel.drain()``, inside the block's clock), so the work an
 "on" block caused is charged to it, never to the "off" block after it (blocks of 6 steps: the
@@ -34,12 +40,13 @@ real collector, the sampler thread. "Off" has every patch removed.
   forward wrapper, saved-tensor hooks and backward hook sit outside it.
 
 Usage: ``python bench/attach_overhead.py [--engine ddp|fsdp2|deepspeed] [--amp] [--compile]
-[--rounds 6] [--steps 6]``
+[--rounds 10] [--steps 6] [--json PATH]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -48,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import goal
 
 
 def _toggle(on: bool, deepspeed: Any) -> None:
@@ -82,6 +91,9 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         ZEROSCOPE_JOB_ID="bench-attach",
         DS_ACCELERATOR="cpu",
     )
+    # DeepSpeed JIT-builds its CPU ops on first use, for minutes: the venv's build, as the
+    # tests use (tests/conftest.py), rather than one per user cache.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
     from zeroscope.agent.attach import collectives
     from zeroscope.agent.attach import install as attach
 
@@ -229,6 +241,30 @@ def _rounds(values: list[float]) -> list[float]:
     return [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
 
 
+def _job(results: list[Any], key: str) -> dict[str, list[float]]:
+    """Per mode, each round's figure summed over the ranks: the job's CPU, as one ratio."""
+    per_rank = [{m: _rounds(v) for m, v in r[key].items()} for _, r in results]
+    return {
+        m: [sum(vals) for vals in zip(*(r[m] for r in per_rank), strict=True)] for m in per_rank[0]
+    }
+
+
+def _row(figures: dict[str, list[float]]) -> dict[str, Any]:
+    """on/off and A/A for one clock: medians over rounds, the on/off interval, the verdict."""
+    on_off = goal.ratios(figures["on"], figures["off"])
+    aa = goal.ratios(figures["off-again"], figures["off"])
+    interval = goal.median_interval(on_off)
+    aa_median = statistics.median(aa) if aa else None
+    return {
+        "on_off": statistics.median(on_off) if on_off else None,
+        "interval": interval,
+        "aa": aa_median,
+        "aa_interval": goal.median_interval(aa),
+        "verdict": goal.verdict(interval, aa_median),
+        "per_round": on_off,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import os as _os
 
@@ -269,6 +305,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_start": load,
         "load_end": _os.getloadavg()[0],
         "ranks": ranks,
+        "cpu": _row(_job(results, "cpu")),
+        "main": _row(_job(results, "main")),
         "collector": received,
     }
 
@@ -276,7 +314,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("ddp", "fsdp2", "deepspeed"), default="ddp")
-    parser.add_argument("--rounds", type=int, default=6, help="ABCCBA rounds")
+    parser.add_argument("--rounds", type=int, default=10, help="ABCCBA rounds")
     parser.add_argument(
         "--steps",
         type=int,
@@ -295,6 +333,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile", action="store_true", help="ddp/fsdp2: torch.compile each model"
     )
+    parser.add_argument("--json", default="", help="also write the result (every round) here")
     return parser
 
 
@@ -316,6 +355,14 @@ def describe(result: dict[str, Any]) -> list[str]:
             f"{r['dumps_per_step']:.2f} recorder dumps/step; {r['steps_reported']} steps "
             f"reported, errors {r['errors']}"
         )
+    for clock, name in (("cpu", "process CPU (the goal)"), ("main", "training thread CPU")):
+        row = result[clock]
+        interval = row["interval"]
+        span = "NA" if interval is None else f"{interval[0]:.4f}-{interval[1]:.4f}"
+        lines.append(
+            f"{job} both ranks, {name}: on/off {row['on_off']:.4f} (90% interval {span}), "
+            f"A/A {row['aa']:.4f}: {row['verdict']}"
+        )
     lines.append(
         f"{result['rounds']} rounds x 6 blocks x {result['steps']} steps; load average "
         f"{result['load_start']:.1f} -> {result['load_end']:.1f}; collector: "
@@ -325,8 +372,12 @@ def describe(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    for line in describe(run(parser().parse_args())):
+    args = parser().parse_args()
+    result = run(args)
+    for line in describe(result):
         print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 
 

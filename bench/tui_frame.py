@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sqlite3
 import statistics
 import sys
@@ -55,12 +56,24 @@ def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values) * 1e3:6.1f} ms, max {max(values) * 1e3:6.1f} ms"
 
 
+ingest_cpu: list[float] = []
+"""CPU time of every step's ingest of the last _frames run (the wall time is in its result)."""
+
 UPDATES: list[float] = []
 """Duration of every screen update of the last _frames run (Screen._on_timer_update)."""
+
+VIEW = ["table"]
+"""What the cluster screen's ranks' slot showed in the last _frames run: table, heatmap, nodes."""
 
 PLOT_MODES = ("live", "one chart every frame", "every frame", "off")
 MIN_INTERVAL_S = {"live": 1.0, "one chart every frame": 1e-9, "every frame": 0.0, "off": 0.0}
 """HistoryPlots.min_interval_s per mode: any positive value paces the charts one per frame."""
+
+
+@functools.cache
+def _run(ranks: int, steps: int) -> list[schema.Message]:
+    """The fixture run, built once per process (16,384 ranks take a minute to build)."""
+    return synthetic_run(RunShape(ranks=ranks, steps=steps, collectives=True, straggle_from=1))
 
 
 async def _frames(
@@ -70,7 +83,7 @@ async def _frames(
     from zeroscope.tui.history_plot import HistoryPlot
     from zeroscope.tui.history_plots import HistoryPlots
 
-    run = synthetic_run(RunShape(ranks=ranks, steps=frames + 2, collectives=True, straggle_from=1))
+    run = _run(ranks, frames + 2)
     UPDATES.clear()
     hellos = [m for m in run if isinstance(m, schema.Hello)]
     by_step: dict[int, list[schema.Message]] = {}
@@ -93,6 +106,7 @@ async def _frames(
     Screen._on_timer_update = timed_update  # type: ignore[method-assign]
     app = ZeroscopeApp(state)
     ingest, frame, cpu, charts = [], [], [], []
+    ingest_cpu.clear()
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         grid = app.screen.query_one(HistoryPlots)
@@ -102,9 +116,10 @@ async def _frames(
         built = sum(p.builds for p in app.screen.query(HistoryPlot))
         UPDATES.clear()  # from the first step on (not the start-up layout)
         for step in sorted(by_step):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             state.ingest_all(by_step[step])
             t1, c1 = time.perf_counter(), time.process_time()
+            ingest_cpu.append(c1 - c0)
             app.redraw()
             # What Pilot.pause() does minus its wait for an idle CPU (which would time the
             # machine's other load): let every widget handle its refresh, then lay out and
@@ -120,22 +135,30 @@ async def _frames(
             # What a live view does between steps (the app redraws every 0.25 s): its screen
             # updates run, timed one by one in UPDATES.
             await asyncio.sleep(0.25)
+        screen = app.screen
+        VIEW[0] = next((v for v in ("nodes", "heatmap") if screen.has_class(v)), "table")
     Screen._on_timer_update = paint  # type: ignore[method-assign]
     return ingest, frame, cpu, charts
 
 
-def bench_frames(ranks: int, frames: int) -> dict[str, dict[str, float]]:
+def bench_frames(
+    ranks: int,
+    frames: int,
+    sizes: tuple[tuple[int, int], ...] = ((80, 24), (160, 48)),
+    modes: tuple[str, ...] = PLOT_MODES,
+) -> dict[str, dict[str, Any]]:
     """Median/max frame wall and CPU time, and one step's ingest, per terminal size and plot
-    mode (the plain size key is the live mode)."""
+    mode (the plain size key is the live mode), and the view the ranks' slot showed."""
     out = {}
-    for size in ((80, 24), (160, 48)):
-        for mode in PLOT_MODES:
+    for size in sizes:
+        for mode in modes:
             ingest, frame, cpu, charts = asyncio.run(_frames(ranks, frames, size, mode))
             slow = sum(u > 0.05 for u in UPDATES)
             print(f"  every screen update ({len(UPDATES)}): {_ms(UPDATES)}; over 50 ms: {slow}")
             print(
-                f"cluster screen {size[0]}x{size[1]}, {ranks} ranks, plots {mode}: frame "
-                f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)}; "
+                f"cluster screen {size[0]}x{size[1]} ({VIEW[0]}), {ranks} ranks, plots {mode}: frame "
+                f"{_ms(frame)} (CPU {_ms(cpu)}); ingest of one step {_ms(ingest)} "
+                f"(CPU {_ms(ingest_cpu)}); "
                 f"charts built {sum(charts)} over {len(charts)} steps (at most {max(charts)} a step)"
             )
             key = f"{size[0]}x{size[1]}" + ("" if mode == "live" else f", plots {mode}")
@@ -144,9 +167,11 @@ def bench_frames(ranks: int, frames: int) -> dict[str, dict[str, float]]:
                 "frame_max_s": max(frame),
                 "frame_cpu_s": statistics.median(cpu),
                 "ingest_s": statistics.median(ingest),
+                "ingest_cpu_s": statistics.median(ingest_cpu),
                 "charts_max": max(charts),
                 "update_max_s": max(UPDATES),
                 "updates_over_50ms": slow,
+                "view": VIEW[0],
             }
     return out
 
@@ -278,8 +303,16 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--reports", type=int, default=1_000_000)
     parser.add_argument("--seeks", type=int, default=20)
+    parser.add_argument(
+        "--plots", nargs="+", choices=PLOT_MODES, default=PLOT_MODES, help="plot modes to time"
+    )
+    parser.add_argument("--sizes", nargs="+", default=["80x24", "160x48"], help="terminal sizes")
+    parser.add_argument("--no-seek", action="store_true", help="frames and ingest only")
     args = parser.parse_args()
-    bench_frames(args.ranks, args.frames)
+    sizes = tuple(tuple(int(v) for v in size.split("x")) for size in args.sizes)
+    bench_frames(args.ranks, args.frames, sizes, tuple(args.plots))  # type: ignore[arg-type]
+    if args.no_seek:
+        return
     r = bench_seek_fresh(args.ranks, args.reports, args.seeks)
     print(
         f"replay process: RSS {r['rss_base'] / 2**20:.0f} MiB after imports, peak "

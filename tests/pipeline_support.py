@@ -109,6 +109,7 @@ class Case:
     virtual: int = 1
     placement: str = "loop"
     tied: bool = False
+    partition: str = "uniform"
     gas: int = 4
     steps: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
@@ -148,7 +149,7 @@ def run_case(case: Case, world: int) -> dict[str, Any]:
             specs,
             topology=PipeModelDataParallelTopology(num_pp=case.pp, num_mp=case.tp, num_dp=dp),
             loss_fn=nn.MSELoss(),
-            partition_method="uniform",
+            partition_method=case.partition,
             seed_layers=True,
             base_seed=BASE_SEED,
             virtual_stages=case.virtual,

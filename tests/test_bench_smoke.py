@@ -133,13 +133,27 @@ def test_the_collective_cost_bench_runs_every_variant_through_the_real_agent() -
     assert float(figures["agent counters us per collective"].split()[0]) > 0
 
 
-def test_attach_rounds_pair_abccba_blocks_and_the_goal_needs_a_quiet_control() -> None:
+def test_attach_rounds_pair_abccba_blocks() -> None:
     from bench.attach_overhead import _rounds
-    from bench.sections import attach_verdict
 
     # ABCCBA: a mode's two blocks of a round sit at positions 2k and 2k+1 of its list.
     assert _rounds([1.0, 3.0, 2.0, 2.0]) == [4.0, 4.0]
-    assert attach_verdict(1.005, 0.99) == "met"
-    assert attach_verdict(1.05, 1.01) == "MISSED"
-    assert attach_verdict(1.005, 1.05) == "unresolved (A/A 1.050)"
-    assert attach_verdict(None, 1.0) is None
+
+
+def test_the_goal_is_met_only_when_the_whole_interval_is_under_it() -> None:
+    from bench import goal
+
+    quiet = [1.002, 1.004, 0.998, 1.001, 1.003, 0.999, 1.0]
+    low, high = goal.median_interval(quiet) or (0.0, 0.0)
+    assert min(quiet) <= low <= 1.001 <= high <= max(quiet)
+    assert goal.median_interval(quiet) == (
+        low,
+        high,
+    )  # a fixed seed: the same figures, the same interval
+    assert goal.median_interval([1.0, 1.0]) is None
+    assert goal.verdict((low, high), 1.01) == "PASS"
+    assert goal.verdict((1.02, 1.05), 1.0) == "FAIL"
+    assert goal.verdict((1.0, 1.03), 1.0).startswith("UNREADABLE: interval")
+    assert goal.verdict((low, high), 1.03).startswith("UNREADABLE: A/A")
+    noisy = [0.95, 1.06, 1.0, 0.97, 1.05, 1.02]  # the same median, a wide interval: no claim
+    assert goal.verdict(goal.median_interval(noisy), 1.0).startswith("UNREADABLE")

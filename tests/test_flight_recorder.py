@@ -274,6 +274,49 @@ def test_a_report_waits_for_a_due_read_not_for_each_batch(
     assert len(second.expand()) == 47 and dumps[0] == 1
 
 
+def test_a_costly_dump_spaces_the_time_bound_reads_by_its_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a dump that cost c seconds of CPU, a mark nothing else makes due waits
+    c / READ_BUDGET (within READ_EVERY_S .. READ_LATEST_S): the reads' share of a core stays at
+    the budget however slow the steps and however loaded the machine."""
+    import time
+
+    from zeroscope.agent.attach.flight_recorder import (
+        READ_BUDGET,
+        READ_EVERY_NS,
+        READ_LATEST_S,
+        read_interval_ns,
+    )
+
+    assert read_interval_ns(0) == READ_EVERY_NS
+    assert read_interval_ns(10**9) == int(READ_LATEST_S * 1e9)
+    burn_ns = 3_000_000
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    ring = _Ring(64)
+
+    def dump() -> bytes:
+        start = time.thread_time_ns()
+        while time.thread_time_ns() - start < burn_ns:  # this much CPU at least, on this thread
+            pass
+        return ring.dump()
+
+    reader = FlightRecorderReader(dump=dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    ring.issue(group)
+    first = reader.mark()
+    assert first is not None and first.due(first.made_ns + READ_EVERY_NS)
+    assert len(first.expand()) == 1 and reader.dumps == 1
+    waited = burn_ns / READ_BUDGET
+    assert reader.read_every_ns >= min(waited, READ_LATEST_S * 1e9) > READ_EVERY_NS
+    ring.issue(group)
+    second = reader.mark()
+    assert second is not None and not second.urgent
+    assert not second.due(second.made_ns + READ_EVERY_NS)  # the 1 s floor is not enough now
+    assert second.due(second.made_ns + reader.read_every_ns)
+
+
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:
     from types import SimpleNamespace
 

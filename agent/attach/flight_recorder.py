@@ -75,8 +75,19 @@ all-reduces per step (bench/attach_overhead.py) reads its ring every 12 steps, o
 misses: ~30 us per entry at 1024)."""
 
 READ_EVERY_S = 1.0
-"""The longest a step's report waits for the reader's next dump (the ring not being due)."""
+"""The longest a step's report waits for the reader's next dump (the ring not being due),
+while dumps are cheap: see :data:`READ_BUDGET`."""
 READ_EVERY_NS = int(READ_EVERY_S * 1e9)
+READ_BUDGET = 0.001
+"""The share of one core the time-bound reads may take: after a dump that cost ``c`` seconds of
+CPU, the next time-bound read waits ``c / READ_BUDGET`` (at least :data:`READ_EVERY_S`, at most
+:data:`READ_LATEST_S`). A dump's cost is per ring entry, new or not, and a loaded machine doubles
+it (2.5 ms for 128 entries idle, 4-5 ms at load 20 on the 2-core VM): with slow steps (a 200 ms
+fp16 CPU step, ~1 s of wall time under that load) the 1 s bound read the whole ring at 0.7 of
+the steps to take ~9 new entries each, ~3 ms of the sender's CPU per step (1.5 % of the job),
+the largest share of the fp16 DDP bench's overhead (bench/attach_overhead.py)."""
+READ_LATEST_S = 2.0
+"""The longest a report waits, however costly dumps are (a live view's latency)."""
 
 RECENT_STEPS = 8
 """Step ends whose entries the headroom is sized on (the largest of them, twice)."""
@@ -155,12 +166,13 @@ class RecorderMark:
     def due(self, now_ns: int | None = None) -> bool:
         """Sender thread: whether to read now: the last dump reaches this mark already, a step
         end since asked for a read (its mark was urgent), or the mark is ``READ_EVERY_S`` old
-        (a live view gets each report within that much)."""
+        (a live view gets each report within that much), or longer while dumps are costly
+        (:data:`READ_BUDGET`)."""
         r = self._reader
         if self.urgent or r.wanted or r.covers(self.marks):
             return True
         now = time.perf_counter_ns() if now_ns is None else now_ns
-        return now - self.made_ns >= READ_EVERY_NS
+        return now - self.made_ns >= r.read_every_ns
 
     def expand(self) -> list[RecorderOp]:
         return self._reader.take(self.marks)
@@ -184,6 +196,9 @@ class FlightRecorderReader:
         self._cache_top: dict[str, int] = {}
         self.dumps = 0
         """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
+        self.read_every_ns = READ_EVERY_NS
+        """How old a mark waits for a read when nothing else makes it due: the last dump's CPU
+        over :data:`READ_BUDGET`, within :data:`READ_EVERY_S` .. :data:`READ_LATEST_S`."""
         self._dumped_at = 0.0
         self._timed: set[str] = set()
         """Groups whose device durations were asked for (:meth:`device_duration`), indexed
@@ -356,10 +371,12 @@ class FlightRecorderReader:
         stale = fresh and time.monotonic() - self._dumped_at > FRESH_S
         if stale or not self.covers(marks):
             self._dumped_at = time.monotonic()
+            cpu_ns = time.thread_time_ns()
             raw = (self._dump or _dump)()
             self.wanted = False
             parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
             self.dumps += 1
+            self.read_every_ns = read_interval_ns(time.thread_time_ns() - cpu_ns)
             cache: dict[str, tuple[list[int], list[Entry]]] = {}
             groups = self.groups
             timed = self._timed
@@ -392,6 +409,11 @@ class FlightRecorderReader:
             if watched and span > 1:  # all entries per watched one (record_id spans all)
                 self.share = max(1.0, span / watched)
         return self._cache
+
+
+def read_interval_ns(dump_cpu_ns: int) -> int:
+    """The wait before the next time-bound read after a dump that cost ``dump_cpu_ns``."""
+    return min(max(READ_EVERY_NS, int(dump_cpu_ns / READ_BUDGET)), int(READ_LATEST_S * 1e9))
 
 
 def _say(part: str, reason: str) -> None:

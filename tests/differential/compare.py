@@ -130,6 +130,29 @@ def compare_cell(
     return diff
 
 
+def without_aliases(ours: list[Any], ds: list[Any]) -> tuple[list[Any], list[str]]:
+    """DeepSpeed's stage-3 16-bit state dict and zero_to_fp32 name a module placed twice in the
+    tree once; torch's ``state_dict`` (and the engine) name it under both paths. Ours, with the
+    names DeepSpeed drops taken out after checking each is an alias (equal to a kept tensor)."""
+    rank0 = dict(ours[0])
+    dropped: list[str] = []
+    for key in ("weights", "model16", "fp32"):
+        if key not in ds[0] or key not in rank0:
+            continue
+        extra = sorted(rank0[key].keys() - ds[0][key].keys())
+        kept = {k: v for k, v in rank0[key].items() if k not in extra}
+        for name in extra:
+            value = rank0[key][name]
+            assert any(
+                v.shape == value.shape and np.array_equal(v, value) for v in kept.values()
+            ), f"{name} is not an alias of a tensor DeepSpeed keeps"
+        rank0[key] = kept
+        if key == "model16":
+            rank0["model16_dtypes"] = {k: rank0["model16_dtypes"][k] for k in kept}
+        dropped += [f"{key}:{n}" for n in extra]
+    return [rank0, *ours[1:]], dropped
+
+
 def fmt(x: float) -> str:
     if math.isinf(x):
         return "FAIL"

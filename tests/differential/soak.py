@@ -1,6 +1,11 @@
 """The generated differential suite's long soak: many seeds' models (tests/differential/
 generated.py) trained on both engines, compared as the suite compares, every failing seed
-printed with the model it built.
+printed with the model it built. A stage-3 seed whose only difference is a documented
+DeepSpeed quirk (a module placed twice in the tree named once in DeepSpeed's 16-bit file and
+zero_to_fp32: tests/test_differential_scripts.py's named test) is counted and listed apart, as
+is a seed where each engine is within three times float32's own error of a float64 run of its
+model (an ill-conditioned model: tests/differential/conditioning.py, and the named test of the
+seeds found so far).
 
     python -m tests.differential.soak [--first 0] [--count 300] [--chunk 25]
 
@@ -16,7 +21,8 @@ import os
 import sys
 import tempfile
 
-from .compare import TOLERANCE, compare_cell, table
+from .compare import TOLERANCE, compare_cell, table, without_aliases
+from .conditioning import explained_by_rounding
 from .generated import cell_for, spec_for
 
 
@@ -33,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = list(range(args.first, args.first + args.count))
     failing: list[int] = []
+    quirks: list[int] = []
+    rounding: list[int] = []
     with tempfile.TemporaryDirectory() as tmp:
         for at in range(0, len(seeds), args.chunk):
             cells = [cell_for(n) for n in seeds[at : at + args.chunk]]
@@ -41,14 +49,38 @@ def main(argv: list[str] | None = None) -> int:
                 ranks = run_ranks(run_engine, 2, engine, cells, tmp, timeout=3600)
                 runs[engine] = {name: [r[name] for r in ranks] for name in ranks[0]}
             for cell in cells:
-                d = compare_cell(
-                    cell.name, cell.precision, runs["ours"][cell.name], runs["deepspeed"][cell.name]
-                )
-                if d.worst > TOLERANCE[cell.precision]:
-                    n = int(cell.model[3:])
+                n = int(cell.model[3:])
+                ours, ds = runs["ours"][cell.name], runs["deepspeed"][cell.name]
+                dropped: list[str] = []
+                note = ""
+                if cell.stage == 3 and "error" not in ours[0] and "error" not in ds[0]:
+                    try:
+                        ours, dropped = without_aliases(ours, ds)
+                    except AssertionError as e:
+                        note = str(e)
+                d = compare_cell(cell.name, cell.precision, ours, ds, note)
+                tolerance = TOLERANCE[cell.precision]
+                if (
+                    not note
+                    and d.worst > tolerance
+                    and explained_by_rounding(d.figures, tolerance, cell, [ours[0], ds[0]])
+                ):
+                    rounding.append(n)
+                    print(f"rounding seed {n}: {spec_for(n).describe()}\n{table([d])}")
+                elif note or d.worst > tolerance:
                     failing.append(n)
                     print(f"FAIL seed {n}: {spec_for(n).describe()}\n{table([d])}", flush=True)
-            print(f"{at + len(cells)}/{len(seeds)} seeds, {len(failing)} failing", flush=True)
+                elif dropped:
+                    quirks.append(n)
+                    print(f"quirk seed {n}: {spec_for(n).describe()}: {dropped}", flush=True)
+            print(
+                f"{at + len(cells)}/{len(seeds)} seeds, {len(failing)} failing, "
+                f"{len(quirks)} only the shared-module naming quirk, "
+                f"{len(rounding)} within fp32's own error on an ill-conditioned model",
+                flush=True,
+            )
+    print(f"quirk seeds (named once by DeepSpeed, matched otherwise): {quirks}")
+    print(f"rounding seeds (ill-conditioned: within 2x fp32's own error vs float64): {rounding}")
     print(f"failing seeds: {failing}" if failing else f"all {len(seeds)} seeds match DeepSpeed")
     return 1 if failing else 0
 

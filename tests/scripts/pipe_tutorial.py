@@ -22,6 +22,7 @@ def get_args():
     parser.add_argument("--seed", type=int, default=1138)
     parser.add_argument("--out", default="")
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--zero", type=int, default=0)
     return parser.parse_args()
 
 
@@ -60,7 +61,7 @@ def main():
             "type": "AdamW",
             "params": {"lr": 3e-3, "weight_decay": 0.0, "torch_adam": True},
         },
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": args.zero},
         "pipeline": {"seed_layers": False},
     }
     engine, _, _, _ = deepspeed.initialize(

@@ -9,6 +9,11 @@ Every accepted message gets a sequence number (1, 2, ...) that is unique within 
   messages (consecutive sequence numbers from ``first_seq``), then ``[b"end", instance, since,
   last_seq, pub_endpoint]``. ``since 0`` is the snapshot of everything so far; ``since`` is
   echoed so a viewer can ignore answers to requests it has superseded.
+- A catch-up with more history than the collector's ``snapshot_bytes`` (a late viewer of a big
+  job) is answered with the state instead (collector/snapshot.py): ``[b"state", instance,
+  since, as_of, payload, ...]`` messages holding every Hello, the door's records, each rank's
+  newest reports, heartbeat and bye and the newest events, in arrival order, then the ``end``.
+  The viewer folds them all and continues from ``as_of``.
 
 A viewer connects its SUB to ``pub_endpoint`` (learned from the first ``end``), applies updates
 with ``seq == last + 1`` and asks ``since last`` again whenever it sees a gap, so no message is
@@ -22,6 +27,7 @@ import struct
 SINCE = b"since"
 BATCH = b"batch"
 END = b"end"
+STATE = b"state"
 ERROR = b"error"
 
 _U64 = struct.Struct(">Q")

@@ -34,6 +34,9 @@ from zeroscope.agent.schema import Message
 from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from zeroscope.collector.relays import RelayBook
+from zeroscope.collector.snapshot import SNAPSHOT_BYTES, Snapshot
+from zeroscope.store.background import BackgroundWriter
+from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceWriter
 
 Listener = Callable[[Message], None]
@@ -84,6 +87,8 @@ class Collector:
         viewer_port: int = 0,
         history_bytes: int = HISTORY_BYTES,
         job_id: str = "",
+        thinning: ThinningPolicy | None = ThinningPolicy(),  # noqa: B008 (frozen)
+        snapshot_bytes: int = SNAPSHOT_BYTES,
     ) -> None:
         if not is_loopback(bind_host) and not token:
             raise ValueError(
@@ -102,6 +107,12 @@ class Collector:
         self.history_bytes = history_bytes
         self.job_id = job_id
         """Recorded in the trace from the start, so a job whose ranks never report is named."""
+        self.thinning = thinning
+        self.snapshot = Snapshot()
+        """Each rank's newest messages: a late viewer's catch-up (collector/snapshot.py)."""
+        self.snapshot_bytes = snapshot_bytes
+        """A catch-up with more history than this gets the snapshot instead."""
+        """What the trace keeps of a big job's history (store/thinning.py; None: everything)."""
 
         self.received = 0
         self.accepted = 0
@@ -138,7 +149,8 @@ class Collector:
         self.ingest_address = ""
         self.viewer_address = ""
         self.pub_address = ""
-        self.trace: TraceWriter | None = None
+        self.trace: TraceWriter | BackgroundWriter | None = None
+        """The trace, written on its own thread (store/background.py)."""
 
     # -- public ----------------------------------------------------------------------------
 
@@ -230,7 +242,9 @@ class Collector:
                 ) from None
             # The trace is created only once the sockets are bound: a busy port leaves no file.
             if self.record is not None:
-                self.trace = TraceWriter(self.record, job_id=self.job_id)
+                self.trace = BackgroundWriter(
+                    TraceWriter(self.record, job_id=self.job_id, thinning=self.thinning)
+                )
         except BaseException as exc:
             self._start_error = exc
             self._ready.set()
@@ -368,6 +382,7 @@ class Collector:
             m = message
             self._admissions[(m.reason, m.peer, m.rank, m.node_rank, m.role)] = (seq, payload)
         self._remember(payload)
+        self.snapshot.note(seq, message, payload)
         if self.trace is not None:
             try:
                 self.trace.append(message, payload)
@@ -471,6 +486,13 @@ class Collector:
     def _send_since(self, router: zmq.Socket, ident: bytes, since: int) -> None:
         base = self._history_base
         echo = proto.pack_seq(since)
+        if since <= base:
+            history = self._history_size
+        else:
+            history = sum(len(p) for p in self._history[since - base :])
+        if history > self.snapshot_bytes:
+            self._send_state(router, ident, since)
+            return
         if since < base:
             # Trimmed history: the viewer still needs every rank's Hello first (and what the
             # door turned away, which names the ranks that never came).
@@ -496,6 +518,20 @@ class Collector:
                 proto.pack_seq(self.seq),
                 self.pub_address.encode(),
             ]
+        )
+
+    def _send_state(self, router: zmq.Socket, ident: bytes, since: int) -> None:
+        """The state instead of the history (collector/snapshot.py), ending at the current seq."""
+        kept = [(seq, payload) for seq, payload, _ in self._hellos.values()]
+        items = self.snapshot.items(since, [*kept, *self._admissions.values()])
+        echo, as_of = proto.pack_seq(since), proto.pack_seq(self.seq)
+        head = [ident, proto.STATE, self.instance, echo, as_of]
+        for i in range(0, len(items), _BATCH):
+            router.send_multipart([*head, *(p for _, p in items[i : i + _BATCH])])
+        if not items:
+            router.send_multipart(head)
+        router.send_multipart(
+            [ident, proto.END, self.instance, echo, as_of, self.pub_address.encode()]
         )
 
 

@@ -69,5 +69,9 @@ def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
     feed = ReplayFeed(reader, start_step=step, paused=step is not None, speed=speed)
     state = ClusterState()
     state.job_id = reader.job_id
+    if reader.thinned_note:
+        # The header says the history is thinned; the rates count step numbers.
+        state.thinned = reader.thinned_note
+        state.totals.thinned = True
     ZeroscopeApp(state, feed, trace=str(reader.path)).run()
     return 0

@@ -157,6 +157,10 @@ def format_table(summary: dict[str, Any]) -> str:
         "! exposed above the alert's threshold"
     )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
+    if summary.get("thinned"):
+        from zeroscope.state.viewmodel import THINNED_FIGURES
+
+        lines.append(f"{summary['thinned']}; {THINNED_FIGURES}")
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .history import StepSeries, step_point
+from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
@@ -50,13 +51,14 @@ class StepAggregate:
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
 
-    _closed: tuple[int, float, float | None] | None = None
-    """(wall_ns, step_time, exposed_s) frozen when the step closed (its reports are final)."""
+    _closed: tuple[int, float, float | None, bool] | None = None
+    """(wall_ns, step_time, exposed_s, overflow) frozen when the step closed (its reports are
+    final): the alerts read the newest steps' every frame, a pass over every rank each."""
 
     def close(self) -> None:
         self.complete = True
         self._closed = None
-        self._closed = (self.wall_ns, self.step_time, self.exposed_s)
+        self._closed = (self.wall_ns, self.step_time, self.exposed_s, self.overflow)
 
     @property
     def wall_ns(self) -> int:
@@ -112,6 +114,9 @@ class StepAggregate:
 
     @property
     def overflow(self) -> bool:
+        """Some rank's optimizer step overflowed (fp16) in this step."""
+        if self._closed is not None:
+            return self._closed[3]
         return any(s.overflow for s in self.summaries.values())
 
     @property
@@ -149,6 +154,9 @@ class ClusterState:
         self.steps: OrderedDict[int, StepAggregate] = OrderedDict()
         self.events: deque[Event] = deque(maxlen=2000)
         self.job_id = ""
+        self.thinned = ""
+        """Read from a thinned trace: the sentence that says what was kept (store/thinning.py),
+        shown beside every run figure; "" when every step was kept."""
         self.world_size = 0
         self.config: ConfigSummary | None = None
         self.params: ParamCounts | None = None
@@ -175,12 +183,15 @@ class ClusterState:
         """Steps whose ranks issued different collective sequences (state/sequences.py)."""
         self.series = StepSeries(history_steps)
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
+        self.nodes = NodeBook()
+        """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
         if state is None:
             state = self.ranks[rank] = RankState(rank)
+            self.nodes.touch(rank)
         return state
 
     def ingest(self, message: Message, received_s: float | None = None) -> list[StepAggregate]:
@@ -207,6 +218,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.nodes.place(message.rank, message)
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
@@ -240,6 +252,7 @@ class ClusterState:
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
         agg.summaries[report.rank] = rank.record(report)
+        self.nodes.touch(report.rank)
         agg._median = None
         agg.samples += report.samples
         agg.skipped = agg.skipped or report.skipped
@@ -278,6 +291,7 @@ class ClusterState:
             rs = self.ranks[r]
             if rs.summary is not None and rs.summary.step == agg.step:
                 rs.slowness = st.slowness
+        self.nodes.touch_all()
         self.lags.add(agg.step, agg.standings, agg.median_time)
         flagged = next((f for f in self.lags.findings() if f.kind == "straggler"), None)
         self.series.add(

@@ -87,6 +87,12 @@ def missing_steps_line(state: ClusterState, first: int, last: int) -> str:
     return f"no report of {which} reached zeroscope ({why})"
 
 
+THINNED_FIGURES = (
+    "figures from thinned data: per-step means and peaks are over the kept steps, steps/s "
+    "and samples/s count the step numbers"
+)
+
+
 def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     """The final summary: the run's figures (zeroscope.state.totals: steady steps), the worst
     memory, and the alerts still standing."""
@@ -94,6 +100,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     t = state.totals
     engine = "" if state.engine in ("", "zeroscope") else f" ({state.engine})"
     lines = [f"job {state.job_id or 'NA'}: {_count_sentence(state)}" + engine]
+    if state.thinned:
+        lines.append(f"{state.thinned}; {THINNED_FIGURES}")
     lines += missing_lines(state)
     if done:
         last = done[-1]

@@ -167,4 +167,5 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "ranks": rows,
         "total": total,
         "total_aggregation": TOTAL_AGGREGATION,
+        "thinned": state.thinned or None,
     }

@@ -151,6 +151,11 @@ class ClusterTotals:
     """Steady steps whose exposed time was not measured on some rank (the share is NA)."""
 
     first_step_time_s: float = 0.0
+    last_step: int | None = None
+    thinned: bool = False
+    """The trace was thinned (store/thinning.py): the steps between the kept ones ran but were
+    not recorded, so the rates count step numbers, not the steps seen, and samples/s scales the
+    kept steps' mean samples by them."""
 
     def add(
         self,
@@ -176,6 +181,15 @@ class ClusterTotals:
             self.unexposed_steps += exposed_unmeasured
             self.samples += samples
         self.last_wall_ns = wall_ns
+        self.last_step = step
+
+    @property
+    def periods(self) -> int:
+        """Steady steps the span covers: the steps seen after the first, or with a thinned
+        trace the step numbers from the first to the last."""
+        if self.thinned and self.first_step is not None and self.last_step is not None:
+            return self.last_step - self.first_step
+        return self.steps - 1
 
     @property
     def span_s(self) -> float | None:
@@ -189,14 +203,18 @@ class ClusterTotals:
     def steps_per_s(self) -> float | None:
         """Optimizer steps per second over the run: (steps - 1) / span [1/s]."""
         span = self.span_s
-        return (self.steps - 1) / span if span else None
+        return self.periods / span if span else None
 
     @property
     def samples_per_s(self) -> float | None:
         """Samples per second over the run: the steady steps' samples / span [samples/s];
         NA when no rank reports samples."""
         span = self.span_s
-        return self.samples / span if span and self.samples else None
+        if not span or not self.samples:
+            return None
+        if self.thinned and self.steps > 1:
+            return self.samples / (self.steps - 1) * self.periods / span
+        return self.samples / span
 
     @property
     def mean_step_s(self) -> float | None:
@@ -210,7 +228,7 @@ class ClusterTotals:
         if n <= 0:
             return self.first_step_time_s if self.steps else None
         span = self.span_s
-        return span / n if span else self.step_time_s / n
+        return span / self.periods if span else self.step_time_s / n
 
     @property
     def exposed_share(self) -> float | None:

@@ -36,6 +36,11 @@ def feed_trace(
     job_id = getattr(reader, "job_id", "")
     if job_id:
         state.job_id = job_id  # named even when no rank reported
+    note = getattr(reader, "thinned_note", None)
+    if note:
+        # A thinned trace (store/thinning.py): every figure says it comes from kept steps.
+        state.thinned = note
+        state.totals.thinned = True
     for message in preamble(reader):
         state.ingest(message)
     for message in reader.messages():

@@ -64,11 +64,21 @@ class LiveSource:
         self.restarts = 0
         """Times a different collector instance answered (messages were re-sent from seq 1)."""
         self.error = ""
+        self.snapshots = 0
+        """State frames received (a big job's catch-up: the state, not the history)."""
         self._buffer: dict[int, bytes] = {}
+        self._state_as_of = -1
+        """The ``as_of`` of the state snapshot being received (its frames share it)."""
         self._inflight_since = 0.0
         self._expect_since = 0
         self._last_activity = time.monotonic()
         self._request()
+
+    @property
+    def caught_up(self) -> bool:
+        """The collector's answer to the latest catch-up request has ended (its snapshot, in
+        however many frames, has all arrived): what follows is live."""
+        return self.instance is not None and not self._inflight_since
 
     def _request(self) -> None:
         self._expect_since = self.last_seq
@@ -100,7 +110,14 @@ class LiveSource:
             self._buffer.clear()
             self._request()
             return
-        if kind == proto.BATCH:
+        if kind == proto.STATE:
+            # The collector's state instead of its history: fold it all, continue from as_of.
+            if seq > self.last_seq or seq == self._state_as_of:
+                for payload in frames[4:]:
+                    self._emit(payload, out)
+                self.last_seq = self._state_as_of = seq
+                self.snapshots += 1
+        elif kind == proto.BATCH:
             for i, payload in enumerate(frames[4:]):
                 if seq + i > self.last_seq:
                     self._emit(payload, out)

@@ -30,6 +30,9 @@ def header_segments(
         segments[1] = (f"{shown[0]} of {shown[1]} ranks shown (filter)", "bold yellow")
     if status:
         segments.insert(1, (status, "bold cyan"))
+    if state.thinned:
+        # A thinned trace's replay: its older steps are every k-th (docs/trace-format.md).
+        segments.insert(2 if status else 1, (state.thinned.split(" (")[0], "yellow"))
     if c is not None:
         offload = (
             c.offload_optimizer

@@ -10,6 +10,7 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 |---|---|
 | cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``header_throughput``, ``StepSeries`` |
 | rank table and heatmap | ``rank_rows`` (slowness judged, each row's ``throughput``), ``heat_view`` (bands) |
+| node table (large jobs) | ``node_rows`` (the slowest rank's slowness and the exposed share judged), ``node_ranks`` (drill-down) |
 | rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster``, ``rank_throughput`` |
 | history plots | ``StepSeries`` (the cluster's MFU and tokens/s per step), ``summary_mfu``, ``summary_tokens_per_s`` |
 | memory | ``memory_view`` (each part's deviation judged) |
@@ -38,7 +39,13 @@ from zeroscope.state.history import (
     stacked_parts,
     volume_series,
 )
-from zeroscope.state.lines import header_throughput, step_line, step_lines, summary_lines
+from zeroscope.state.lines import (
+    THINNED_FIGURES,
+    header_throughput,
+    step_line,
+    step_lines,
+    summary_lines,
+)
 from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
 from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
 from zeroscope.state.prediction import (
@@ -53,6 +60,7 @@ from zeroscope.state.roster import MissingGroup, headcount
 
 from .comm import CommView, RankCommView, comm_view, rank_comm_view
 from .memory import MemoryRow, MemoryView, PartCell, memory_view
+from .nodes import NodeRow, node_name, node_ranks, node_rows
 from .ranks import HeatView, RankRow, heat_value, heat_view, rank_rows
 from .screens import (
     EVENT_LEVELS,
@@ -66,6 +74,7 @@ from .throughput import Throughput, rank_throughput, summary_mfu, summary_tokens
 __all__ = [
     "EVENT_LEVELS",
     "HEAT_METRICS",
+    "THINNED_FIGURES",
     "Act",
     "Advisory",
     "Alert",
@@ -78,6 +87,7 @@ __all__ = [
     "MemoryRow",
     "MemoryView",
     "MissingGroup",
+    "NodeRow",
     "PartCell",
     "PipelineRun",
     "PipelineView",
@@ -103,6 +113,9 @@ __all__ = [
     "mesh_shape",
     "ms",
     "nbytes",
+    "node_name",
+    "node_ranks",
+    "node_rows",
     "paper_differences",
     "parallel_fields",
     "pipeline_view",

@@ -7,6 +7,7 @@ judges once and draws only the visible rows (zeroscope/tui/rank_rows.py sorts an
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,10 +45,19 @@ class RankRow:
     (the table then leaves the columns out)."""
 
 
-def rank_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[RankRow]:
+def rank_rows(
+    state: ClusterState, flagged: dict[int, str] | None = None, ranks: Iterable[int] | None = None
+) -> list[RankRow]:
+    """Every rank's row, or only those of ``ranks`` (one node's, in the node drill-down: a
+    16,384-rank job then judges 8 rows, not all of them)."""
     rows = []
     flagged = flagged or {}
-    for r, rs in state.ranks.items():
+    chosen = (
+        state.ranks.items()
+        if ranks is None
+        else [(r, state.ranks[r]) for r in ranks if r in state.ranks]
+    )
+    for r, rs in chosen:
         s = rs.summary
         layout = layout_of(rs.hello)
         slowness = state.slowness(r)

@@ -1,0 +1,124 @@
+"""A late viewer of a big job gets the state, not the history (zeroscope/collector/snapshot.py):
+its catch-up's size depends on the ranks, not on how long the job has run, and the cluster
+view it builds from it is the live one's."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from zeroscope.agent import schema
+from zeroscope.agent.publish import set_credentials
+from zeroscope.agent.schema import Event, Hello, Message, StepReport
+from zeroscope.collector.server import Collector, wait_for
+from zeroscope.collector.snapshot import SNAPSHOT_STEPS
+from zeroscope.state import ClusterState
+from zeroscope.store.sources import LiveSource
+
+RANKS = 16
+
+
+def run_job(col: Collector, steps: int, *, event_at: int | None = None, ranks: int = RANKS) -> int:
+    """Hellos and ``steps`` steps of every rank into ``col``'s ingest socket; returns how many
+    messages were sent."""
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 1000)
+    set_credentials(push)
+    push.connect(col.ingest_address)
+    sent: list[Message] = [
+        Hello(schema_version=schema.SCHEMA_VERSION, job_id="j", rank=r, world_size=ranks)
+        for r in range(ranks)
+    ]
+    for step in range(1, steps + 1):
+        sent += [
+            StepReport(rank=r, step=step, wall_ns=10**9 * step, duration_s=0.5 + r / 10**5)
+            for r in range(ranks)
+        ]
+        if step == event_at:
+            sent.append(Event(rank=2, step=step, wall_ns=10**9 * step, event="overflow"))
+    for i in range(0, len(sent), 64):
+        push.send_multipart([b"", *(schema.encode(m) for m in sent[i : i + 64])])
+    push.close()
+    assert wait_for(lambda: col.accepted == len(sent), timeout=30)
+    return len(sent)
+
+
+def catch_up(col: Collector) -> tuple[list[Message], LiveSource]:
+    """A viewer's whole catch-up (every message it gets until it is at the collector's seq)."""
+    src = LiveSource(col.viewer_address)
+    got: list[Message] = []
+    deadline = time.monotonic() + 30
+    while not (src.caught_up and src.last_seq >= col.seq) and time.monotonic() < deadline:
+        got += src.poll(0.2)
+    return got, src
+
+
+def test_a_late_viewers_snapshot_does_not_grow_with_the_run() -> None:
+    sizes = {}
+    for steps in (30, 300):
+        with Collector(snapshot_bytes=20_000) as col:
+            run_job(col, steps, event_at=7)
+            got, src = catch_up(col)
+            src.close()
+        assert src.snapshots >= 1
+        # Every Hello, each rank's last SNAPSHOT_STEPS reports, the one Event.
+        assert len(got) == RANKS + RANKS * SNAPSHOT_STEPS + 1
+        reports = [m for m in got if isinstance(m, StepReport)]
+        assert {m.step for m in reports} == set(range(steps - SNAPSHOT_STEPS + 1, steps + 1))
+        assert [type(m) for m in got[:RANKS]] == [Hello] * RANKS  # in arrival order
+        sizes[steps] = sum(len(schema.encode(m)) for m in got)
+        state = ClusterState()
+        state.ingest_all(got)
+        state.flush()
+        latest = state.complete_steps()[-1]
+        assert latest.step == steps and len(latest.summaries) == RANKS
+        assert [e.step for e in state.events] == [7]
+    assert sizes[300] < sizes[30] * 1.05  # step numbers take a byte or two more
+
+
+def test_a_small_history_is_still_sent_whole() -> None:
+    with Collector() as col:
+        sent = run_job(col, 30)
+        got, src = catch_up(col)
+        src.close()
+    assert src.snapshots == 0
+    assert len(got) == sent
+
+
+def test_the_viewer_goes_on_live_after_the_snapshot() -> None:
+    with Collector(snapshot_bytes=20_000) as col:
+        run_job(col, 40)
+        _, src = catch_up(col)
+        try:
+            ctx = zmq.Context.instance()
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 1000)
+            set_credentials(push)
+            push.connect(col.ingest_address)
+            late = StepReport(rank=0, step=41, wall_ns=41 * 10**9, duration_s=0.5)
+            push.send_multipart([b"", schema.encode(late)])
+            push.close()
+            more: list[Message] = []
+            deadline = time.monotonic() + 20
+            while not more and time.monotonic() < deadline:
+                more += src.poll(0.2)
+        finally:
+            src.close()
+    assert more == [late]
+
+
+def test_a_snapshot_in_many_frames_arrives_whole() -> None:
+    """1,200 ranks: the state is 3,600 messages, more than one frame holds (2,000)."""
+    ranks = 1200
+    with Collector(snapshot_bytes=20_000) as col:
+        run_job(col, 5, ranks=ranks)
+        got, src = catch_up(col)
+        src.close()
+    assert src.snapshots == 2
+    assert len(got) == ranks * (1 + SNAPSHOT_STEPS)
+    state = ClusterState()
+    state.ingest_all(got)
+    state.flush()
+    assert len(state.complete_steps()[-1].summaries) == ranks

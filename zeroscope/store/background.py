@@ -1,0 +1,87 @@
+"""The collector's trace writer on its own thread, off the ingest path.
+
+A trace commit at 16,384 ranks inserts ~16,000 rows a second, and thinning deletes as many
+(store/thinning.py): ~20-35 us of CPU a report (bench/storage.py), most of it inside SQLite,
+which lets go of the GIL while it works. Run on the collector's thread, every commit stalled
+ingest; here the collector only appends (message, payload) to a list under a lock, and this
+thread takes the list every ``commit_interval``, writes it, thins and checkpoints, while the
+collector goes on reading sockets.
+
+A write that fails (disk full, the file removed) is kept and raised by the collector's next
+:meth:`maybe_commit`, which then stops recording as it did when it wrote itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from zeroscope.agent.schema import Message
+from zeroscope.store.trace import TraceWriter
+
+
+class BackgroundWriter:
+    """A TraceWriter driven by its own thread; the collector's side of it is thread-safe."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+        self.path: Path = writer.path
+        self.job_id = writer.job_id
+        self.error: BaseException | None = None
+        self._rows: list[tuple[Message, bytes]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._job_id_due = ""
+        self._thread = threading.Thread(target=self._run, name="zeroscope-trace", daemon=True)
+        self._thread.start()
+
+    @property
+    def last_step(self) -> int | None:
+        return self.writer.last_step
+
+    def set_job_id(self, job_id: str) -> None:
+        self.job_id = self._job_id_due = job_id
+
+    def append(self, message: Message, payload: bytes) -> None:
+        with self._lock:
+            self._rows.append((message, payload))
+
+    def maybe_commit(self) -> None:
+        """Raise the writer thread's failure, if any (the collector then stops recording)."""
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        w = self.writer
+        while True:
+            stopping = self._stop.wait(w.commit_interval)
+            try:
+                self._write()
+                if stopping:
+                    w.close()
+                    return
+            except BaseException as exc:
+                self.error = exc
+                try:
+                    w.close()  # commits what it still can
+                except Exception:
+                    pass
+                return
+
+    def _write(self) -> None:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        w = self.writer
+        if self._job_id_due:
+            w.set_job_id(self._job_id_due)
+            self._job_id_due = ""
+        if rows:
+            w.append_many(rows)
+        w.commit()
+
+    def close(self) -> None:
+        """Write what is queued, close the trace (folding its WAL in), and end the thread (a
+        failure stays in ``error``: the collector has already said it, or is stopping)."""
+        self._stop.set()
+        self._thread.join()

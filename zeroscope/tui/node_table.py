@@ -1,0 +1,184 @@
+"""The node table: one row per node (a job of thousands of ranks is read a node at a time), the
+node's ranks, its slowest rank, step, step time, memory max/min, exposed comm and the alerts of
+its ranks; Enter drills into the node's ranks. Draws only the rows that fit."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from zeroscope.state import units
+from zeroscope.state.viewmodel import NodeRow
+
+from .rank_rows import FLAG_WORDS
+from .rank_table import SLOWNESS_STYLES
+
+SORT_KEYS = ("node", "step", "slowness", "memory", "exposed", "alerts")
+_SORT_ATTRS = {
+    "step": "step_time",
+    "slowness": "slowness",
+    "memory": "memory_max",
+    "exposed": "exposed",
+}
+_WORD_ORDER = {word: i for i, word in enumerate(FLAG_WORDS.values())}
+EXPOSED_STYLES = {"bad": "bold red", "ok": "", "warn": "yellow", "na": ""}
+
+
+def sort_nodes(rows: list[NodeRow], key: str, descending: bool) -> list[NodeRow]:
+    """Missing figures (NA) sort last whichever way; ties keep node order."""
+    if key == "node":
+        return sorted(rows, key=lambda row: row.key, reverse=descending)
+    if key == "alerts":
+        return sorted(rows, key=lambda row: (-len(row.flags), row.key), reverse=False)
+    attr = _SORT_ATTRS[key]
+    known = [row for row in rows if getattr(row, attr) is not None]
+    missing = [row for row in rows if getattr(row, attr) is None]
+    known.sort(key=lambda row: getattr(row, attr), reverse=descending)
+    return known + missing
+
+
+def alert_text(row: NodeRow) -> str:
+    """``2 slow r7`` : how many of its ranks are flagged, and the most telling one."""
+    if not row.flags:
+        return ""
+    rank, word = min(row.flags, key=lambda f: (_WORD_ORDER.get(f[1], len(_WORD_ORDER)), f[0]))
+    return f"{len(row.flags)} {word} r{rank}"
+
+
+class NodeTable(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    NodeTable { height: 1fr; min-height: 3; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1)", "up", show=False),
+        Binding("down,j", "move(1)", "down", show=False),
+        Binding("pageup", "move(-10)", show=False),
+        Binding("pagedown", "move(10)", show=False),
+        Binding("home", "move(-1000000)", show=False),
+        Binding("end", "move(1000000)", show=False),
+        Binding("enter", "select", "node's ranks"),
+        Binding("s", "cycle_sort", "sort"),
+    ]
+
+    sort_key: reactive[str] = reactive("node")
+    descending: reactive[bool] = reactive(False)
+    cursor: reactive[int] = reactive(0)
+
+    class Selected(Message):
+        """The user drilled into a node."""
+
+        def __init__(self, key: tuple[int, str], name: str) -> None:
+            super().__init__()
+            self.key = key
+            self.name = name
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._shown: list[NodeRow] = []
+        self._rows: list[NodeRow] = []
+        self._offset = 0
+
+    def set_rows(self, rows: list[NodeRow]) -> None:
+        current = self.current_key
+        self._rows = rows
+        self._reorder(keep=current)
+
+    def _reorder(self, keep: tuple[int, str] | None = None) -> None:
+        self._shown = sort_nodes(self._rows, self.sort_key, self.descending)
+        if keep is not None:
+            for i, row in enumerate(self._shown):
+                if row.key == keep:
+                    self.set_reactive(NodeTable.cursor, i)
+                    break
+        self.set_reactive(NodeTable.cursor, max(0, min(self.cursor, len(self._shown) - 1)))
+        self.refresh()
+
+    @property
+    def current_key(self) -> tuple[int, str] | None:
+        if 0 <= self.cursor < len(self._shown):
+            return self._shown[self.cursor].key
+        return None
+
+    @property
+    def shown_nodes(self) -> list[str]:
+        return [row.name for row in self._shown]
+
+    def watch_sort_key(self) -> None:
+        self._reorder(keep=self.current_key)
+
+    def watch_descending(self) -> None:
+        self._reorder(keep=self.current_key)
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+
+    def action_move(self, delta: int) -> None:
+        if self._shown:
+            self.cursor = max(0, min(len(self._shown) - 1, self.cursor + delta))
+
+    def action_select(self) -> None:
+        if 0 <= self.cursor < len(self._shown):
+            row = self._shown[self.cursor]
+            self.post_message(self.Selected(row.key, row.name))
+
+    def action_cycle_sort(self) -> None:
+        i = (SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)
+        self.sort_key = SORT_KEYS[i]
+        self.descending = self.sort_key not in ("node", "alerts")  # biggest / slowest first
+
+    def render(self) -> Text:
+        width, height = self.size.width, self.size.height
+        name_w = max(8, min(24, width - 70))
+        arrow = "▼" if self.descending else "▲"
+
+        def head(label: str, key: str | None, w: int, left: bool = False) -> str:
+            text = label + (arrow if key == self.sort_key else "")
+            return text.ljust(w) if left else text.rjust(w)
+
+        text = Text(no_wrap=True, overflow="crop")
+        text.append(
+            head("node", "node", name_w, True)
+            + head("ranks", None, 6)
+            + head("slowest", "slowness", 14)
+            + head("step", None, 7)
+            + head("time", "step", 7)
+            + head("mem max", "memory", 9)
+            + head("min", None, 7)
+            + head("expo", "exposed", 6)
+            + "  "
+            + head("alerts", "alerts", 6, True),
+            style="bold",
+        )
+        rows_fit = max(1, height - 1)
+        if self.cursor < self._offset:
+            self._offset = self.cursor
+        elif self.cursor >= self._offset + rows_fit:
+            self._offset = self.cursor - rows_fit + 1
+        self._offset = max(0, min(self._offset, max(0, len(self._shown) - rows_fit)))
+        for i in range(self._offset, min(len(self._shown), self._offset + rows_fit)):
+            row = self._shown[i]
+            text.append("\n")
+            line = Text(no_wrap=True)
+            line.append(f"{row.name[: name_w - 1]:<{name_w}}")
+            ranks = str(row.ranks) if row.reporting == row.ranks else f"{row.reporting}/{row.ranks}"
+            line.append(f"{ranks:>6}")
+            slowest = "" if row.slowest_rank is None else f"r{row.slowest_rank}"
+            slow = "" if row.slowness is None else f" {row.slowness:.2f}x"
+            line.append(f"{slowest + slow:>14}", style=SLOWNESS_STYLES[row.slowness_level])
+            step = "NA" if row.step is None else str(row.step)
+            line.append(f"{step:>7}{units.seconds(row.step_time):>7}")
+            line.append(f"{units.size(row.memory_max):>9}{units.size(row.memory_min):>7}")
+            line.append(f"{units.percent(row.exposed):>6}", style=EXPOSED_STYLES[row.exposed_level])
+            alerts = alert_text(row)
+            line.append(f"  {alerts}", style="bold red" if alerts else "")
+            if i == self.cursor:
+                line.stylize("reverse" if self.has_focus else "underline")
+            text.append_text(line)
+        if not self._shown:
+            text.append("\nwaiting for ranks…", style="dim")
+        return text
