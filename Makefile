@@ -46,7 +46,7 @@ lint: setup
 	$(BIN)/mypy engine agent zeroscope
 
 test: lint ds-ops
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest --durations=60
 
 # For your own loop: lint, then everything but the slow end-to-end and fault tests.
 test-fast: lint ds-ops

@@ -414,3 +414,68 @@ def test_the_bucket_rule_prices_the_typical_step_not_the_newest_or_a_descheduled
         assert advice.change.ds_config["zero_optimization.reduce_bucket_size"] == (
             (11 * 128 + 65536) // 2 // 2
         )
+
+
+def _prefetch_run(quick_newest: bool) -> Facts:
+    """A 2-rank stage-3 fp32 run with prefetch off (bucket 0), 100,000 parameters in layers of
+    10,000, 10 steps of 100 ms: per step 10 all-gathers of 5 ms, all waited for, and a forward
+    of 40 ms plus a backward of 50 ms (phases include the waits: 40 ms of compute around 50 ms
+    of fetches). When ``quick_newest``, the newest step's gathers take 0.5 ms and its forward
+    and backward 10 ms each."""
+    from zeroscope.agent import schema
+
+    state = ClusterState()
+    config = schema.ConfigSummary(
+        stage=3, precision="fp32", dp_world_size=2, prefetch_bucket_size=0
+    )
+    params = schema.ParamCounts(total=100_000, trainable=100_000, largest_layer=10_000)
+    for rank in (0, 1):
+        state.ingest(
+            schema.Hello(
+                schema_version=schema.SCHEMA_VERSION, job_id="j", rank=rank, world_size=2,
+                config=config, params=params,
+            )
+        )  # fmt: skip
+    for step in range(1, 11):
+        quick = quick_newest and step == 10
+        each = 0.0005 if quick else 0.005
+        phases = (
+            schema.Phases(forward=0.01, backward=0.01)
+            if quick
+            else schema.Phases(forward=0.04, backward=0.05)
+        )
+        for rank in (0, 1):
+            state.ingest(
+                schema.StepReport(
+                    rank=rank, step=step, wall_ns=int(step * 0.1 * 1e9), duration_s=0.1,
+                    phases=phases,
+                    collectives=[
+                        Collective(
+                            op="all_gather", nbytes=40_000, group_size=2, start_s=0.009 * i,
+                            duration_s=each, exposed_s=each,
+                        )
+                        for i in range(10)
+                    ],
+                )
+            )  # fmt: skip
+    state.flush()
+    return Facts(state)
+
+
+def test_the_prefetch_rule_prices_the_typical_step_not_the_newest() -> None:
+    """Each steady step's saving is priced with its own fetch wait and its own forward/backward
+    compute, the median deciding: a newest step that happened to be quick (its 20 ms of
+    phases set against the typical 50 ms wait read as no compute at all) no longer prices the
+    advice at 0 (the old rule did). By hand, the typical step: compute to hide behind
+    90 - 50 = 40 ms; the quick newest step's gathers give alpha 0.5 ms, k = 2 layers, the
+    unhideable first fetch 0.5 ms; saving (50 - 0.5 - 2 x 0.5) - max(0, 50 - 40) = 38.5 ms."""
+    from zeroscope.state.advice.rules_comm import prefetch
+
+    # Without the quick step: alpha 5 ms, 4 ms of compute per fetch, k = 3 layers, the first
+    # fetch 5 ms: (50 - 5 - 3 x 5) - 10 = 20 ms.
+    for quick, layers, saves_ms in ((False, 3, 20.0), (True, 2, 38.5)):
+        advice = prefetch(_prefetch_run(quick), Thresholds())
+        assert isinstance(advice, Advice) and advice.rule == "prefetch", quick
+        bucket = advice.change.ds_config["zero_optimization.stage3_prefetch_bucket_size"]
+        assert bucket == layers * 10_000
+        assert advice.saves_ms == pytest.approx(saves_ms), quick

@@ -41,12 +41,21 @@ from zeroscope.store.trace import TraceWriter
 
 Listener = Callable[[Message], None]
 
-INGEST_HWM = 200_000
-"""Messages the ingest socket buffers before agents see EAGAIN (and drop, counted)."""
+INGEST_HWM = 1_000
+"""Messages the ingest socket buffers *per connection* (ZeroMQ's high-water mark is per pipe: a
+rank's own connection, or a node relay's, whose messages are batches) while the collector is
+behind; past it the socket stops reading that connection, the sender's own queue fills and the
+rank drops and counts (agent/publish.py). A rank may so be 2,000 messages behind (its own send
+queue again) before it drops: minutes of reports. It was 200,000, which held a backlog in full:
+1024 synthetic ranks at 10 steps/s over two connections on a busy 2-core machine grew the
+collector to 344 MiB of RSS beside a 32 MiB history cap; at 1,000 it peaked at 71 MiB, the
+ranks dropping (and counting) what it could not take."""
 
-VIEWER_HWM = 100_000
+VIEWER_HWM = 10_000
 """Updates queued per live viewer; past it a slow viewer's updates are dropped (the collector
-never waits for a viewer) and the viewer repairs the gap from the snapshot history."""
+never waits for a viewer) and the viewer repairs the gap from the snapshot history, which
+holds them anyway. Each queued update is a copy held by the collector: at 100,000 a viewer
+slowed by the same busy machine grew it to 330 MiB of RSS."""
 
 HISTORY_BYTES = 256 * 1024 * 1024
 """Payload bytes kept in memory for viewers' snapshots; older ones are trimmed (Hellos are kept

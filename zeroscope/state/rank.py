@@ -133,6 +133,9 @@ class StepSummary:
     work: Work | None = None
     """Tokens, model FLOPs and the device's peak as the rank sent them (None = not reported);
     the figures made of them are zeroscope.state.throughput's."""
+    forward_backward_s: float | None = None
+    """The step's forward plus backward phase time [s] (None = neither reported): the compute
+    a stage-3 prefetch can hide its fetches behind, priced per step by the advisor."""
 
     @property
     def compute_s(self) -> float:
@@ -279,7 +282,15 @@ def summarize(report: StepReport) -> StepSummary:
         ops=ops,
         sequence=fingerprint(report),
         work=report.work,
+        forward_backward_s=_forward_backward(report),
     )
+
+
+def _forward_backward(report: StepReport) -> float | None:
+    phases = report.phases
+    if phases.forward is None and phases.backward is None:
+        return None
+    return (phases.forward or 0.0) + (phases.backward or 0.0)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import statistics
 from zeroscope.agent.schema import Collective
 from zeroscope.state.bandwidth import wire_bytes
 from zeroscope.state.formulas import param_bytes
-from zeroscope.state.rank import OpTotals
+from zeroscope.state.rank import OpTotals, StepSummary
 
 from .facts import Facts
 from .model import Advice, Change, Finding, Thresholds, ms, nbytes
@@ -138,6 +138,22 @@ def _unhideable(f: Facts, gathers: list[Collective], alpha: float) -> float:
     return sum(max(x.exposed_s, alpha) for x in [first, *late])
 
 
+def _gather_steps(f: Facts) -> list[tuple[StepSummary, OpTotals]]:
+    """The reference rank's steady steps that issued all-gathers, with their totals."""
+    ref = f.reference
+    if ref is None:
+        return []
+    return [(s, o) for s in f.steady(ref) if (o := s.ops.get("all_gather")) is not None]
+
+
+def _overlap(step: StepSummary, gathers: OpTotals, compute: float) -> float:
+    """One step's forward + backward time less its wait in the gathers (its whole compute when
+    it reported no phases)."""
+    if step.forward_backward_s is None:
+        return compute
+    return max(step.forward_backward_s - gathers.exposed_s, 0.0)
+
+
 def prefetch(f: Facts, t: Thresholds) -> Finding | None:
     """Rule 3: stage-3 parameter fetches waited for (prefetch too small), or a prefetch window
     holding memory the step does not need (too large, low headroom)."""
@@ -149,9 +165,12 @@ def prefetch(f: Facts, t: Thresholds) -> Finding | None:
     if ag.count == 0 or not compute:
         return None
     ratio = ag.exposed / compute
-    # Prefetch hides fetches behind forward and backward compute only.
-    fwd, bwd = f.phase_s("forward"), f.phase_s("backward")
-    overlap = max((fwd or 0.0) + (bwd or 0.0) - ag.exposed, 0.0) if fwd or bwd else compute
+    # Prefetch hides fetches behind forward and backward compute only: each steady step's own
+    # (its forward + backward less its own wait in the gathers), never one step's phases set
+    # against another frame's wait (a quick newest step then read as no compute at all).
+    steps = _gather_steps(f)
+    overlaps = [_overlap(s, o, compute) for s, o in steps]
+    overlap = statistics.median(overlaps) if overlaps else compute
     gathers = f.collectives("all_gather")
     size = param_bytes(c.precision)
     nonpersistent = max((p.padded_total or p.total) - p.persistent, 0)
@@ -173,9 +192,16 @@ def prefetch(f: Facts, t: Thresholds) -> Finding | None:
         new = min(max(k * largest, 2 * largest), max(nonpersistent, 2 * largest))
         if new <= c.prefetch_bucket_size:
             return None  # already covers the gathers: the wait is bandwidth, not prefetch
-        hideable = max(ag.exposed - _unhideable(f, gathers, alpha) - k * alpha, 0.0)
+        unhideable = _unhideable(f, gathers, alpha)
+        hideable = max(ag.exposed - unhideable - k * alpha, 0.0)
         busy = ag.seconds
-        saves = max(0.0, hideable - max(busy - overlap, 0.0))
+        # Priced per steady step with that step's own wait, fetch time and compute; the median
+        # saving is the figure (the formula below shows the median step's terms).
+        priced = [
+            max(0.0, max(o.exposed_s - unhideable - k * alpha, 0.0) - max(o.seconds - lap, 0.0))
+            for (_, o), lap in zip(steps, overlaps, strict=True)
+        ]
+        saves = statistics.median(priced) if priced else 0.0
         after = min(nonpersistent * size, f.gathered + (new - c.prefetch_bucket_size) * size)
         extra = max(after - f.gathered, 0)
         change: dict[str, object] = {"zero_optimization.stage3_prefetch_bucket_size": new}
@@ -186,8 +212,9 @@ def prefetch(f: Facts, t: Thresholds) -> Finding | None:
             title="stage-3 prefetch too small: fetches are waited for",
             evidence=evidence,
             change=Change(change),
-            formula=f"saves_ms = hideable wait - max(0, fetch time - forward/backward compute) = "
-            f"{ms(hideable)} - max(0, {ms(busy)} - {ms(overlap)}) = {ms(saves)} (hideable: all but "
+            formula=f"saves_ms = median over steady steps of (hideable wait - max(0, fetch time - "
+            f"forward/backward compute)) = {ms(saves)} (medians {ms(hideable)} - max(0, "
+            f"{ms(busy)} - {ms(overlap)}); hideable: all but "
             f"the step's first fetch, the post-step refresh and the window's first gather of "
             f"{k} layers, at least the median gather {ms(alpha)} each; assumes the gathers progress "
             f"while the loop computes); saves_bytes = -(min(gathered params, "
