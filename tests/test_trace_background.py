@@ -52,3 +52,48 @@ def test_a_failed_write_stops_recording_and_serving_goes_on(
     assert said == [col.recording_error]
     assert "No space left on device" in col.recording_error
     assert accepted == RANKS * 4
+
+
+def test_a_writer_that_falls_behind_holds_the_collector_not_its_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite stuck mid-write: the collector's appends queue up to MAX_PENDING rows, then wait
+    for the writer (the sockets' high-water marks then push back on the senders), and every
+    row reaches the trace in order once it moves again. Before, the queue grew without bound."""
+    import threading
+
+    from zeroscope.store import background
+
+    monkeypatch.setattr(background, "MAX_PENDING", 3)
+    stuck = threading.Event()
+    written: list[int] = []
+
+    class StuckWriter:
+        path, job_id, last_step, commit_interval = tmp_path / "t", "", None, 30.0
+
+        def append_many(self, rows: list[tuple[int, bytes]]) -> None:
+            stuck.wait()
+            written.extend(m for m, _ in rows)
+
+        def commit(self) -> None: ...
+        def close(self) -> None: ...
+        def set_job_id(self, job_id: str) -> None: ...
+
+    bw = BackgroundWriter(StuckWriter())  # type: ignore[arg-type]
+
+    def _append(bw: BackgroundWriter, i: int, done: threading.Event) -> None:
+        bw.append(i, b"")  # type: ignore[arg-type]
+        done.set()
+
+    for i in range(7):  # 3 queued, handed to the stuck writer; 3 more queued; the 7th waits
+        done = threading.Event()
+        t = threading.Thread(target=_append, args=(bw, i, done), daemon=True)
+        t.start()
+        if i < 6:
+            assert done.wait(10.0), f"append {i} waited with room in the queue"
+    assert not done.wait(0.5), "the 7th append went past a full queue"
+    assert len(bw._rows) == 3
+    stuck.set()
+    assert done.wait(10.0)
+    bw.close()
+    assert written == list(range(7))

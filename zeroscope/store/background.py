@@ -7,6 +7,11 @@ ingest; here the collector only appends (message, payload) to a list under a loc
 thread takes the list every ``commit_interval``, writes it, thins and checkpoints, while the
 collector goes on reading sockets.
 
+The list is bounded (:data:`MAX_PENDING` rows): when SQLite falls that far behind, the
+collector's append waits for this thread to take the list, as it waited when it wrote itself,
+and its sockets' high-water marks push back on the senders (their drops counted); the backlog
+never grows the collector's memory without bound.
+
 A write that fails (disk full, the file removed) is kept and raised by the collector's next
 :meth:`maybe_commit`, which then stops recording as it did when it wrote itself.
 """
@@ -19,6 +24,10 @@ from pathlib import Path
 from zeroscope.agent.schema import Message
 from zeroscope.store.trace import TraceWriter
 
+MAX_PENDING = 50_000
+"""Rows queued for the writer thread before an append waits (~100 MB of 2 KB reports; three
+seconds of a 16,384-rank job at 1 step/s)."""
+
 
 class BackgroundWriter:
     """A TraceWriter driven by its own thread; the collector's side of it is thread-safe."""
@@ -29,7 +38,7 @@ class BackgroundWriter:
         self.job_id = writer.job_id
         self.error: BaseException | None = None
         self._rows: list[tuple[Message, bytes]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._job_id_due = ""
@@ -45,6 +54,9 @@ class BackgroundWriter:
 
     def append(self, message: Message, payload: bytes) -> None:
         with self._lock:
+            while len(self._rows) >= MAX_PENDING and self._thread.is_alive():
+                self._wake.set()  # write now, not at the next interval
+                self._lock.wait(0.1)
             self._rows.append((message, payload))
 
     def maybe_commit(self) -> None:
@@ -55,7 +67,9 @@ class BackgroundWriter:
     def _run(self) -> None:
         w = self.writer
         while True:
-            stopping = self._stop.wait(w.commit_interval)
+            self._wake.wait(w.commit_interval)
+            self._wake.clear()
+            stopping = self._stop.is_set()
             try:
                 self._write()
                 if stopping:
@@ -63,6 +77,9 @@ class BackgroundWriter:
                     return
             except BaseException as exc:
                 self.error = exc
+                with self._lock:
+                    self._rows.clear()  # recording stops: an append must not wait on a dead thread
+                    self._lock.notify_all()
                 try:
                     w.close()  # commits what it still can
                 except Exception:
@@ -72,6 +89,7 @@ class BackgroundWriter:
     def _write(self) -> None:
         with self._lock:
             rows, self._rows = self._rows, []
+            self._lock.notify_all()
         w = self.writer
         if self._job_id_due:
             w.set_job_id(self._job_id_due)
@@ -84,4 +102,5 @@ class BackgroundWriter:
         """Write what is queued, close the trace (folding its WAL in), and end the thread (a
         failure stays in ``error``: the collector has already said it, or is stopping)."""
         self._stop.set()
+        self._wake.set()
         self._thread.join()
