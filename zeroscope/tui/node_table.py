@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from zeroscope.state import units
 from zeroscope.state.viewmodel import NodeRow
 
+from .cursor_table import CursorTable, cursor_bindings
 from .rank_rows import FLAG_WORDS
 from .rank_table import SLOWNESS_STYLES
 
@@ -50,24 +50,14 @@ def alert_text(row: NodeRow) -> str:
     return f"{len(row.flags)} {word} r{rank}"
 
 
-class NodeTable(Widget, can_focus=True):
+class NodeTable(CursorTable):
     DEFAULT_CSS = """
     NodeTable { height: 1fr; min-height: 3; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "move(-1)", "up", show=False),
-        Binding("down,j", "move(1)", "down", show=False),
-        Binding("pageup", "move(-10)", show=False),
-        Binding("pagedown", "move(10)", show=False),
-        Binding("home", "move(-1000000)", show=False),
-        Binding("end", "move(1000000)", show=False),
-        Binding("enter", "select", "node's ranks"),
-        Binding("s", "cycle_sort", "sort"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = cursor_bindings("node's ranks")
 
     sort_key: reactive[str] = reactive("node")
     descending: reactive[bool] = reactive(False)
-    cursor: reactive[int] = reactive(0)
 
     class Selected(Message):
         """The user drilled into a node."""
@@ -81,7 +71,6 @@ class NodeTable(Widget, can_focus=True):
         super().__init__(id=id)
         self._shown: list[NodeRow] = []
         self._rows: list[NodeRow] = []
-        self._offset = 0
 
     def set_rows(self, rows: list[NodeRow]) -> None:
         current = self.current_key
@@ -90,13 +79,8 @@ class NodeTable(Widget, can_focus=True):
 
     def _reorder(self, keep: tuple[int, str] | None = None) -> None:
         self._shown = sort_nodes(self._rows, self.sort_key, self.descending)
-        if keep is not None:
-            for i, row in enumerate(self._shown):
-                if row.key == keep:
-                    self.set_reactive(NodeTable.cursor, i)
-                    break
-        self.set_reactive(NodeTable.cursor, max(0, min(self.cursor, len(self._shown) - 1)))
-        self.refresh()
+        keys = [row.key for row in self._shown]
+        self._keep_cursor(keys.index(keep) if keep in keys else None)
 
     @property
     def current_key(self) -> tuple[int, str] | None:
@@ -113,13 +97,6 @@ class NodeTable(Widget, can_focus=True):
 
     def watch_descending(self) -> None:
         self._reorder(keep=self.current_key)
-
-    def watch_cursor(self) -> None:
-        self.refresh()
-
-    def action_move(self, delta: int) -> None:
-        if self._shown:
-            self.cursor = max(0, min(len(self._shown) - 1, self.cursor + delta))
 
     def action_select(self) -> None:
         if 0 <= self.cursor < len(self._shown):
@@ -154,13 +131,7 @@ class NodeTable(Widget, can_focus=True):
             + head("alerts", "alerts", 6, True),
             style="bold",
         )
-        rows_fit = max(1, height - 1)
-        if self.cursor < self._offset:
-            self._offset = self.cursor
-        elif self.cursor >= self._offset + rows_fit:
-            self._offset = self.cursor - rows_fit + 1
-        self._offset = max(0, min(self._offset, max(0, len(self._shown) - rows_fit)))
-        for i in range(self._offset, min(len(self._shown), self._offset + rows_fit)):
+        for i in self._window(max(1, height - 1)):
             row = self._shown[i]
             text.append("\n")
             line = Text(no_wrap=True)

@@ -7,40 +7,30 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from zeroscope.state import units
 from zeroscope.state.viewmodel import RankRow
 
 from .charts import PART_STYLES, stacked_bar
+from .cursor_table import CursorTable, cursor_bindings
 from .rank_rows import SORT_KEYS, filtered, sort_rows
 
 SLOWNESS_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "", "na": ""}
 """Colour of a rank's slowness by its level (AlertRules.slowness_level)."""
 
 
-class RankTable(Widget, can_focus=True):
+class RankTable(CursorTable):
     DEFAULT_CSS = """
     RankTable { height: 1fr; min-height: 3; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "move(-1)", "up", show=False),
-        Binding("down,j", "move(1)", "down", show=False),
-        Binding("pageup", "move(-10)", show=False),
-        Binding("pagedown", "move(10)", show=False),
-        Binding("home", "move(-1000000)", show=False),
-        Binding("end", "move(1000000)", show=False),
-        Binding("enter", "select", "rank"),
-        Binding("s", "cycle_sort", "sort"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = cursor_bindings("rank")
 
     sort_key: reactive[str] = reactive("rank")
     descending: reactive[bool] = reactive(False)
     filter_text: reactive[str] = reactive("")
-    cursor: reactive[int] = reactive(0)
 
     class Selected(Message):
         """The user drilled into a rank."""
@@ -59,7 +49,6 @@ class RankTable(Widget, can_focus=True):
         super().__init__(id=id)
         self._rows: list[RankRow] = []
         self._shown: list[RankRow] = []
-        self._offset = 0
 
     # -- data ----------------------------------------------------------------------------
     def set_rows(self, rows: list[RankRow]) -> None:
@@ -74,13 +63,8 @@ class RankTable(Widget, can_focus=True):
     def _reorder(self, keep: int | None = None) -> None:
         shown = filtered(self._rows, self.filter_text)
         self._shown = sort_rows(shown, self.sort_key, self.descending)
-        if keep is not None:
-            for i, row in enumerate(self._shown):
-                if row.rank == keep:
-                    self.set_reactive(RankTable.cursor, i)
-                    break
-        self.set_reactive(RankTable.cursor, max(0, min(self.cursor, len(self._shown) - 1)))
-        self.refresh()
+        ranks = [row.rank for row in self._shown]
+        self._keep_cursor(ranks.index(keep) if keep in ranks else None)
 
     @property
     def current_rank(self) -> int | None:
@@ -102,14 +86,7 @@ class RankTable(Widget, can_focus=True):
         self.cursor = 0
         self._reorder()
 
-    def watch_cursor(self) -> None:
-        self.refresh()
-
     # -- actions -------------------------------------------------------------------------
-    def action_move(self, delta: int) -> None:
-        if self._shown:
-            self.cursor = max(0, min(len(self._shown) - 1, self.cursor + delta))
-
     def action_select(self) -> None:
         rank = self.current_rank
         if rank is not None:
@@ -169,15 +146,9 @@ class RankTable(Widget, can_focus=True):
             + "  flag",
             style="bold",
         )
-        rows_fit = max(1, height - 1)
-        if self.cursor < self._offset:
-            self._offset = self.cursor
-        elif self.cursor >= self._offset + rows_fit:
-            self._offset = self.cursor - rows_fit + 1
-        self._offset = max(0, min(self._offset, max(0, len(self._shown) - rows_fit)))
         scale = max((r.total or 0 for r in self._rows), default=0)
         cursor = self.cursor
-        for i in range(self._offset, min(len(self._shown), self._offset + rows_fit)):
+        for i in self._window(max(1, height - 1)):
             row = self._shown[i]
             text.append("\n")
             line = Text(no_wrap=True)
