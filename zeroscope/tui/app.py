@@ -159,10 +159,10 @@ class ZeroscopeApp(App[str]):
         assert self.feed is not None
         deadline = time.monotonic() + GATHER_S
         while len(batch.messages) < CHUNK:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 return
-            more = self.feed.poll(left)
+            more = self.feed.poll(deadline - now)
             if more is None:
                 return
             batch.messages.extend(more.messages)
