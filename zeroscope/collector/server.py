@@ -35,6 +35,7 @@ from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from zeroscope.collector.relays import RelayBook
 from zeroscope.collector.snapshot import SNAPSHOT_BYTES, Snapshot
+from zeroscope.collector.viewers import ViewerService
 from zeroscope.store.background import BackgroundWriter
 from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceWriter
@@ -74,7 +75,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Collector:
+class Collector(ViewerService):
     """A job's collector. ``start()`` binds and runs it on a daemon thread; ``stop()`` ends it."""
 
     def __init__(
@@ -452,87 +453,6 @@ class Collector:
                 self.on_recording_stopped(self.recording_error)
             except Exception:
                 self.listener_errors += 1
-
-    def _remember(self, payload: bytes) -> None:
-        self._history.append(payload)
-        self._history_size += len(payload)
-        if self._history_size > self.history_bytes and len(self._history) > 1:
-            cut = len(self._history) // 2
-            self._history_size -= sum(len(p) for p in self._history[:cut])
-            del self._history[:cut]
-            self._history_base += cut
-
-    # -- viewers ---------------------------------------------------------------------------
-
-    def _serve_viewers(self, router: zmq.Socket) -> None:
-        for _ in range(100):
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            ident, body = frames[0], frames[1:]
-            try:
-                if len(body) < 2 or body[0] != proto.SINCE:
-                    raise ValueError("expected [since, seq, token]")
-                since = proto.unpack_seq(body[1])
-                token = body[2] if len(body) > 2 else b""
-                if self.token and not hmac.compare_digest(token, self.token):
-                    raise ValueError("wrong or missing token")
-            except ValueError as exc:
-                router.send_multipart([ident, proto.ERROR, str(exc).encode()])
-                continue
-            self._send_since(router, ident, since)
-
-    def _send_since(self, router: zmq.Socket, ident: bytes, since: int) -> None:
-        base = self._history_base
-        echo = proto.pack_seq(since)
-        if since <= base:
-            history = self._history_size
-        else:
-            history = sum(len(p) for p in self._history[since - base :])
-        if history > self.snapshot_bytes:
-            self._send_state(router, ident, since)
-            return
-        if since < base:
-            # Trimmed history: the viewer still needs every rank's Hello first (and what the
-            # door turned away, which names the ranks that never came).
-            kept = [(seq, payload) for seq, payload, _ in self._hellos.values()]
-            for seq, payload in sorted([*kept, *self._admissions.values()]):
-                if seq > since and seq <= base:
-                    router.send_multipart(
-                        [ident, proto.BATCH, self.instance, echo, proto.pack_seq(seq), payload]
-                    )
-            since = base
-        start = since - base
-        for i in range(start, len(self._history), _BATCH):
-            chunk = self._history[i : i + _BATCH]
-            router.send_multipart(
-                [ident, proto.BATCH, self.instance, echo, proto.pack_seq(base + i + 1), *chunk]
-            )
-        router.send_multipart(
-            [
-                ident,
-                proto.END,
-                self.instance,
-                echo,
-                proto.pack_seq(self.seq),
-                self.pub_address.encode(),
-            ]
-        )
-
-    def _send_state(self, router: zmq.Socket, ident: bytes, since: int) -> None:
-        """The state instead of the history (collector/snapshot.py), ending at the current seq."""
-        kept = [(seq, payload) for seq, payload, _ in self._hellos.values()]
-        items = self.snapshot.items(since, [*kept, *self._admissions.values()])
-        echo, as_of = proto.pack_seq(since), proto.pack_seq(self.seq)
-        head = [ident, proto.STATE, self.instance, echo, as_of]
-        for i in range(0, len(items), _BATCH):
-            router.send_multipart([*head, *(p for _, p in items[i : i + _BATCH])])
-        if not items:
-            router.send_multipart(head)
-        router.send_multipart(
-            [ident, proto.END, self.instance, echo, as_of, self.pub_address.encode()]
-        )
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
