@@ -15,37 +15,33 @@ every entry point catches its own failures and counts them in ``errors``.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 from typing import Any
 
 import msgspec
-import torch
 
 from . import capture
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
 from .cadence import ActivationCadence
-from .comm import EVENT_DEVICE, CollectiveTracker, _cuda_event
+from .comm import CollectiveTracker
 from .cost import SeamCost, now_ns
-from .device_memory import DevicePeaks, device_capacity, rss_peak
+from .device_memory import DevicePeaks
 from .loss_scale import LossScaleReading
 from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import RawTransfer, StepFacts, StepFigures
 from .phase_scope import PhaseScope
 from .publish import Publisher
-from .sampler import Sampler, pci_bus_id
+from .rank_identity import RankIdentity
+from .sampler import Sampler
 from .scalars import NO_SCALAR, DeferredScalar
 from .schema import (
-    SCHEMA_VERSION,
     Bye,
     CollectiveOp,
     ConfigSummary,
     Event,
     EventKind,
     Heartbeat,
-    Hello,
     HostSample,
     MemoryBytes,
     ParallelLayout,
@@ -64,7 +60,7 @@ came back (its reconnect backoff tops out at 1 s, agent/publish.py); a restarted
 then records the run to its last step. Bounded, at exit only: the loop never waits for it."""
 
 
-class LiveTelemetry(Telemetry):
+class LiveTelemetry(RankIdentity, Telemetry):
     """Measures and publishes one rank's steps (see module docstring)."""
 
     enabled = True
@@ -141,48 +137,6 @@ class LiveTelemetry(Telemetry):
 
     # -- the seam --------------------------------------------------------------------------
 
-    def hello(self, *, config: ConfigSummary, params: ParamCounts, device: str = "cpu") -> None:
-        try:
-            if self._bound_device != device:
-                self._bind(device)
-            self._send_hello(config, params, device)
-        except Exception:
-            self.errors += 1
-
-    def bind_device(self, device: str) -> None:
-        try:
-            self._bind(device)
-        except Exception:
-            self.errors += 1
-
-    def _bind(self, device: str) -> None:
-        """Device mode: CUDA events for the step axis and collectives, the device's peaks and
-        NVML readings; the host clock and no device figures on CPU."""
-        self._bound_device = device
-        self.cuda = device.startswith("cuda")
-        self._collectives.cuda = self.cuda
-        if self.cuda:
-            index = torch.device(device).index
-            index = torch.cuda.current_device() if index is None else index
-            self.device_index = index
-            EVENT_DEVICE[0] = index  # every event on the Hello's device (agent/comm.py)
-            uuid = pci_bus = None
-            with contextlib.suppress(Exception):
-                props = torch.cuda.get_device_properties(index)
-                uuid = f"GPU-{props.uuid}"
-                pci_bus = pci_bus_id(props)
-            self.sampler.set_device(index, uuid, pci_bus)
-            # The step's axis becomes the device's; peaks are sampled, never reset. Where
-            # no CUDA event can be made (a stubbed or broken runtime) the host clock stays:
-            # a step report without device times beats no step report.
-            try:
-                _cuda_event()
-                self._use_device_events(_cuda_event)
-            except Exception:
-                self._collectives.cuda = False
-            self._peaks = DevicePeaks(torch.cuda, index)
-            self._plain = self._plain_step(self.step)  # phases sample the peaks now
-
     def block_enter(self, input_bytes: int = 0) -> None:
         if self._counting:
             t0 = now_ns()
@@ -203,41 +157,6 @@ class LiveTelemetry(Telemetry):
 
     def blocks_wanted(self) -> bool:
         return self._counting
-
-    def _send_hello(
-        self, config: ConfigSummary | None, params: ParamCounts | None, device: str
-    ) -> None:
-        self._hello_sent = True
-        self._hello = (config, params, device)
-        self.publisher.set_sticky(
-            Hello(
-                schema_version=SCHEMA_VERSION,
-                job_id=self.job_id,
-                rank=self.rank,
-                world_size=self.world_size,
-                local_rank=self.local_rank,
-                node_rank=self.node_rank,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                device=device,
-                started_ns=time.time_ns(),
-                config=config,
-                params=params,
-                engine=self.engine,
-                parallel=self._layout,
-                local_world_size=self.local_world_size,
-                device_memory_bytes=device_capacity(device, self.local_world_size),
-                init_rss_peak_bytes=rss_peak(),
-            )
-        )
-
-    def layout(self, layout: ParallelLayout) -> None:
-        try:
-            self._layout = layout
-            if self._hello_sent:  # Hello is sticky: the new one replaces it for late viewers
-                self._send_hello(*self._hello)
-        except Exception:
-            self.errors += 1
 
     def pipeline(self, step: PipelineStep) -> None:
         self._pipeline = step

@@ -43,9 +43,9 @@ def test_every_event_goes_on_the_hellos_device_stream(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream", device))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # never set by the user
     monkeypatch.setattr(agent_comm, "EVENT_DEVICE", [None])
-    from zeroscope.agent import live
+    from zeroscope.agent import rank_identity
 
-    monkeypatch.setattr(live, "EVENT_DEVICE", agent_comm.EVENT_DEVICE)
+    monkeypatch.setattr(rank_identity, "EVENT_DEVICE", agent_comm.EVENT_DEVICE)
     sink = Sink()
     tel = LiveTelemetry(sink, sample_interval=60.0)  # type: ignore[arg-type]
     sink.drain = tel.drain
