@@ -66,13 +66,12 @@ def fold(key: NodeKey, ranks: list[RankState]) -> NodeFigures:
         took = s.duration_s
         if step_time is None or took > step_time:
             step_time = took
-        # StepSummary.device_total and exposed_share, written out: a closed step refolds every
-        # node, 16,384 ranks in a large job's next frame.
-        parts = (s.params, s.grads, s.optim, s.activations)
-        if parts != (None, None, None, None):
-            memories.append(sum(v for v in parts if v))
-        if not s.unexposed and took > 0:
-            exposed.append(s.exposed_s / took)
+        memory = s.device_total
+        if memory is not None:
+            memories.append(memory)
+        share = s.exposed_share
+        if share is not None:
+            exposed.append(share)
         # Judged ranks outrank unjudged ones; then the higher slowness, then the longer step,
         # then the lower rank.
         slowness = rs.slowness
