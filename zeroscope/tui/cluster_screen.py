@@ -104,15 +104,10 @@ class ClusterScreen(StateScreen):
         fits, else one row per node when there are several; the user's choices win."""
         if self._drilled is not None:
             return "table"
-        several = self.state.nodes.several
-        if self._by_node is not None:
-            if self._by_node and several:
-                return "nodes"
-        elif several and self._view is None and heat_rows > room:
-            table_fits = table_rows + MIN_HEIGHT <= room or table_rows <= room // 2
-            if not table_fits:
-                return "nodes"
         fits = table_rows + MIN_HEIGHT <= room or table_rows <= room // 2
+        automatic = self._by_node is None and self._view is None and heat_rows > room and not fits
+        if self.state.nodes.several and (self._by_node or automatic):
+            return "nodes"
         heat = self._view == "heatmap" or (self._view is None and not fits)
         return "heatmap" if heat else "table"
 
