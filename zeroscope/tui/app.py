@@ -139,7 +139,7 @@ class ZeroscopeApp(App[str]):
                 return
             if batch is None:
                 continue
-            if getattr(self.feed, "live", False):
+            if self.feed.live:
                 self._gather(batch)
             # Fold big bursts in slices so keys and paints interleave with a 1024-rank step.
             messages = batch.messages
