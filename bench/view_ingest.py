@@ -6,14 +6,16 @@ bench/tui_frame.py times the same fold between its frames; this is the fold with
 cheap enough to run before and after a change to zeroscope/state. Each step of the fixture run
 (18 collectives and 2 transfers a report, one rank straggling) is folded with
 ``ClusterState.ingest_all`` after the Hellos and step 0; CPU is ``time.process_time()`` of this
-process. In the same run, the reports' collectives are folded both ways
-(zeroscope.state.collective_fold: by shape, and one collective at a time, the reference): their
-ratio is the paired figure, independent of the machine's load.
+process. It imports only what every tree has (ClusterState, the fixture), so one copy of it
+times a tree before a change and after, side by side. The fixture run is gc-frozen
+once built (``--no-freeze`` leaves it: every full collection then walks it, as bench/tui_frame.py
+does).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -29,8 +31,12 @@ from zeroscope.agent import schema  # noqa: E402
 from zeroscope.state import ClusterState  # noqa: E402
 
 
-def bench(ranks: int, steps: int) -> dict[str, float]:
+def bench(ranks: int, steps: int, freeze: bool = True) -> dict[str, float]:
     run = synthetic_run(RunShape(ranks=ranks, steps=steps + 1, collectives=True, straggle_from=1))
+    if freeze:
+        # The fixture's messages, all built up front, are the bench's, not the viewer's (a live
+        # viewer holds a rank's newest report): frozen, the collector does not walk them.
+        gc.freeze()
     hellos = [m for m in run if isinstance(m, schema.Hello)]
     by_step: dict[int, list[schema.Message]] = {}
     for m in run:
@@ -52,20 +58,6 @@ def bench(ranks: int, steps: int) -> dict[str, float]:
         "ingest_cpu_s": statistics.median(cpu),
         "per_report_us": statistics.median(cpu) / ranks * 1e6,
     }
-    try:
-        from zeroscope.state.collective_fold import fold, fold_each
-    except ImportError:  # a tree from before the fold by shape
-        return out
-    reports = [m for m in by_step[max(by_step)] if isinstance(m, schema.StepReport)]
-    timings: dict[str, list[float]] = {"shape": [], "each": []}
-    for _ in range(3):  # alternate, so that load changes fall on both
-        for name, f in (("shape", fold), ("each", fold_each)):
-            c0 = time.process_time()
-            for r in reports:
-                f(r.collectives, r.collectives_unfinished)
-            timings[name].append((time.process_time() - c0) / len(reports))
-    out["fold_shape_us"] = min(timings["shape"]) * 1e6
-    out["fold_each_us"] = min(timings["each"]) * 1e6
     return out
 
 
@@ -73,19 +65,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--no-freeze", action="store_true", help="leave the fixture run unfrozen")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    r = bench(args.ranks, args.steps)
+    r = bench(args.ranks, args.steps, not args.no_freeze)
     print(
         f"ingest of one {args.ranks}-rank step: wall median {r['ingest_s'] * 1e3:.1f} ms "
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "
         f"{r['per_report_us']:.1f} us a report; load average {load:.1f} at the start"
     )
-    if "fold_shape_us" in r:
-        print(
-            f"collectives of one report folded by shape {r['fold_shape_us']:.1f} us, one at a "
-            f"time {r['fold_each_us']:.1f} us ({r['fold_each_us'] / r['fold_shape_us']:.2f}x)"
-        )
 
 
 if __name__ == "__main__":

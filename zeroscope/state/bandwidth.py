@@ -76,12 +76,7 @@ def volume(op: str, nbytes: int) -> int:
 def timed(c: Collective) -> bool:
     """Whether a clock measured ``c``'s duration (``Collective.clock`` is not ``none``): only
     then are its duration and busbw figures; otherwise it counts for bytes and count alone."""
-    return timed_clock(c.clock)
-
-
-def timed_clock(clock: str) -> bool:
-    """Whether ``Collective.clock`` names a clock that measured the collective."""
-    return clock != "none"
+    return c.clock != "none"
 
 
 def duration_of(c: Collective) -> float | None:
