@@ -30,6 +30,7 @@ import zmq
 from zeroscope.agent import schema
 from zeroscope.collector import protocol as proto
 from zeroscope.collector.gate import frame_origin
+from zeroscope.collector.relays import RelayBook
 from zeroscope.collector.snapshot import Snapshot
 from zeroscope.store.background import BackgroundWriter
 from zeroscope.store.trace import TraceWriter
@@ -52,6 +53,8 @@ class BatchIngest:
     snapshot: Snapshot
     trace: TraceWriter | BackgroundWriter | None
     _listeners: list[Callable[[schema.Message], None]]
+    _claims: dict[bytes, schema.SenderClaim]
+    relays: RelayBook
 
     batches = 0
     """Node batches taken whole (class default; the collector counts its own)."""
@@ -70,9 +73,13 @@ class BatchIngest:
 
         def stop_recording(self, exc: BaseException) -> None: ...
 
+        def _publish(
+            self, message: schema.Message, payload: bytes, pub: zmq.Socket | None
+        ) -> None: ...
+
     def _node_batch(self, frames: list[bytes], pub: zmq.Socket | None, source: zmq.Frame) -> int:
         """Take one batch; returns how many reports it held (what the loop counts)."""
-        claim = schema.SenderClaim.parse(frame_origin(source)[1])
+        peer, claim = self._relay_claim(source)
         if len(frames) != 4:
             self.received += 1
             self._reject("framing", f"node batch of {len(frames)} frames, expected 4", source)
@@ -98,6 +105,9 @@ class BatchIngest:
         if sum(e.size for e in entries) != len(body):
             self._reject("malformed", "node batch sizes do not add up to its body", source, n)
             return n
+        record = self.relays.beat(claim, peer)  # a batch says the relay is alive, as a beat
+        if record is not None:
+            self._publish(record, schema.encode(record), pub)
         payloads = []
         at = 0
         for e in entries:
@@ -115,6 +125,17 @@ class BatchIngest:
             return n
         self._take(batch, payloads, body, pub)
         return n
+
+    def _relay_claim(self, source: zmq.Frame | None) -> tuple[str, schema.SenderClaim]:
+        """(peer, claim) of a relay's message: the claims parsed once per connection's user
+        name (a relay's beats and batches come several times a second from each node)."""
+        peer, user = frame_origin(source)
+        claim = self._claims.get(user)
+        if claim is None:
+            if len(self._claims) >= 16_384:
+                self._claims.clear()
+            claim = self._claims[user] = schema.SenderClaim.parse(user)
+        return peer, claim
 
     def _take(
         self, batch: schema.NodeBatch, payloads: list[bytes], body: bytes, pub: zmq.Socket | None

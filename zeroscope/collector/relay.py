@@ -21,8 +21,9 @@ one reconnection storm per rank. A relay per node turns that into one connection
   ``dropped_by_agents`` says what was lost, as it does without a relay;
 - a restarted collector knows no rank: the uplink keeps every rank's newest Hello and sends them
   again whenever its connection is made anew;
-- twice a second it sends a beat (``[RELAY_BEAT, token]``), so the collector can tell a quiet
-  node from a dead relay and name the node's ranks (collector/relays.py).
+- twice a second it sends a beat (``[RELAY_BEAT, token]``) unless a node batch went in that
+  half second (the collector counts one as a beat), so the collector can tell a quiet node
+  from a dead relay and name the node's ranks (collector/relays.py).
 """
 
 from __future__ import annotations

@@ -144,6 +144,8 @@ class Collector(ViewerService, BatchIngest):
         """Node relays forwarding here, by their beats (collector/relays.py)."""
         self.batches = 0
         """Node relays' batches taken whole (collector/batch_ingest.py)."""
+        self._claims: dict[bytes, schema.SenderClaim] = {}
+        """Relays' handshake claims, parsed once per user name."""
         self._behind = False
         self._next_admissions = 0.0
         self._listeners: list[Listener] = []
@@ -432,8 +434,7 @@ class Collector(ViewerService, BatchIngest):
 
     def _relay_beat(self, frames: list[bytes], pub: zmq.Socket, source: zmq.Frame) -> None:
         """``[RELAY_BEAT, token]``: a node relay is alive (not a message, not counted)."""
-        peer, user = frame_origin(source)
-        claim = schema.SenderClaim.parse(user)
+        peer, claim = self._relay_claim(source)
         token = frames[1] if len(frames) == 2 else b""
         if claim.role != "relay" or (self.token and not hmac.compare_digest(token, self.token)):
             self.received += 1

@@ -80,6 +80,7 @@ class Uplink:
         """The node's StepReports waiting to go as one node batch (collector/relay_batch.py)."""
         self.node_batches = 0
         """ZeroMQ messages that were node batches."""
+        self._batch_sent_at = float("-inf")
 
     def run(self, stop: threading.Event) -> None:
         poller = zmq.Poller()
@@ -96,7 +97,9 @@ class Uplink:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + BEAT_INTERVAL_S
-                    self._send([RELAY_BEAT, self.token], stop, wait=False)
+                    # A node batch is a beat too (the collector notes it as one).
+                    if now - self._batch_sent_at >= BEAT_INTERVAL_S:
+                        self._send([RELAY_BEAT, self.token], stop, wait=False)
         finally:
             self.up.disable_monitor()
             for s in (self.handoff, self.up, self.monitor):
@@ -149,6 +152,7 @@ class Uplink:
     def _send_reports(self, stop: threading.Event) -> None:
         frames, n = self.batcher.take()
         if self._send([NODE_BATCH, self.token, *frames], stop):
+            self._batch_sent_at = time.monotonic()
             self.forwarded += n
             self.batches += 1
             self.node_batches += 1
