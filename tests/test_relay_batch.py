@@ -291,9 +291,9 @@ def _batch(entries: list[schema.BatchEntry], body: bytes, version: int = 1) -> l
 
 @pytest.mark.parametrize("role", ["relay", "rank"])
 def test_collector_refuses_a_batch_it_cannot_trust(role: str) -> None:
-    """A batch from a sender that is not a relay, of another version, or whose sizes do not
-    add up to its body: counted as rejected with the reason, nothing accepted; a good one from
-    a relay is accepted whole."""
+    """A batch from a sender that is not a relay, of another version, whose sizes do not add
+    up to its body, or holding a message that is not a StepReport: counted as rejected with
+    the reason, nothing accepted; a good one from a relay is accepted whole."""
     report = schema.encode(synthetic_report(0, 1))
     good = node_steps.entry(synthetic_report(0, 1), len(report), 0, 0.0)
     ctx = zmq.Context()
@@ -306,14 +306,17 @@ def test_collector_refuses_a_batch_it_cannot_trust(role: str) -> None:
         try:
             push.send_multipart(_batch([good], report, version=99))
             push.send_multipart(_batch([good], report + b"x"))
+            hello_bytes = schema.encode(hello(0))
+            as_step = node_steps.entry(synthetic_report(0, 1), len(hello_bytes), 0, 0.0)
+            push.send_multipart(_batch([as_step], hello_bytes))  # not a StepReport
             push.send_multipart(_batch([good], report))
-            assert wait_for(lambda: col.received == 3, WAIT_S)
+            assert wait_for(lambda: col.received == 4, WAIT_S)
             time.sleep(0.2)
             if role == "relay":
-                assert col.rejected == {"schema_version": 1, "malformed": 1}
+                assert col.rejected == {"schema_version": 1, "malformed": 2}
                 assert (col.accepted, col.reports, col.batches) == (1, 1, 1)
             else:
-                assert col.rejected == {"schema_version": 1, "framing": 2}
+                assert col.rejected == {"schema_version": 1, "framing": 3}
                 assert col.accepted == 0
             assert col.received == col.accepted + sum(col.rejected.values())
         finally:

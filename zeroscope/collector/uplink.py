@@ -36,15 +36,6 @@ BEAT_INTERVAL_S = 0.5
 SEND_WAIT_MS = 200
 """A send that finds the buffer full waits this long, then checks whether the relay stops."""
 
-_HELLO_TAG = b"\xa4kind\xa5hello"
-"""A Hello's first key and tag as msgpack (``"kind": "hello"``), right after the map header."""
-
-
-def is_hello(payload: bytes) -> bool:
-    """Whether ``payload`` is an encoded Hello, without decoding it (the uplink sees every
-    report; only Hellos are kept)."""
-    return payload.find(_HELLO_TAG, 0, 16) >= 0
-
 
 class Uplink:
     """Owns the inproc end of the proxy and the PUSH to the collector (see module doc)."""
