@@ -149,6 +149,7 @@ class Outbox:
             beats: list[Message] = []
             try:
                 self._drain(block, batch, beats)
+                self._raised_meanwhile(batch)
             finally:
                 # A heartbeat names the last step ended (up to which the reports are in this
                 # batch): it goes after them, so that what arrived, or was recorded before a
@@ -197,6 +198,15 @@ class Outbox:
                 continue
             waiting.popleft()
             self._send_report(pending, batch)
+
+    def _raised_meanwhile(self, batch: list[Message]) -> None:
+        """Events handed over while this drain finished reports go out with it: a part of the
+        agent that turned itself off there (the Flight Recorder reader, whose first read may be
+        the one at close) says so in this batch, not in a next drain that may never come. A
+        report queued first keeps its place: what follows it waits for the next drain."""
+        handed = self._handed
+        while handed and isinstance(handed[0], Event):
+            batch.append(handed.popleft())
 
     def _count_dropped(self, n: int) -> None:
         try:
