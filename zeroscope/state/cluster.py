@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from zeroscope.agent.schema import (
     Admission,
@@ -33,6 +34,9 @@ from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
 
+if TYPE_CHECKING:
+    from .throughput import Throughput
+
 SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
 """The events of the loss-scale screen's list."""
 
@@ -50,6 +54,9 @@ class StepAggregate:
     complete: bool = False
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
+
+    reported_throughput: tuple[Throughput | None] | None = None
+    """The closed step's cluster throughput, once worked out (throughput.reported_step)."""
 
     _closed: tuple[int, float, float | None, bool] | None = None
     """(wall_ns, step_time, exposed_s, overflow) frozen when the step closed (its reports are
