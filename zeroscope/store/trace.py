@@ -202,6 +202,19 @@ class TraceWriter:
             self._pending.append((*row_of(message), payload))
         self.maybe_commit()
 
+    def append_batch(self, batch: schema.NodeBatch, payloads: list[bytes]) -> None:
+        """A node relay's StepReports (agent/node_batch.py), written from the batch's header
+        without decoding them: the same rows their messages would make, and the node
+        aggregates the header carries for thinning's ``node_steps``."""
+        entries = batch.entries
+        book = self.book
+        keep = book.note_batch(entries, batch.nodes) if book is not None else None
+        pending = self._pending
+        for i, (e, payload) in enumerate(zip(entries, payloads, strict=True)):
+            if keep is None or keep[i]:
+                pending.append((e.step, e.rank, "step", e.wall_ns, payload))
+        self.maybe_commit()
+
     def maybe_commit(self) -> None:
         """Commit if the batch is due (call periodically even when idle)."""
         if self._pending and (
