@@ -6,6 +6,13 @@ the server never ran an OpenMP region, so forked children cannot inherit a dead 
 Each rank sees the same environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so engine code under test initializes exactly as under torchrun.
 
+Ranks that only run real DeepSpeed may come from a second forkserver that has DeepSpeed (and
+what it drags in: torch's Dynamo and inductor, transformers) preloaded as well
+(``preload=DEEPSPEED``, tests/deepspeed_ranks.py): those imports are most of a DeepSpeed rank's
+start-up, ~8 s of CPU each. The first server must not preload them: the agent takes another path
+once ``torch._dynamo`` is imported (agent/activations.py), so the bundled engine's ranks would no
+longer run the path a job without Dynamo takes.
+
 Ranks see no GPU (``CUDA_VISIBLE_DEVICES=""``) unless the call opts in with ``gpu=True``: the
 engine picks CUDA whenever it is available and ``LOCAL_RANK`` is set, so on a machine with a GPU
 the CPU tiers would otherwise run on NCCL (and two ranks on one GPU).
@@ -19,11 +26,70 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing import forkserver, popen_forkserver
 from typing import Any
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "torch.distributed"])
+_BASE = ("torch", "torch.distributed")
+_CTX.set_forkserver_preload(list(_BASE))
+
+DEEPSPEED = ("tests.deepspeed_ranks",)
+"""``run_ranks(..., preload=DEEPSPEED)``: ranks forked from a server that imported real DeepSpeed
+(only for ranks that import it anyway: never the bundled engine's)."""
+
+_SERVERS: dict[tuple[str, ...], forkserver.ForkServer] = {}
+
+
+@contextmanager
+def _server_environment() -> Iterator[None]:
+    """The environment a preloading server starts in: what every rank it forks sets anyway
+    before DeepSpeed looks (its accelerator is chosen, and its ops probed, at the server's
+    import), and one OpenMP thread, so nothing the imports run leaves a thread pool that the
+    forked ranks would inherit dead."""
+    pinned = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    saved = {key: os.environ.get(key) for key in pinned}
+    os.environ.update(pinned)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _server(preload: tuple[str, ...]) -> forkserver.ForkServer:
+    server = _SERVERS.get(preload)
+    if server is None:
+        server = _SERVERS[preload] = forkserver.ForkServer()
+        server.set_forkserver_preload([*_BASE, *preload])
+    with _server_environment():
+        server.ensure_running()  # started once; restarted if it died
+    return server
+
+
+class _PreloadedPopen(popen_forkserver.Popen):
+    """Starts a rank from a preloading server: the standard forkserver Popen, whose launch asks
+    the module's one server for a new process, pointed at ours for that one call."""
+
+    def _launch(self, process_obj: Any) -> None:
+        connect = forkserver.connect_to_new_process
+        forkserver.connect_to_new_process = _server(process_obj.preload).connect_to_new_process
+        try:
+            super()._launch(process_obj)
+        finally:
+            forkserver.connect_to_new_process = connect
+
+
+class _PreloadedProcess(_CTX.Process):  # type: ignore[name-defined,misc]
+    preload: tuple[str, ...] = ()
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _PreloadedPopen(process_obj)
 
 
 class RankFailed(AssertionError):
@@ -95,10 +161,12 @@ def run_ranks(
     *args: Any,
     timeout: float = 120.0,
     gpu: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return each rank's
     result in rank order. ``fn`` must be a module-level function (it travels by reference).
-    The ranks see CUDA only with ``gpu=True`` (then as this process sees it).
+    The ranks see CUDA only with ``gpu=True`` (then as this process sees it). ``preload``
+    (``DEEPSPEED``): modules their server imported before forking them (CPU ranks only).
 
     The first rank that raises fails the call at once with its traceback (the others are
     killed); a rank that dies without a word, or a run past ``timeout`` seconds, fails too.
@@ -107,12 +175,17 @@ def run_ranks(
     results = _CTX.Queue()
     # A GPU test is not hidden by conftest, so this process's own setting is the machine's.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if gpu else ""
-    procs = [
-        _CTX.Process(
+    if preload and gpu:
+        raise ValueError("a preloading server hides CUDA: preload is for CPU ranks")
+    process = _PreloadedProcess if preload else _CTX.Process
+    procs = []
+    for r in range(world_size):
+        p = process(
             target=_entry, args=(fn, r, world_size, port, args, results, visible), daemon=True
         )
-        for r in range(world_size)
-    ]
+        if preload:
+            p.preload = preload
+        procs.append(p)
     for p in procs:
         p.start()
     done: dict[int, Any] = {}

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.distributed import run_ranks
+from tests.distributed import DEEPSPEED, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     out = {}
     for engine in ("deepspeed", "zeroscope"):
         folder = tmp_path_factory.mktemp(engine)
-        out[engine] = run_ranks(dropin_job.run, 2, engine, str(folder), timeout=600)
+        preload = DEEPSPEED if engine == "deepspeed" else ()
+        out[engine] = run_ranks(
+            dropin_job.run, 2, engine, str(folder), timeout=600, preload=preload
+        )
     return out
 
 

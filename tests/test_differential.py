@@ -38,7 +38,7 @@ from tests.differential.compare import (
     tensors_rel,
     write_table,
 )
-from tests.distributed import run_ranks
+from tests.distributed import DEEPSPEED, run_ranks
 
 # Two launches of 2 ranks x ~40 cells each (DeepSpeed's first initialize alone imports torch's
 # inductor, ~10 s): minutes on a 2-core box, past the suite's 300 s default for one test.
@@ -64,7 +64,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[A
 
     tmp = str(tmp_path_factory.mktemp("differential"))
     ours = run_ranks(run_engine, 2, "ours", CELLS + NVME, tmp, timeout=1200)
-    ds = run_ranks(run_engine, 2, "deepspeed", CELLS + NVME, tmp, timeout=1500)
+    ds = run_ranks(run_engine, 2, "deepspeed", CELLS + NVME, tmp, timeout=1500, preload=DEEPSPEED)
 
     def by_cell(ranks: list[dict[str, Any]]) -> dict[str, list[Any]]:
         return {name: [r[name] for r in ranks] for name in ranks[0]}

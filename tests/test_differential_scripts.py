@@ -16,7 +16,7 @@ from tests.differential.cells import Cell
 from tests.differential.compare import TOLERANCE, compare_cell, table, without_aliases
 from tests.differential.conditioning import explained_by_rounding, fp32_error
 from tests.differential.generated import cell_for, fixed_budget, spec_for
-from tests.distributed import run_ranks
+from tests.distributed import DEEPSPEED, run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -45,7 +45,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[A
     tmp = str(tmp_path_factory.mktemp("differential_scripts"))
     out = {}
     for engine in ("ours", "deepspeed"):
-        ranks = run_ranks(run_engine, 2, engine, CELLS, tmp, timeout=1000)
+        preload = DEEPSPEED if engine == "deepspeed" else ()
+        ranks = run_ranks(run_engine, 2, engine, CELLS, tmp, timeout=1000, preload=preload)
         out[engine] = {name: [r[name] for r in ranks] for name in ranks[0]}
     return out
 

@@ -1,5 +1,6 @@
 """The multi-rank helper itself: results come back in rank order; a failing rank fails the test
-fast with its own traceback instead of hanging its peers."""
+fast with its own traceback instead of hanging its peers; ranks from the DeepSpeed-preloading
+server arrive with DeepSpeed imported, and the others without it or Dynamo."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from tests.distributed import RankFailed, run_ranks
+from tests.distributed import DEEPSPEED, RankFailed, run_ranks
 
 
 def _all_reduce_rank(rank: int, world: int) -> float:
@@ -42,3 +43,19 @@ def test_failing_rank_fails_fast_with_its_traceback() -> None:
     assert "rank 1 of 2 failed" in str(info.value)
     assert "deliberate failure on rank one" in str(info.value)
     assert time.monotonic() - start < 30
+
+
+def _arrived_with(rank: int, world: int, names: tuple[str, ...]) -> dict[str, bool]:
+    import sys
+
+    return {name: name in sys.modules for name in names}
+
+
+def test_only_preloaded_ranks_arrive_with_deepspeed() -> None:
+    names = ("deepspeed", "torch._dynamo", "tests.deepspeed_ranks")
+    # The bundled engine's ranks come from the plain server: neither DeepSpeed nor Dynamo (the
+    # agent takes another path once Dynamo is imported).
+    assert run_ranks(_arrived_with, 2, names) == [dict.fromkeys(names, False)] * 2
+    assert run_ranks(_arrived_with, 2, names, preload=DEEPSPEED) == [dict.fromkeys(names, True)] * 2
+    # and they train as the others do
+    assert run_ranks(_all_reduce_rank, 2, preload=DEEPSPEED) == [3.0, 3.0]

@@ -1,7 +1,10 @@
 """A LoRA fine-tune (PEFT on a tiny Llama from a config: 1,024 trainable of 25,760 parameters)
 under ``zeroscope run --headless --record`` on 2 CPU ranks: real DeepSpeed at ZeRO-1/2/3 (bf16),
 the bundled engine as DeepSpeed (``--as-deepspeed``, same script, same configs) and FSDP2
-(fp32). The same script also runs under bare torchrun.
+(fp32). The same script also runs under bare torchrun. FSDP2 trains first in the same launch as
+real DeepSpeed (four launches in all, not six: a launch's cost is its ranks' start-up); the
+step numbers run on through the whole launch, and each engine's steps are read from its own
+stretch of them.
 
 Oracles: the run without zeroscope (losses bit for bit); the model's own parameter list (each
 parameter's size and whether it is trainable, written by the script before any engine touched
@@ -57,16 +60,33 @@ def _config(stage: int) -> dict:
 
 
 def _launch(tmp: Path, name: str, args: list[str], env: dict[str, str]) -> dict:
+    """One launch, bare and under zeroscope: per rank its records (one per engine run, in the
+    order the script trained them), its Hellos, and its steps cut into those runs (which
+    asserts the step numbers run on, 1 to the launch's last, through every engine)."""
     run_plain(SCRIPT, [*args, "--out", str(tmp / f"{name}-plain")], env, timeout=1200)
     trace = tmp / f"{name}.zstrace"
     done = run_zeroscope(SCRIPT, [*args, "--out", str(tmp / f"{name}-zs")], env, trace, 1200)
+    zs = [list(r.values()) for r in read_outputs(tmp / f"{name}-zs")]
+    ranks = read_trace(trace)
     return {
-        "plain": read_outputs(tmp / f"{name}-plain"),
-        "zs": read_outputs(tmp / f"{name}-zs"),
-        "trace": read_trace(trace),
+        "plain": [list(r.values()) for r in read_outputs(tmp / f"{name}-plain")],
+        "zs": zs,
+        "hellos": [ranks[r].hellos for r in range(N)],
+        "segments": [segments(ranks[r].steps, [STEPS] * len(zs[r])) for r in range(N)],
+        "launch_steps": [ranks[r].steps for r in range(N)],
         "trace_path": trace,
         "stdout": done.stdout,
     }
+
+
+PER_RUN = ("plain", "zs", "hellos", "segments")
+
+
+def _part(launch: dict, start: int, stop: int | None = None) -> dict:
+    """The engine runs ``start:stop`` of a launch, as if they had been a launch of their own
+    (the launch's own trace, stdout and steps stay whole)."""
+    part = {key: [rank[start:stop] for rank in launch[key]] for key in PER_RUN}
+    return {**launch, **part}
 
 
 @pytest.fixture(scope="module")
@@ -79,20 +99,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         paths.append(str(path))
     ds_args = ["--configs", ",".join(paths), "--steps", str(STEPS)]
     env = job_env()
-    out = {
-        "deepspeed": _launch(tmp, "deepspeed", ds_args, env),
+    fsdp2_then_deepspeed = _launch(tmp, "deepspeed", ["--fsdp2", *ds_args], env)
+    return {
+        "fsdp2": _part(fsdp2_then_deepspeed, 0, 1),
+        "deepspeed": _part(fsdp2_then_deepspeed, 1),
         "bundled": _launch(tmp, "bundled", ds_args, alias_environment(env)),
-        "fsdp2": _launch(tmp, "fsdp2", ["--fsdp2", "--steps", str(STEPS)], env),
     }
-    for run in out.values():  # one record per config (or the one FSDP2 run), in order
-        run["plain"] = [list(r.values()) for r in run["plain"]]
-        run["zs"] = [list(r.values()) for r in run["zs"]]
-    return out
 
 
 def _steps(run: dict, rank: int, index: int) -> list:
-    parts = segments(run["trace"][rank].steps, [STEPS] * len(run["zs"][rank]))
-    return parts[index]
+    return run["segments"][rank][index]
 
 
 def _sizes(record: dict) -> tuple[list[int], list[int]]:
@@ -154,7 +170,7 @@ def test_p_holds_every_parameter_g_and_o_only_the_trainable(
             got = {"params": m.params, "frozen": m.frozen_params, "grads": m.grads}
             assert {**got, "optim": m.optim} == want, (engine, stage, rank, step.step)
             assert (m.host_params, m.host_grads, m.host_optim) == (0, 0, 0)
-        hello = run["trace"][rank].hellos[_index(engine, stage)]
+        hello = run["hellos"][rank][_index(engine, stage)]
         trainable, frozen = _sizes(record)
         assert (hello.params.total, hello.params.trainable) == (
             sum(trainable) + sum(frozen),
@@ -166,7 +182,7 @@ def test_p_holds_every_parameter_g_and_o_only_the_trainable(
 def test_the_estimate_reproduces_the_measured_bytes(runs: dict, engine: str, stage: int) -> None:
     run = runs[engine]
     record = run["zs"][0][_index(engine, stage)]
-    hello = run["trace"][0].hellos[_index(engine, stage)]
+    hello = run["hellos"][0][_index(engine, stage)]
     c, p = hello.config, hello.params
     assert (c.stage, c.dp_world_size) == (stage, N)
     predicted = model_state_bytes(p.total, N, stage, c.precision, trainable=p.trainable)
@@ -201,5 +217,6 @@ def test_the_step_line_and_summary_show_the_frozen_share(runs: dict) -> None:
     argv = [sys.executable, "-m", "zeroscope", "summary", "--json", str(run["trace_path"])]
     summary = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     peaks = [r["frozen_params_peak"] for r in summary["ranks"]]
-    frozen = [max(s.memory.frozen_params for s in run["trace"][r].steps) for r in range(N)]
+    # The summary reads the whole launch's trace (FSDP2's steps too): its peak is theirs all.
+    frozen = [max(s.memory.frozen_params for s in run["launch_steps"][r]) for r in range(N)]
     assert peaks == frozen and summary["total"]["frozen_params_peak"] == max(frozen)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.distributed import run_ranks
+from tests.distributed import DEEPSPEED, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = {}
     for engine in ("deepspeed", "alias-without-deepspeed"):
         folder = tmp_path_factory.mktemp(engine)
-        out[engine] = run_ranks(hf_trainer_job.run, 2, engine, str(folder), timeout=TIMEOUT)[0]
+        preload = DEEPSPEED if engine == "deepspeed" else ()  # the alias job must not have it
+        ranks = run_ranks(
+            hf_trainer_job.run, 2, engine, str(folder), timeout=TIMEOUT, preload=preload
+        )
+        out[engine] = ranks[0]
     return out
 
 

@@ -1,6 +1,10 @@
 """A LoRA fine-tune with nothing of zeroscope in it: PEFT's LoRA (q_proj, v_proj) on a tiny
-Llama built from a config, trained a few steps by DeepSpeed (each ds_config given, one after
-the other, in one process) or by FSDP2.
+Llama built from a config, trained a few steps by FSDP2, by DeepSpeed (each ds_config given,
+one after the other, in one process) or by both: FSDP2 first, then each ds_config, in one
+process (one launch instead of two: a launch's cost is its ranks' start-up, not training).
+FSDP2 goes first because a step source, once DeepSpeed's engine claimed it, stays DeepSpeed's
+for the rest of the process (agent/attach/session.py): a plain optimizer's steps after it are
+not counted as steps.
 
 Per rank it writes the losses (exact floats, hex) and what the rank's model is made of, as the
 model itself says: each parameter's element count and whether it is trainable, in the
@@ -102,19 +106,22 @@ def train_fsdp2(steps: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", help="comma-separated ds_config paths (DeepSpeed)")
-    parser.add_argument("--fsdp2", action="store_true", help="train with FSDP2 instead")
+    parser.add_argument(
+        "--fsdp2", action="store_true", help="train with FSDP2 (first, before any --configs)"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True, help="JSON file prefix (.RANK is appended)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.fsdp2:
-        dist.init_process_group("gloo")
-        results = {"fsdp2": train_fsdp2(args.steps)}
-    else:
+    if args.configs:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
-        results = {path: train_deepspeed(path, args.steps) for path in args.configs.split(",")}
+    else:
+        dist.init_process_group("gloo")
+    results = {"fsdp2": train_fsdp2(args.steps)} if args.fsdp2 else {}
+    for path in args.configs.split(",") if args.configs else []:
+        results[path] = train_deepspeed(path, args.steps)
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
