@@ -122,3 +122,51 @@ def test_a_snapshot_in_many_frames_arrives_whole() -> None:
     state.ingest_all(got)
     state.flush()
     assert len(state.complete_steps()[-1].summaries) == ranks
+
+
+def test_a_snapshot_taken_mid_step_carries_no_step_that_only_some_ranks_reach() -> None:
+    """Half the ranks have reported step 31: the others' step-29 reports (still in their
+    rings) would make the viewer close a step 29 of half the job; they are left out, and the
+    view's newest closed step is 30, of every rank."""
+    with Collector(snapshot_bytes=20_000) as col:
+        run_job(col, 30)
+        ahead = [
+            StepReport(rank=r, step=31, wall_ns=31 * 10**9, duration_s=0.5)
+            for r in range(RANKS // 2)
+        ]
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        set_credentials(push)
+        push.connect(col.ingest_address)
+        push.send_multipart([b"", *(schema.encode(m) for m in ahead)])
+        push.close()
+        assert wait_for(lambda: col.accepted == RANKS * 31 + RANKS // 2, timeout=30)
+        got, src = catch_up(col)
+        src.close()
+    reports = [m for m in got if isinstance(m, StepReport)]
+    by_step: dict[int, set[int]] = {}
+    for m in reports:
+        by_step.setdefault(m.step, set()).add(m.rank)
+    assert by_step == {30: set(range(RANKS)), 31: set(range(RANKS // 2))}
+    state = ClusterState()
+    state.ingest_all(got)
+    assert [a.step for a in state.complete_steps()] == [30]
+    assert len(state.complete_steps()[0].summaries) == RANKS
+    assert state.steps[31].complete is False
+
+
+def test_a_rank_that_stopped_long_ago_still_has_its_newest_report_sent() -> None:
+    from zeroscope.collector.snapshot import Snapshot
+
+    snap = Snapshot()
+    seq = 0
+    for step in range(1, 11):
+        for rank in range(3):
+            if rank == 2 and step > 4:
+                continue  # rank 2 stopped after step 4
+            seq += 1
+            report = StepReport(rank=rank, step=step, wall_ns=step, duration_s=0.5)
+            snap.note(seq, report, schema.encode(report))
+    sent = [schema.decode(payload) for _, payload in snap.items(0, [])]
+    steps = sorted((m.rank, m.step) for m in sent if isinstance(m, StepReport))
+    assert steps == [(0, 9), (0, 10), (1, 9), (1, 10), (2, 4)]

@@ -152,7 +152,7 @@ class BatchIngest:
         for e, payload in zip(batch.entries, payloads, strict=True):
             self.dropped_by_agents += e.dropped
             remember(payload)
-            note(seq, e.rank, payload)
+            note(seq, e.rank, e.step, payload)
             seq += 1
         if self.trace is not None:
             try:

@@ -7,7 +7,12 @@ before the first frame. What the cluster view needs is each rank's newest report
 them. So the collector keeps, beside its history:
 
 - each rank's last ``steps`` StepReports (two by default: the newest step may still be
-  arriving, the one before is whole), its newest Heartbeat and its Bye;
+  arriving, the one before is whole), its newest Heartbeat and its Bye. A report of a step
+  older than the one before the job's newest is left out (a rank that has not yet reported
+  the newest step still holds the one before that): it would only make the viewer fold and
+  close a step that some ranks' reports no longer reach, judging its stragglers and plotting
+  its point from a part of the job, and cost it a fold per rank. A rank's newest report is
+  always sent, however far behind (its row says where it stopped);
 - the last ``EVENTS`` Events (loss-scale changes, overflows: the alerts' evidence);
 - (in the server) every Hello and the newest record per sender of its door.
 
@@ -40,14 +45,15 @@ class Snapshot:
 
     def __init__(self, steps: int = SNAPSHOT_STEPS) -> None:
         self.steps = steps
-        self._reports: dict[int, deque[tuple[int, bytes]]] = {}
+        self._reports: dict[int, deque[tuple[int, int, bytes]]] = {}
+        """rank -> its newest reports as (seq, step, payload)."""
         self._beats: dict[int, tuple[int, bytes]] = {}
         self._byes: dict[int, tuple[int, bytes]] = {}
         self._events: deque[tuple[int, bytes]] = deque(maxlen=EVENTS)
 
     def note(self, seq: int, message: Message, payload: bytes) -> None:
         if isinstance(message, schema.StepReport):
-            self.note_report(seq, message.rank, payload)
+            self.note_report(seq, message.rank, message.step, payload)
         elif isinstance(message, schema.Heartbeat):
             self._beats[message.rank] = (seq, payload)
         elif isinstance(message, schema.Event):
@@ -55,19 +61,28 @@ class Snapshot:
         elif isinstance(message, schema.Bye):
             self._byes[message.rank] = (seq, payload)
 
-    def note_report(self, seq: int, rank: int, payload: bytes) -> None:
-        """A StepReport of ``rank`` (a node relay's batch is noted without decoding it)."""
+    def note_report(self, seq: int, rank: int, step: int, payload: bytes) -> None:
+        """A StepReport of ``rank`` at ``step`` (a node relay's batch is noted without decoding
+        it: its entries say both)."""
         ring = self._reports.get(rank)
         if ring is None:
             ring = self._reports[rank] = deque(maxlen=self.steps)
-        ring.append((seq, payload))
+        ring.append((seq, step, payload))
 
     def items(self, since: int, kept: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         """Every message of the state newer than ``since``, with ``kept`` (the Hellos and the
         door's records), in arrival order."""
         out = [item for item in kept if item[0] > since]
-        for ring in self._reports.values():
-            out += [item for item in ring if item[0] > since]
+        rings = self._reports.values()
+        newest_step = max((step for ring in rings for _, step, _ in ring), default=0)
+        whole = newest_step - (self.steps - 1)
+        for ring in rings:
+            newest = ring[-1]
+            out += [
+                (seq, payload)
+                for seq, step, payload in ring
+                if seq > since and (step >= whole or seq == newest[0])
+            ]
         for held in (self._beats, self._byes):
             out += [item for item in held.values() if item[0] > since]
         out += [item for item in self._events if item[0] > since]

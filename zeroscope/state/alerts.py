@@ -260,17 +260,37 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     rules = state.rules
     alerts: list[Alert] = []
 
+    # One pass over the ranks for every per-rank condition (low memory, silent, failed, ended,
+    # dropping): a 16,384-rank view evaluates the alerts every frame, and a pass each cost
+    # most of the frame.
     low: list[int] = []
-    for r, rs in sorted(state.ranks.items()):
+    silent: list[int] = []
+    failed: list[int] = []
+    dropping: list[int] = []
+    ended = False
+    silent_s = rules.silent_s
+    for r, rs in state.ranks.items():
         host = rs.host
-        if host is None:
-            continue
-        total, used = host.gpu_mem_total_bytes, host.gpu_mem_used_bytes
-        if (total and used is not None and (total - used) / total < rules.headroom_min) or (
-            host.mem_available_bytes is not None
-            and (host.mem_available_bytes < rules.host_available_min)
-        ):
-            low.append(r)
+        if host is not None:
+            total, used = host.gpu_mem_total_bytes, host.gpu_mem_used_bytes
+            if (total and used is not None and (total - used) / total < rules.headroom_min) or (
+                host.mem_available_bytes is not None
+                and (host.mem_available_bytes < rules.host_available_min)
+            ):
+                low.append(r)
+        bye = rs.bye
+        if bye is None:
+            seen = rs.last_seen_s
+            if seen is not None and now_s - seen > silent_s:
+                silent.append(r)
+        else:
+            ended = True
+            if bye.exit_code != 0 and not interrupted(bye.message):
+                failed.append(r)
+        if rs.dropped:
+            dropping.append(r)
+    for found in (low, silent, failed, dropping):
+        found.sort()
     oom = sorted({e.rank for e in state.events if e.event == "oom_warning"})
     if low or oom:
         ranks = sorted(set(low) | set(oom))
@@ -324,11 +344,6 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
-    silent = sorted(
-        r
-        for r, rs in state.ranks.items()
-        if rs.bye is None and rs.last_seen_s is not None and now_s - rs.last_seen_s > rules.silent_s
-    )
     if silent:
         last = min((rs.latest.step for r in silent if (rs := state.ranks[r]).latest), default=0)
         alerts.append(
@@ -341,11 +356,6 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
             )
         )
 
-    failed = sorted(
-        r
-        for r, rs in state.ranks.items()
-        if rs.bye and rs.bye.exit_code != 0 and not interrupted(rs.bye.message)
-    )
     if failed:
         alerts.append(
             Alert(
@@ -357,15 +367,11 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
         )
 
     # The job is ending (some rank said Bye) and a rank never will: killed or crashed with no
-    # word (SIGKILL, the OOM killer). When a peer failed, it is the likely first failure.
-    ended = any(rs.bye for rs in state.ranks.values())
-    lost = sorted(
-        r
-        for r, rs in state.ranks.items()
-        if ended
-        and rs.bye is None
-        and (failed or (rs.last_seen_s is not None and now_s - rs.last_seen_s > rules.silent_s))
-    )
+    # word (SIGKILL, the OOM killer). When a peer failed, it is the likely first failure:
+    # every rank without a Bye; else the silent ones.
+    lost: list[int] = []
+    if ended:
+        lost = sorted(r for r, rs in state.ranks.items() if rs.bye is None) if failed else silent
     if lost:
         last = min((rs.latest.step for r in lost if (rs := state.ranks[r]).latest), default=0)
         alerts.append(
@@ -399,7 +405,6 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     if state.recording_error:
         alerts.append(Alert(kind="recording", severity="critical", message=state.recording_error))
 
-    dropping = sorted(r for r, rs in state.ranks.items() if rs.dropped)
     if dropping:
         total = sum(state.ranks[r].dropped for r in dropping)
         alerts.append(

@@ -12,6 +12,7 @@ import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from zeroscope.agent.schema import (
     Admission,
@@ -33,6 +34,9 @@ from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
+
+if TYPE_CHECKING:
+    from .throughput import Throughput
 
 # C-level reads of every rank's summary: a closed step of 16,384 ranks reads each a few times.
 _WALL_NS = attrgetter("wall_ns")
@@ -56,6 +60,9 @@ class StepAggregate:
     complete: bool = False
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
+
+    reported_throughput: tuple[Throughput | None] | None = None
+    """The closed step's cluster throughput, once worked out (throughput.reported_step)."""
 
     _closed: tuple[int, float, float | None, bool] | None = None
     """(wall_ns, step_time, exposed_s, overflow) frozen when the step closed (its reports are

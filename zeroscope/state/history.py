@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .throughput import cluster_step
+from .throughput import reported_step
 
 if TYPE_CHECKING:
     from .cluster import ClusterState, StepAggregate
@@ -136,10 +136,8 @@ def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
 def _throughput(agg: StepAggregate) -> dict[str, float | None]:
     """The cluster's MFU and tokens/s of the step (none computed when no rank reported work:
     a trace from before the figures existed pays nothing for them)."""
-    if all(s.work is None for s in agg.summaries.values()):
-        return {}
-    t = cluster_step(agg)
-    return {"mfu": t.mfu, "tokens_per_s": t.tokens_per_s}
+    t = reported_step(agg)
+    return {} if t is None else {"mfu": t.mfu, "tokens_per_s": t.tokens_per_s}
 
 
 class StepSeries:

@@ -10,7 +10,7 @@ from . import units
 from .alerts import interrupted, ranks_text
 from .cluster import ClusterState, StepAggregate
 from .roster import headcount
-from .throughput import cluster_run, cluster_step
+from .throughput import cluster_run, cluster_step, reported_step
 
 
 def step_line(agg: StepAggregate) -> str:
@@ -51,9 +51,9 @@ def header_throughput(state: ClusterState) -> str | None:
     """The header's tokens/s, model FLOP/s and MFU of the newest step; None when no rank of it
     reports its tokens and FLOPs (a trace from before they existed: the header stays as was)."""
     latest = state.latest()
-    if latest is None or all(s.work is None for s in latest.summaries.values()):
+    t = None if latest is None else reported_step(latest)
+    if t is None:
         return None
-    t = cluster_step(latest)
     return (
         f"{units.count(t.tokens_per_s)} tok/s {units.flop_rate(t.tflops_per_s)} "
         f"MFU {units.fine_percent(t.mfu)}"

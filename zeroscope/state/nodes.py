@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from zeroscope.agent.schema import Hello
 
     from .rank import RankState
@@ -156,11 +158,29 @@ class NodeBook:
         """The node's ranks, ascending (empty for a node nobody runs on)."""
         return sorted(self._members.get(key, ()))
 
-    def figures(self, ranks: dict[int, RankState]) -> list[NodeFigures]:
-        """Every node's figures, by node rank then hostname; only stale nodes are refolded."""
-        for key in self._stale:
+    def keys(self) -> list[NodeKey]:
+        """Every node the ranks run on, by node rank then hostname."""
+        return sorted(self._members)
+
+    def figures(
+        self, ranks: dict[int, RankState], keys: Iterable[NodeKey] | None = None
+    ) -> list[NodeFigures]:
+        """Every node's figures by node rank then hostname, or those of ``keys`` in their order
+        (a screen's worth: the others stay stale, unfolded); only stale nodes are refolded."""
+        if keys is None:
+            for key in self._stale:
+                members = self._members.get(key)
+                if members:
+                    self._figures[key] = fold(key, [ranks[r] for r in members if r in ranks])
+            self._stale.clear()
+            return [self._figures[key] for key in sorted(self._figures)]
+        out = []
+        for key in keys:
             members = self._members.get(key)
-            if members:
+            if not members:
+                continue
+            if key in self._stale or key not in self._figures:
                 self._figures[key] = fold(key, [ranks[r] for r in members if r in ranks])
-        self._stale.clear()
-        return [self._figures[key] for key in sorted(self._figures)]
+                self._stale.discard(key)
+            out.append(self._figures[key])
+        return out

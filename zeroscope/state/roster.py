@@ -206,8 +206,9 @@ def missing_groups(
 
 
 def missing_of(state: ClusterState) -> list[MissingGroup]:
-    """:func:`missing_groups` of a live or replayed ClusterState."""
-    hellos = [rs.hello for rs in state.ranks.values() if rs.hello is not None]
+    """:func:`missing_groups` of a live or replayed ClusterState (the Hellos are read only when
+    some rank is missing: the alerts ask every frame)."""
+    hellos = (rs.hello for rs in state.ranks.values() if rs.hello is not None)
     return missing_groups(state.world_size, state.ranks, hellos, state.roster.records.values())
 
 

@@ -139,6 +139,22 @@ def cluster_step(agg: StepAggregate) -> Throughput:
     return of_step([agg.summaries[r].work for r in ranks], agg.step_time)
 
 
+def reported_step(agg: StepAggregate) -> Throughput | None:
+    """:func:`cluster_step` of a step some rank reported its work in, else None (a trace from
+    before the figures existed). A closed step's is worked out once: its reports are final,
+    and the header asks for the newest step's every frame (a pass over every rank's work:
+    ~30 ms at 16,384 ranks)."""
+    cached = agg.reported_throughput
+    if cached is not None and agg.complete:
+        return cached[0]
+    found = None
+    if any(s.work is not None for s in agg.summaries.values()):
+        found = cluster_step(agg)
+    if agg.complete:
+        agg.reported_throughput = (found,)
+    return found
+
+
 def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
     """Figures over several steps: each step's work summed, over the summed times."""
     if not points:

@@ -112,6 +112,8 @@ class ZeroscopeApp(App[str]):
         self._drawn = -1
         self._drawn_at = 0.0
         self._advisory: tuple[int, Advisory, float] | None = None
+        self._advice_pending = False
+        """A big job's first advice is being judged just after the first frame."""
         self.job_over = False
         """Set (mark_over) by a viewer that learns the job is gone (attach's tunnel keeper)."""
         self.run_series: StepSeries | None = None
@@ -208,7 +210,9 @@ class ZeroscopeApp(App[str]):
     def settled(self) -> bool:
         """The screen shows the newest state, advice included (what a snapshot waits for)."""
         cached = self._advisory
-        advised = cached is None or cached[0] == self.state.version
+        advised = (cached is None and not self._advice_pending) or (
+            cached is not None and cached[0] == self.state.version
+        )
         return self._drawn == self.state.version and advised
 
     def redraw(self) -> None:
@@ -234,13 +238,26 @@ class ZeroscopeApp(App[str]):
         return self._advisory[1]
 
     def advice_pointer(self) -> str | None:
-        """The alerts strip's line pointing to the Advice screen (None when there is none)."""
+        """The alerts strip's line pointing to the Advice screen (None when there is none).
+        A job of more than ADVICE_RANKS ranks has its first advice judged just after the first
+        frame is painted, not inside it: the advisor reads every rank (~1 s of a loaded core
+        at 16,384 ranks), and a late viewer is to see the cluster first."""
+        if self._advisory is None and len(self.state.ranks) > ADVICE_RANKS:
+            if not self._advice_pending:
+                self._advice_pending = True
+                self.call_after_refresh(self._first_advice)
+            return None
         advisory = self.advisory()
         top = advisory.headline
         if top is None:
             return None
         more = f" (+{len(advisory.advice) - 1} more)" if len(advisory.advice) > 1 else ""
         return f"advice: {top.title}{more}: press a"
+
+    def _first_advice(self) -> None:
+        self.advisory()
+        self._advice_pending = False
+        self.redraw()
 
     @property
     def cursor(self) -> int | None:

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Input, Static
 
-from zeroscope.state.viewmodel import StepSeries, node_ranks, node_rows, rank_rows
+from zeroscope.state.viewmodel import NodeView, StepSeries, node_ranks, rank_rows
 
 from .alerts_strip import AlertsStrip
 from .base import StateScreen
@@ -168,13 +168,13 @@ class ClusterScreen(StateScreen):
         self._choose_view()
 
     def _fill(self) -> int:
-        """Hand the shown slot its rows (only the node rows when nodes are shown: a 16,384-rank
-        job's frame then folds the nodes whose ranks changed, not a row per rank); returns
-        how many ranks the table holds."""
+        """Hand the shown slot its rows (only the nodes when nodes are shown: a 16,384-rank
+        job's frame then folds the nodes the table draws, not a row per rank); returns how
+        many ranks the table holds."""
         state = self.state
         flagged = flags_from_alerts(state, self._shown_alerts)
         if self._slot_mode == "nodes":
-            self.query_one(NodeTable).set_rows(node_rows(state, flagged))
+            self.query_one(NodeTable).set_nodes(NodeView(state, flagged))
             return len(state.ranks)
         ranks = None if self._drilled is None else node_ranks(state, self._drilled)
         rows = rank_rows(state, flagged, ranks)

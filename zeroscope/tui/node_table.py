@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.reactive import reactive
 
 from zeroscope.state import units
-from zeroscope.state.viewmodel import NodeRow
+from zeroscope.state.viewmodel import NodeKey, NodeRow, NodeView
 
 from .cursor_table import CursorTable, cursor_bindings
 from .rank_rows import FLAG_WORDS
@@ -29,17 +29,20 @@ _WORD_ORDER = {word: i for i, word in enumerate(FLAG_WORDS.values())}
 EXPOSED_STYLES = {"bad": "bold red", "ok": "", "warn": "yellow", "na": ""}
 
 
-def sort_nodes(rows: list[NodeRow], key: str, descending: bool) -> list[NodeRow]:
-    """Missing figures (NA) sort last whichever way; ties keep node order."""
+def sort_nodes(view: NodeView, key: str, descending: bool) -> list[NodeKey]:
+    """The nodes in table order. By node, or by how many ranks alerts flag, needs no figure
+    (only the rows on screen are then made); by a figure, every row is. Missing figures (NA)
+    sort last whichever way; ties keep node order."""
     if key == "node":
-        return sorted(rows, key=lambda row: row.key, reverse=descending)
+        return view.keys[::-1] if descending else list(view.keys)
     if key == "alerts":
-        return sorted(rows, key=lambda row: (-len(row.flags), row.key), reverse=False)
+        return sorted(view.keys, key=lambda k: -len(view.flags.get(k, ())))  # stable: by node
     attr = _SORT_ATTRS[key]
+    rows = view.all_rows()
     known = [row for row in rows if getattr(row, attr) is not None]
-    missing = [row for row in rows if getattr(row, attr) is None]
+    missing = [row.key for row in rows if getattr(row, attr) is None]
     known.sort(key=lambda row: getattr(row, attr), reverse=descending)
-    return known + missing
+    return [row.key for row in known] + missing
 
 
 def alert_text(row: NodeRow) -> str:
@@ -62,35 +65,44 @@ class NodeTable(CursorTable):
     class Selected(Message):
         """The user drilled into a node."""
 
-        def __init__(self, key: tuple[int, str], name: str) -> None:
+        def __init__(self, key: NodeKey, name: str) -> None:
             super().__init__()
             self.key = key
             self.name = name
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._shown: list[NodeRow] = []
-        self._rows: list[NodeRow] = []
+        self._shown: list[NodeKey] = []
+        self._view: NodeView | None = None
 
-    def set_rows(self, rows: list[NodeRow]) -> None:
+    def set_nodes(self, view: NodeView) -> None:
+        """The state's nodes; their rows are made when drawn (only those that fit)."""
         current = self.current_key
-        self._rows = rows
+        self._view = view
         self._reorder(keep=current)
 
-    def _reorder(self, keep: tuple[int, str] | None = None) -> None:
-        self._shown = sort_nodes(self._rows, self.sort_key, self.descending)
-        keys = [row.key for row in self._shown]
-        self._keep_cursor(keys.index(keep) if keep in keys else None)
+    def _reorder(self, keep: NodeKey | None = None) -> None:
+        if self._view is None:
+            return
+        self._shown = sort_nodes(self._view, self.sort_key, self.descending)
+        index = None
+        if keep is not None:
+            try:
+                index = self._shown.index(keep)
+            except ValueError:
+                index = None
+        self._keep_cursor(index)
 
     @property
-    def current_key(self) -> tuple[int, str] | None:
+    def current_key(self) -> NodeKey | None:
         if 0 <= self.cursor < len(self._shown):
-            return self._shown[self.cursor].key
+            return self._shown[self.cursor]
         return None
 
     @property
     def shown_nodes(self) -> list[str]:
-        return [row.name for row in self._shown]
+        view = self._view
+        return [] if view is None else [view.name(key) for key in self._shown]
 
     def watch_sort_key(self) -> None:
         self._reorder(keep=self.current_key)
@@ -99,9 +111,9 @@ class NodeTable(CursorTable):
         self._reorder(keep=self.current_key)
 
     def action_select(self) -> None:
-        if 0 <= self.cursor < len(self._shown):
-            row = self._shown[self.cursor]
-            self.post_message(self.Selected(row.key, row.name))
+        key = self.current_key
+        if key is not None and self._view is not None:
+            self.post_message(self.Selected(key, self._view.name(key)))
 
     def action_cycle_sort(self) -> None:
         i = (SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)
@@ -131,8 +143,9 @@ class NodeTable(CursorTable):
             + head("alerts", "alerts", 6, True),
             style="bold",
         )
-        for i in self._window(max(1, height - 1)):
-            row = self._shown[i]
+        window = self._window(max(1, height - 1))
+        rows = [] if self._view is None else self._view.rows(self._shown[i] for i in window)
+        for i, row in zip(window, rows, strict=True):
             text.append("\n")
             line = Text(no_wrap=True)
             line.append(f"{row.name[: name_w - 1]:<{name_w}}")

@@ -10,7 +10,7 @@ this package and ``zeroscope.state.units``; the modules that compute stay behind
 |---|---|
 | cluster (header, charts, alerts) | ``ClusterState.alerts``, ``headcount``, ``mesh_shape``, ``header_throughput``, ``StepSeries`` |
 | rank table and heatmap | ``rank_rows`` (slowness judged, each row's ``throughput``), ``heat_view`` (bands) |
-| node table (large jobs) | ``node_rows`` (the slowest rank's slowness and the exposed share judged), ``node_ranks`` (drill-down) |
+| node table (large jobs) | ``NodeView`` (rows made for the nodes on screen; the slowest rank's slowness and the exposed share judged), ``node_rows``, ``node_ranks`` (drill-down) |
 | rank detail | ``rank_comm_view`` (exposed share judged), ``rank_beside_cluster``, ``rank_throughput`` |
 | history plots | ``StepSeries`` (the cluster's MFU and tokens/s per step), ``summary_mfu``, ``summary_tokens_per_s`` |
 | memory | ``memory_view`` (each part's deviation judged) |
@@ -60,7 +60,7 @@ from zeroscope.state.roster import MissingGroup, headcount
 
 from .comm import CommView, RankCommView, comm_view, rank_comm_view
 from .memory import MemoryRow, MemoryView, PartCell, memory_view
-from .nodes import NodeRow, node_name, node_ranks, node_rows
+from .nodes import NodeKey, NodeRow, NodeView, node_name, node_ranks, node_rows
 from .ranks import HeatView, RankRow, heat_value, heat_view, rank_rows
 from .screens import (
     EVENT_LEVELS,
@@ -87,7 +87,9 @@ __all__ = [
     "MemoryRow",
     "MemoryView",
     "MissingGroup",
+    "NodeKey",
     "NodeRow",
+    "NodeView",
     "PartCell",
     "PipelineRun",
     "PipelineView",

@@ -3,7 +3,10 @@ a rank at a time), the slowest rank's slowness and the node's exposed share judg
 ranks of one node for the drill-down.
 
 The figures are zeroscope.state.nodes' (folded per node, only the nodes whose ranks changed);
-this adds the names and the judgements, and the alert flags the caller found per rank.
+this adds the names and the judgements, and the alert flags the caller found per rank. A
+:class:`NodeView` makes a row only when asked for it: a screen shows ~40 of a 16,384-rank job's
+2,048 nodes, and after every step each node's figures change, so a frame that made every row
+folded every rank; it now folds the nodes on screen (sorting by a figure still asks for all).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from zeroscope.state.alerts import Level
 from zeroscope.state.nodes import UNPLACED, NodeKey
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from zeroscope.state.cluster import ClusterState
 
 
@@ -48,37 +53,65 @@ def node_name(key: NodeKey, shared: bool = False) -> str:
     return f"{host}#{node_rank}" if shared else host
 
 
+class NodeView:
+    """The node table of one state: every node's key, name and flags at once, its figures only
+    when its row is asked for (each row made once per view)."""
+
+    def __init__(self, state: ClusterState, flagged: dict[int, str] | None = None) -> None:
+        self._state = state
+        self.keys: list[NodeKey] = state.nodes.keys()
+        """Every node, by node rank then hostname."""
+        hosts: dict[str, int] = {}
+        for _, host in self.keys:
+            hosts[host] = hosts.get(host, 0) + 1
+        self._shared = {host for host, n in hosts.items() if n > 1}
+        flags: dict[NodeKey, list[tuple[int, str]]] = {}
+        for rank, word in sorted((flagged or {}).items()):
+            key = state.nodes.node_of(rank)
+            if key is not None:
+                flags.setdefault(key, []).append((rank, word))
+        self.flags: dict[NodeKey, tuple[tuple[int, str], ...]] = {
+            key: tuple(found) for key, found in flags.items()
+        }
+        """(rank, flag word) of each node's flagged ranks, by rank; nodes with none absent."""
+        self._rows: dict[NodeKey, NodeRow] = {}
+
+    def name(self, key: NodeKey) -> str:
+        return node_name(key, key[1] in self._shared)
+
+    def rows(self, keys: Iterable[NodeKey]) -> list[NodeRow]:
+        """The rows of ``keys``, in their order (a node nobody runs on any more is left out)."""
+        keys = list(keys)
+        wanted = [key for key in keys if key not in self._rows]
+        if wanted:
+            rules = self._state.rules
+            for f in self._state.nodes.figures(self._state.ranks, wanted):
+                self._rows[f.key] = NodeRow(
+                    key=f.key,
+                    name=self.name(f.key),
+                    ranks=len(f.ranks),
+                    reporting=f.reporting,
+                    step=f.step,
+                    step_time=f.step_time,
+                    slowest_rank=f.slowest_rank,
+                    slowness=f.slowness,
+                    slowness_level=rules.slowness_level(f.slowness),
+                    memory_max=f.memory_max,
+                    memory_min=f.memory_min,
+                    exposed=f.exposed,
+                    exposed_level=rules.exposed_level(f.exposed),
+                    flags=self.flags.get(f.key, ()),
+                )
+        return [self._rows[key] for key in keys if key in self._rows]
+
+    def all_rows(self) -> list[NodeRow]:
+        """Every node's row, by node rank then hostname."""
+        return self.rows(self.keys)
+
+
 def node_rows(state: ClusterState, flagged: dict[int, str] | None = None) -> list[NodeRow]:
     """Every node's row, by node rank then hostname."""
-    figures = state.nodes.figures(state.ranks)
-    hosts: dict[str, int] = {}
-    for f in figures:
-        hosts[f.key[1]] = hosts.get(f.key[1], 0) + 1
-    flags: dict[NodeKey, list[tuple[int, str]]] = {}
-    for rank, word in sorted((flagged or {}).items()):
-        key = state.nodes.node_of(rank)
-        if key is not None:
-            flags.setdefault(key, []).append((rank, word))
-    rules = state.rules
-    return [
-        NodeRow(
-            key=f.key,
-            name=node_name(f.key, hosts[f.key[1]] > 1),
-            ranks=len(f.ranks),
-            reporting=f.reporting,
-            step=f.step,
-            step_time=f.step_time,
-            slowest_rank=f.slowest_rank,
-            slowness=f.slowness,
-            slowness_level=rules.slowness_level(f.slowness),
-            memory_max=f.memory_max,
-            memory_min=f.memory_min,
-            exposed=f.exposed,
-            exposed_level=rules.exposed_level(f.exposed),
-            flags=tuple(flags.get(f.key, ())),
-        )
-        for f in figures
-    ]
+    return NodeView(state, flagged).all_rows()
 
 
 def node_ranks(state: ClusterState, key: NodeKey) -> list[int]:
