@@ -16,7 +16,15 @@ from typing import Literal
 
 import msgspec
 
-# The handshake's claim is part of the wire: the viewer side imports it from here.
+# A node relay's batch header (agent/node_batch.py) and the handshake's claim are part of the
+# wire too: the viewer side imports them from here.
+from .node_batch import NODE_BATCH_VERSION as NODE_BATCH_VERSION
+from .node_batch import BatchEntry as BatchEntry
+from .node_batch import BatchError as BatchError
+from .node_batch import NodeBatch as NodeBatch
+from .node_batch import NodeStep as NodeStep
+from .node_batch import decode_batch as decode_batch
+from .node_batch import encode_batch as encode_batch
 from .sender_claim import SenderClaim as SenderClaim
 
 SCHEMA_VERSION = 2

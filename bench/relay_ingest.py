@@ -2,10 +2,12 @@
 
 The collector (this process, recording a trace) takes the same reports twice per size: from the
 ranks' senders directly, and through one ``zeroscope relay`` per node (zeroscope/collector/relay.py).
-Reported per path: records per CPU-second of the collector's process (its thread and ZeroMQ's
-I/O thread: nothing else runs here while it ingests), the ratio relayed / direct, reports lost
-(sent by the senders minus StepReports the collector accepted, plus what the senders dropped),
-and the collector's RSS after the run.
+Reported per path: records per CPU-second of the collector's process (its thread, the trace
+writer's and ZeroMQ's I/O thread: nothing else runs here while it ingests), the ratio relayed /
+direct, reports lost (sent by the senders minus StepReports the collector accepted, plus what
+the senders dropped), the collector's RSS after the run, the node batches it took whole
+(collector/batch_ingest.py), and the slowest step's sending time (past ``--interval``, the
+senders did not keep the schedule).
 
 The senders are the agent's real :class:`~zeroscope.agent.publish.Publisher` (encode, batch,
 non-blocking send), in ``--procs`` spawned processes standing for the nodes, each Publisher
@@ -97,19 +99,28 @@ def _node_sender(
         pubs.append(pub)
     for pub in pubs:
         pub.wait_connected(30)
-    out.put(("ready", 0, 0))
+    out.put(("ready", 0, 0, 0.0))
     go.wait()
+    import msgspec
+
+    # Each rank's report is built once; a step only renumbers it (the senders' own CPU: on a
+    # 2-core machine it is what keeps the schedule).
+    base = {n: _reports(range(n * per_node, (n + 1) * per_node), 0, collectives) for n in nodes}
     sent = 0
+    slowest = 0.0
     tick = time.monotonic()
     for step in range(1, steps + 1):
         for node, pub in zip(nodes, pubs, strict=True):
-            batch = _reports(range(node * per_node, (node + 1) * per_node), step, collectives)
+            now = time.time_ns()
+            batch = [msgspec.structs.replace(r, step=step, wall_ns=now) for r in base[node]]
             # One ZeroMQ message per rank and step, as each rank's own sender makes it.
             sent += sum(pub.send(report) for report in batch)
+        # From the step's tick to its last report sent: past ``interval``, the schedule slipped.
+        slowest = max(slowest, time.monotonic() - tick)
         tick += interval
         time.sleep(max(0.0, tick - time.monotonic()))
     time.sleep(0.5)
-    out.put(("done", sent, sum(p.dropped for p in pubs)))
+    out.put(("done", sent, sum(p.dropped for p in pubs), slowest))
     for pub in pubs:
         pub.close()
     time.sleep(1.0)  # what the relays still hold goes out
@@ -127,7 +138,7 @@ def _rss_bytes() -> int | None:
     return None
 
 
-def _next(out: Any, procs: list[Any], timeout: float) -> tuple[str, int, int]:
+def _next(out: Any, procs: list[Any], timeout: float) -> tuple[str, int, int, float]:
     """The next sender message; fails at once when a sender died instead."""
     import queue
 
@@ -143,20 +154,15 @@ def _next(out: Any, procs: list[Any], timeout: float) -> tuple[str, int, int]:
 
 def run_one(ranks: int, relayed: bool, args: argparse.Namespace, trace: Path) -> dict[str, Any]:
     """One path at one size: the collector's records per CPU-second, losses, RSS."""
-    from zeroscope.agent.schema import StepReport
     from zeroscope.collector.server import Collector, wait_for
 
     nodes = max(1, ranks // args.per_node)
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
-    counted = [0]
-
-    def count(message: object) -> None:
-        if isinstance(message, StepReport):
-            counted[0] += 1
-
     with Collector(record=trace, token=TOKEN) as col:
-        col.add_listener(count)
+        # No in-process listener: it would take decoded messages (collector/batch_ingest.py),
+        # and a remote viewer's path is the PUB socket, which the collector feeds either way.
+        counted = [0]
         groups = [list(range(nodes))[i :: args.procs] for i in range(min(args.procs, nodes))]
         procs = [
             ctx.Process(
@@ -175,11 +181,13 @@ def run_one(ranks: int, relayed: bool, args: argparse.Namespace, trace: Path) ->
         cpu0, t0 = time.process_time(), time.perf_counter()
         go.set()
         sent = dropped = 0
+        slowest = 0.0
         for _ in procs:
-            _, s, d = _next(out, procs, 600)
-            sent, dropped = sent + s, dropped + d
-        wait_for(lambda: counted[0] >= sent, 60, 0.05)
+            _, s, d, late = _next(out, procs, 600)
+            sent, dropped, slowest = sent + s, dropped + d, max(slowest, late)
+        wait_for(lambda: col.reports >= sent, 60, 0.05)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+        counted[0] = col.reports
         for p in procs:
             p.join(60)
         records = counted[0] * (args.collectives + 1)
@@ -196,6 +204,9 @@ def run_one(ranks: int, relayed: bool, args: argparse.Namespace, trace: Path) ->
             "cpu_per_step_ms": cpu / args.steps * 1e3,
             "rss_bytes": _rss_bytes(),
             "rejected": sum(col.rejected.values()),
+            "node_batches": col.batches,
+            "slowest_step_send_s": slowest,
+            "on_schedule": slowest <= args.interval,
         }
 
 
@@ -241,7 +252,8 @@ def main() -> int:
             f"{r['ranks']:>6} ranks {r['path']:>8}: {rate / 1e6:5.2f} M records/CPU-s, collector "
             f"CPU {r['cpu_per_step_ms']:7.1f} ms/step (x{ratio:.2f} of direct), sent "
             f"{r['sent']}, received {r['received']}, lost {r['lost']}, RSS "
-            f"{(r['rss_bytes'] or 0) / 2**20:.0f} MiB, {r['wall_s']:.0f} s wall, load {r['load_avg']}"
+            f"{(r['rss_bytes'] or 0) / 2**20:.0f} MiB, {r['wall_s']:.0f} s wall, load {r['load_avg']}, "
+            f"{r['node_batches']} node batches, slowest step sent in {r['slowest_step_send_s']:.2f} s"
         )
     return 0
 

@@ -416,9 +416,10 @@ def relay(quick: bool) -> list[Table]:
     t.note = (
         f"{args.steps} steps at {args.interval:g} s; each rank's report is its own ZeroMQ message "
         f"({args.collectives + 1} records); the senders are the agent's Publisher, one per node "
-        "of 64 ranks, in 2 processes; relayed: one zeroscope relay per node in the same process. "
-        "Collector CPU is its whole process's (collector thread and ZeroMQ's I/O thread) over "
-        "the run, idle polling included. Goal at 16,384 ranks: relayed <= 0.5 x direct."
+        "of 64 ranks, in 2 processes; relayed: one zeroscope relay per node in the same process, "
+        "sending node batches the collector takes without decoding a report. Collector CPU is "
+        "its whole process's (collector thread, trace writer thread and ZeroMQ's I/O thread) "
+        "over the run, idle polling included. Goal at 16,384 ranks: relayed <= 0.5 x direct."
     )
     return [t]
 

@@ -1,7 +1,11 @@
 """A bootstrap hook (``ZEROSCOPE_BOOTSTRAP_HOOKS=tests.drift_hook:install``) that makes one
 private torch API the attach relies on disappear, named by ``ZEROSCOPE_TEST_DRIFT``, as a torch
 release that renamed it would: right after ``torch.distributed`` finished importing (after the
-attach installed), so the attach meets the drift where it uses the API, inside the job."""
+attach installed), so the attach meets the drift where it uses the API, inside the job.
+
+``ZEROSCOPE_TEST_DRIFT=a,b`` gives each rank its own (rank 0 ``a``, rank 1 ``b``): the attach is
+per process, so one 2-rank launch tests two drifts, each rank's console line and trace saying
+its own (a launch is seconds of imports; the training is noise beside them)."""
 
 from __future__ import annotations
 
@@ -21,12 +25,19 @@ class _EngineWithoutQueueCallback:
         return getattr(self._engine, name)
 
 
+def _mine() -> str:
+    """This process's drift: its rank's entry of the comma-separated list (rank 0 outside a
+    rank: torchrun's own process)."""
+    drifts = os.environ.get("ZEROSCOPE_TEST_DRIFT", "").split(",")
+    return drifts[int(os.environ.get("RANK", "0")) % len(drifts)]
+
+
 def _drift(_: Any) -> None:
     import torch
     from torch._C._distributed_c10d import ProcessGroup
     from torch.nn.parallel import DistributedDataParallel
 
-    what = os.environ.get("ZEROSCOPE_TEST_DRIFT", "")
+    what = _mine()
     if what == "fr_dump":
         delattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
     elif what == "group_sequence":
@@ -58,7 +69,7 @@ LATER = {"hf_pre_optimizer_step"}
 
 def _trainer_drift(module: Any) -> None:
     """A transformers release that no longer calls ``on_pre_optimizer_step``."""
-    if os.environ.get("ZEROSCOPE_TEST_DRIFT") == "hf_pre_optimizer_step":
+    if _mine() == "hf_pre_optimizer_step":
         module.CallbackHandler.on_pre_optimizer_step = lambda self, args, state, control: control
 
 

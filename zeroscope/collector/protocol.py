@@ -3,7 +3,11 @@
 Every accepted message gets a sequence number (1, 2, ...) that is unique within one collector
 *instance* (a random 8-byte id, new at each start, so a viewer notices a restarted collector).
 
-- Updates, on the PUB socket: ``[instance + seq (16 bytes), payload]``.
+- Updates, on the PUB socket: ``[instance + seq (16 bytes), payload]``, or, for the reports
+  of a node relay's batch (collector/batch_ingest.py), ``[instance + seq, sizes, body]``: the
+  payloads back to back in ``body``, their sizes little-endian u32 in ``sizes``
+  (:func:`split_batch`), numbered ``seq, seq + 1, ...``: one ZeroMQ frame per report cost the
+  collector ~4 us a report, a third of what the batch costs it otherwise.
 - Catch-up, on the ROUTER socket: a viewer's DEALER sends ``[b"since", seq (8 bytes), token]``;
   the collector answers with ``[b"batch", instance, since, first_seq, payload, payload, ...]``
   messages (consecutive sequence numbers from ``first_seq``), then ``[b"end", instance, since,
@@ -53,6 +57,30 @@ def split_update_header(header: bytes) -> tuple[bytes, int]:
     return header[:8], int(_U64.unpack(header[8:])[0])
 
 
+def pack_sizes(sizes: list[int]) -> bytes:
+    """The ``sizes`` frame of a batch update."""
+    return struct.pack(f"<{len(sizes)}I", *sizes)
+
+
+def split_batch(sizes: bytes, body: bytes) -> list[bytes]:
+    """The payloads of a batch update; ValueError when the frames do not agree."""
+    if len(sizes) % 4:
+        raise ValueError(f"sizes frame of {len(sizes)} bytes, not a multiple of 4")
+    lengths = struct.unpack(f"<{len(sizes) // 4}I", sizes)
+    if sum(lengths) != len(body):
+        raise ValueError("batch update sizes do not add up to its body")
+    out = []
+    at = 0
+    for n in lengths:
+        out.append(body[at : at + n])
+        at += n
+    return out
+
+
 RELAY_BEAT = b"zeroscope-relay-beat"
 """First frame of a node relay's beat, ``[RELAY_BEAT, token]`` on the ingest socket (a rank's
 messages start with the token instead): the relay is alive even while its node is quiet."""
+
+NODE_BATCH = b"zeroscope-node-batch"
+"""First frame of a node relay's batch of StepReports, ``[NODE_BATCH, token, header, body]``
+on the ingest socket (agent/node_batch.py, collector/batch_ingest.py)."""

@@ -10,8 +10,10 @@ one reconnection storm per rank. A relay per node turns that into one connection
   nothing) travel to the collector like reports and name the node's ranks there;
 - the ranks' messages leave the node-facing socket through ZeroMQ's own proxy
   (``zmq.proxy_steerable``, with a control socket to stop it) into the uplink
-  (collector/uplink.py), which owns the one connection to the collector and merges what is
-  waiting into batches of up to 64 reports, the framing the collector takes from an agent;
+  (collector/uplink.py), which owns the one connection to the collector, decodes each message
+  on the node and sends the StepReports as node batches (collector/relay_batch.py: the
+  reports' bytes as sent, a header the collector takes them by without decoding one, and the
+  node's aggregate per step), anything else merged as an agent's batch;
 - the buffer is bounded: the uplink queues at most ``buffer`` batches while the collector is
   slow or restarting (kept, delivered once it is back), then it waits, the proxy stops reading,
   the frontend fills, and each rank's own non-blocking sender drops and counts
@@ -19,8 +21,9 @@ one reconnection storm per rank. A relay per node turns that into one connection
   ``dropped_by_agents`` says what was lost, as it does without a relay;
 - a restarted collector knows no rank: the uplink keeps every rank's newest Hello and sends them
   again whenever its connection is made anew;
-- twice a second it sends a beat (``[RELAY_BEAT, token]``), so the collector can tell a quiet
-  node from a dead relay and name the node's ranks (collector/relays.py).
+- twice a second it sends a beat (``[RELAY_BEAT, token]``) unless a node batch went in that
+  half second (the collector counts one as a beat), so the collector can tell a quiet node
+  from a dead relay and name the node's ranks (collector/relays.py).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from zeroscope.collector.gate import Gate
 from zeroscope.collector.uplink import Uplink
 
 BUFFER = 2_000
-"""Batches (each at most ``uplink.MAX_BATCH`` reports) the relay holds for the collector."""
+"""Batches the relay holds for the collector (each at most ``uplink.MAX_BATCH`` messages, or
+``relay_batch.MAX_REPORTS`` reports in a node batch)."""
 
 FRONTEND_HWM = 10_000
 """Messages the node-facing socket buffers before the ranks' own senders see EAGAIN."""
@@ -86,6 +90,11 @@ class Relay:
     def forwarded(self) -> int:
         """Reports handed to the collector's connection."""
         return self.uplink.forwarded if self.uplink is not None else 0
+
+    @property
+    def node_batches(self) -> int:
+        """Node batches (StepReports the collector takes without decoding) sent."""
+        return self.uplink.node_batches if self.uplink is not None else 0
 
     @property
     def connections(self) -> int:

@@ -1,6 +1,7 @@
 """The collector's view of the node relays (collector/relay.py) that forward to it.
 
-A relay beats every half second on its one connection. When a relay falls silent for
+A relay beats every half second on its one connection (a node batch counts as a beat: a relay
+that sent one within the half second does not beat). When a relay falls silent for
 ``RELAY_SILENT_S`` its node's ranks go quiet all at once, and "no word from r1024-1031" would
 leave the reader to guess why; so the collector says it, as one of its own
 :class:`~zeroscope.agent.schema.Admission` records: reason ``relay_down``, role ``relay``, the

@@ -32,6 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
 from zeroscope.collector import protocol as proto
+from zeroscope.collector.batch_ingest import BatchIngest
 from zeroscope.collector.gate import HANDSHAKE_FAILURES, Gate, frame_origin
 from zeroscope.collector.relays import RelayBook
 from zeroscope.collector.snapshot import SNAPSHOT_BYTES, Snapshot
@@ -75,7 +76,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Collector(ViewerService):
+class Collector(ViewerService, BatchIngest):
     """A job's collector. ``start()`` binds and runs it on a daemon thread; ``stop()`` ends it."""
 
     def __init__(
@@ -119,6 +120,8 @@ class Collector(ViewerService):
         self.accepted = 0
         self.rejected: dict[str, int] = {}
         self.dropped_by_agents = 0
+        self.reports = 0
+        """StepReports accepted (directly or in node batches)."""
         self.duplicate_hellos = 0
         self.listener_errors = 0
         self.internal_errors = 0
@@ -139,6 +142,10 @@ class Collector(ViewerService):
         self.gate = Gate(self.token)
         self.relays = RelayBook()
         """Node relays forwarding here, by their beats (collector/relays.py)."""
+        self.batches = 0
+        """Node relays' batches taken whole (collector/batch_ingest.py)."""
+        self._claims: dict[bytes, schema.SenderClaim] = {}
+        """Relays' handshake claims, parsed once per user name."""
         self._behind = False
         self._next_admissions = 0.0
         self._listeners: list[Listener] = []
@@ -173,12 +180,14 @@ class Collector(ViewerService):
             "unauthenticated": self.unauthenticated,
             "refused_connections": dict(self.gate.refused),
             "dropped_by_agents": self.dropped_by_agents,
+            "reports": self.reports,
             "duplicate_hellos": self.duplicate_hellos,
             "listener_errors": self.listener_errors,
             "internal_errors": self.internal_errors,
             "recording_error": self.recording_error,
             "seq": self.seq,
             "relays": len(self.relays),
+            "node_batches": self.batches,
         }
 
     def start(self) -> Collector:
@@ -300,8 +309,11 @@ class Collector(ViewerService):
             while more:
                 frames.append(pull.recv())
                 more = bool(pull.getsockopt(zmq.RCVMORE))
-            taken += max(len(frames) - 1, 1)  # the messages after the token
             try:
+                if frames[0] == proto.NODE_BATCH:  # a relay's node batch: its reports count
+                    taken += self._node_batch(frames, pub, first)
+                    continue
+                taken += max(len(frames) - 1, 1)  # the messages after the token
                 if frames[0] == proto.RELAY_BEAT:
                     self._relay_beat(frames, pub, first)
                     continue
@@ -367,6 +379,7 @@ class Collector(ViewerService):
                 return None
         elif isinstance(message, (schema.StepReport, schema.Heartbeat)):
             self.dropped_by_agents += message.dropped
+            self.reports += isinstance(message, schema.StepReport)
         self._publish(message, payload, pub)
         return message
 
@@ -421,8 +434,7 @@ class Collector(ViewerService):
 
     def _relay_beat(self, frames: list[bytes], pub: zmq.Socket, source: zmq.Frame) -> None:
         """``[RELAY_BEAT, token]``: a node relay is alive (not a message, not counted)."""
-        peer, user = frame_origin(source)
-        claim = schema.SenderClaim.parse(user)
+        peer, claim = self._relay_claim(source)
         token = frames[1] if len(frames) == 2 else b""
         if claim.role != "relay" or (self.token and not hmac.compare_digest(token, self.token)):
             self.received += 1

@@ -47,16 +47,20 @@ class Snapshot:
 
     def note(self, seq: int, message: Message, payload: bytes) -> None:
         if isinstance(message, schema.StepReport):
-            ring = self._reports.get(message.rank)
-            if ring is None:
-                ring = self._reports[message.rank] = deque(maxlen=self.steps)
-            ring.append((seq, payload))
+            self.note_report(seq, message.rank, payload)
         elif isinstance(message, schema.Heartbeat):
             self._beats[message.rank] = (seq, payload)
         elif isinstance(message, schema.Event):
             self._events.append((seq, payload))
         elif isinstance(message, schema.Bye):
             self._byes[message.rank] = (seq, payload)
+
+    def note_report(self, seq: int, rank: int, payload: bytes) -> None:
+        """A StepReport of ``rank`` (a node relay's batch is noted without decoding it)."""
+        ring = self._reports.get(rank)
+        if ring is None:
+            ring = self._reports[rank] = deque(maxlen=self.steps)
+        ring.append((seq, payload))
 
     def items(self, since: int, kept: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         """Every message of the state newer than ``since``, with ``kept`` (the Hellos and the

@@ -1,11 +1,14 @@
 """A node relay's one connection to the collector: batches, beats, and Hellos after a reconnection.
 
 ZeroMQ's proxy hands every message the node's ranks sent to this thread over an inproc pipe.
-Each rank sends one ZeroMQ message per wake-up (usually one report); the collector pays a fixed
-cost per ZeroMQ message on top of its cost per report, so the uplink merges what is waiting into
-one ``[token, report, report, ...]`` message of at most ``MAX_BATCH`` reports, the framing the
-collector already takes from an agent's batch. Nothing waits to fill a batch: what one wake-up
-finds goes at once, so batches grow only when the node sends faster than the collector reads.
+The collector's cost is per report (decode, validate, record, publish), so the uplink decodes
+each message here, on the node: the StepReports go as node batches (collector/relay_batch.py:
+the reports' bytes as sent, with a header the collector takes them by without decoding them,
+and the node's aggregate per step), anything else (Hellos, events, heartbeats, byes, the door's
+records) as one ``[token, message, ...]`` message of at most ``MAX_BATCH``, the framing the
+collector takes from an agent's batch, in the order they came. Nothing waits to fill a batch:
+what one wake-up finds goes at once, so batches grow only when the node sends faster than the
+collector reads.
 
 Only messages whose token frame is the job's token are merged (the door admitted the sender
 with it); anything else goes on as it came, so the collector rejects it with its own reason.
@@ -21,7 +24,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import SenderClaim
-from zeroscope.collector.protocol import RELAY_BEAT
+from zeroscope.collector.protocol import NODE_BATCH, RELAY_BEAT
+from zeroscope.collector.relay_batch import NodeBatcher
 
 MAX_BATCH = 64
 """Reports per forwarded message at most (as an agent's own batches)."""
@@ -31,15 +35,6 @@ BEAT_INTERVAL_S = 0.5
 
 SEND_WAIT_MS = 200
 """A send that finds the buffer full waits this long, then checks whether the relay stops."""
-
-_HELLO_TAG = b"\xa4kind\xa5hello"
-"""A Hello's first key and tag as msgpack (``"kind": "hello"``), right after the map header."""
-
-
-def is_hello(payload: bytes) -> bool:
-    """Whether ``payload`` is an encoded Hello, without decoding it (the uplink sees every
-    report; only Hellos are kept)."""
-    return payload.find(_HELLO_TAG, 0, 16) >= 0
 
 
 class Uplink:
@@ -72,6 +67,11 @@ class Uplink:
         self.connections = 0
         """Handshakes with the collector that succeeded (more than one: it was restarted)."""
         self.hellos_resent = 0
+        self.batcher = NodeBatcher(claim.node_rank, claim.hostname)
+        """The node's StepReports waiting to go as one node batch (collector/relay_batch.py)."""
+        self.node_batches = 0
+        """ZeroMQ messages that were node batches."""
+        self._batch_sent_at = float("-inf")
 
     def run(self, stop: threading.Event) -> None:
         poller = zmq.Poller()
@@ -88,37 +88,65 @@ class Uplink:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + BEAT_INTERVAL_S
-                    self._send([RELAY_BEAT, self.token], stop, wait=False)
+                    # A node batch is a beat too (the collector notes it as one).
+                    if now - self._batch_sent_at >= BEAT_INTERVAL_S:
+                        self._send([RELAY_BEAT, self.token], stop, wait=False)
         finally:
             self.up.disable_monitor()
             for s in (self.handoff, self.up, self.monitor):
                 s.close(linger=0)
 
     def _forward(self, stop: threading.Event) -> None:
-        """What is waiting (a bounded amount per turn, so beats still go), in batches."""
-        batch: list[bytes] = []
+        """What is waiting (a bounded amount per turn, so beats still go), in arrival order:
+        StepReports in node batches, anything else in plain batches."""
+        plain: list[bytes] = []
+        batcher = self.batcher
         for _ in range(16 * MAX_BATCH):
             try:
                 frames = self.handoff.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             if len(frames) < 2 or frames[0] != self.token:
+                plain = self._send_plain(plain, stop)
                 self._send(frames, stop)  # the collector's door says what is wrong with it
                 continue
             for payload in frames[1:]:
-                if is_hello(payload):
-                    self._keep_hello(payload)
-            batch += frames[1:]
-            if len(batch) >= MAX_BATCH:
-                self._send_batch(batch, stop)
-                batch = []
-        if batch:
-            self._send_batch(batch, stop)
+                try:
+                    message: schema.Message | None = schema.decode(payload)
+                except schema.SchemaError:
+                    message = None  # goes on as it came: the collector rejects and counts it
+                if isinstance(message, schema.StepReport):
+                    plain = self._send_plain(plain, stop)
+                    batcher.add(message, payload)
+                    if batcher.full:
+                        self._send_reports(stop)
+                    continue
+                if isinstance(message, schema.Hello):
+                    self.hellos[message.rank] = payload
+                    batcher.hello(message)
+                if len(batcher):
+                    self._send_reports(stop)
+                plain.append(payload)
+                if len(plain) >= MAX_BATCH:
+                    plain = self._send_plain(plain, stop)
+        self._send_plain(plain, stop)
+        if len(batcher):
+            self._send_reports(stop)
 
-    def _send_batch(self, payloads: list[bytes], stop: threading.Event) -> None:
-        if self._send([self.token, *payloads], stop):
+    def _send_plain(self, payloads: list[bytes], stop: threading.Event) -> list[bytes]:
+        """Send ``payloads`` as one ``[token, message, ...]``; returns a new empty list."""
+        if payloads and self._send([self.token, *payloads], stop):
             self.forwarded += len(payloads)
             self.batches += 1
+        return []
+
+    def _send_reports(self, stop: threading.Event) -> None:
+        frames, n = self.batcher.take()
+        if self._send([NODE_BATCH, self.token, *frames], stop):
+            self._batch_sent_at = time.monotonic()
+            self.forwarded += n
+            self.batches += 1
+            self.node_batches += 1
 
     def _send(self, frames: list[bytes], stop: threading.Event, *, wait: bool = True) -> bool:
         """Queue ``frames`` for the collector; while the buffer is full, wait (the proxy then
@@ -130,14 +158,6 @@ class Uplink:
             except zmq.Again:
                 if not wait or stop.is_set():
                     return False
-
-    def _keep_hello(self, payload: bytes) -> None:
-        try:
-            hello = schema.decode(payload)
-        except schema.SchemaError:
-            return  # the collector rejects and counts it
-        if isinstance(hello, schema.Hello):
-            self.hellos[hello.rank] = payload
 
     def _reconnected(self, stop: threading.Event) -> None:
         while self.monitor.poll(0):

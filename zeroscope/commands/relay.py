@@ -117,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
         relay.stop()
     refused = sum(relay.gate.refused.values())
     print(
-        f"zeroscope relay: node {relay.node_rank}: {relay.forwarded} messages forwarded, "
+        f"zeroscope relay: node {relay.node_rank}: {relay.forwarded} messages forwarded "
+        f"({relay.node_batches} node batches), "
         f"{len(relay.hellos)} ranks, {refused} connections refused, "
         f"{relay.local_dropped} own messages not queued",
         file=sys.stderr,

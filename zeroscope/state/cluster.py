@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from zeroscope.agent.schema import (
     Admission,
@@ -32,6 +33,11 @@ from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
 from .stragglers import Finding, LagBook, Standing, judge
 from .totals import ClusterTotals
+
+# C-level reads of every rank's summary: a closed step of 16,384 ranks reads each a few times.
+_WALL_NS = attrgetter("wall_ns")
+_DURATION = attrgetter("duration_s")
+_OVERFLOW = attrgetter("overflow")
 
 SCALE_EVENTS = ("overflow", "scale_change", "scale_at_minimum", "nan_loss")
 """The events of the loss-scale screen's list."""
@@ -65,14 +71,14 @@ class StepAggregate:
         """The step's end: the latest rank's step-end instant [ns, that rank's clock]."""
         if self._closed is not None:
             return self._closed[0]
-        return max(s.wall_ns for s in self.summaries.values())
+        return max(map(_WALL_NS, self.summaries.values()))
 
     @property
     def step_time(self) -> float:
         """The step takes as long as its slowest rank (they meet at the next collective) [s]."""
         if self._closed is not None:
             return self._closed[1]
-        return max(s.duration_s for s in self.summaries.values())
+        return max(map(_DURATION, self.summaries.values()))
 
     _median: float | None = None
 
@@ -80,7 +86,7 @@ class StepAggregate:
     def median_time(self) -> float:
         """Median of the ranks' step times [s]. Cached: every rank's judgement uses it."""
         if self._median is None:
-            self._median = statistics.median(s.duration_s for s in self.summaries.values())
+            self._median = statistics.median(map(_DURATION, self.summaries.values()))
         return self._median
 
     @property
@@ -117,7 +123,7 @@ class StepAggregate:
         """Some rank's optimizer step overflowed (fp16) in this step."""
         if self._closed is not None:
             return self._closed[3]
-        return any(s.overflow for s in self.summaries.values())
+        return any(map(_OVERFLOW, self.summaries.values()))
 
     @property
     def exposed_s(self) -> float | None:
@@ -209,11 +215,13 @@ class ClusterState:
             # whose clock runs an hour behind is not silent for an hour).
             wall = message.started_ns if isinstance(message, Hello) else message.wall_ns
             received_s = max(self.clock_s, wall / 1e9)
-        self.clock_s = max(self.clock_s, received_s)
+        if received_s > self.clock_s:
+            self.clock_s = received_s
         self.messages += 1
         self.version += 1
-        rank = self.rank(message.rank)
-        rank.last_seen_s = max(rank.last_seen_s or 0.0, received_s)
+        rank = self.ranks.get(message.rank) or self.rank(message.rank)
+        seen = rank.last_seen_s or 0.0
+        rank.last_seen_s = received_s if received_s > seen else seen
         if isinstance(message, StepReport):
             return self._step(rank, message)
         if isinstance(message, Hello):

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-from zeroscope.agent.schema import Bye, Collective, Hello, HostSample, StepReport, Work
+from zeroscope.agent.schema import Bye, Hello, HostSample, StepReport, Work
 
-from .bandwidth import busbw_of, timed, volume, wire_bytes
+from .bandwidth import busbw_of, volume, wire_bytes
+from .collective_fold import fold, sequence_of
 from .totals import RankTotals
+
+_NBYTES = attrgetter("nbytes")
+_DURATION = attrgetter("duration_s")
 
 HISTORY_STEPS = 512
 """Steps of per-rank history kept for the over-time charts."""
@@ -62,25 +67,6 @@ class OpTotals:
         return None if self.unexposed else self.exposed_s
 
 
-def busy_seconds(collectives: list[Collective]) -> float:
-    """Time with at least one collective in flight [s]: the union of their [start, end)
-    intervals, so overlapping collectives (prefetch, bucketed reduce-scatters) count once."""
-    spans = [(c.start_s, c.start_s + c.duration_s) for c in collectives if c.clock != "none"]
-    if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
-        spans.sort()  # reports list them in issue order, so this is rare
-    if not spans:
-        return 0.0
-    total = 0.0
-    lo, hi = spans[0]
-    for a, b in spans:
-        if a > hi:
-            total += hi - lo
-            lo, hi = a, b
-        elif b > hi:
-            hi = b
-    return total + (hi - lo)
-
-
 @dataclass(slots=True)
 class StepSummary:
     """One rank's step, as every view needs it. None = not reported (NA), never 0."""
@@ -103,7 +89,7 @@ class StepSummary:
     comm_s: float
     """Sum of collective issue-to-completion times [s]."""
     busy_s: float
-    """Time with a collective in flight (:func:`busy_seconds`) [s]."""
+    """Time with a collective in flight (zeroscope.state.collective_fold.busy_seconds) [s]."""
     exposed_s: float
     """Time the loop waited inside collectives: sum of ``Collective.exposed_s`` [s]."""
     bus_bytes: float
@@ -171,55 +157,36 @@ class StepSummary:
     @property
     def model_states(self) -> int | None:
         """P + G + O on the device [bytes]; NA when none of them was reported."""
-        parts = [v for v in (self.params, self.grads, self.optim) if v is not None]
-        return sum(parts) if parts else None
+        p, g, o = self.params, self.grads, self.optim
+        if p is None and g is None and o is None:
+            return None
+        return (p or 0) + (g or 0) + (o or 0)
 
     @property
     def device_total(self) -> int | None:
-        """P + G + O + A [bytes] (the parts reported); NA when none was."""
-        parts = [v for v in (self.params, self.grads, self.optim, self.activations) if v]
-        known = (self.params, self.grads, self.optim, self.activations)
-        return sum(parts) if any(v is not None for v in known) else None
+        """P + G + O + A [bytes] (the parts reported); NA when none was. (Read for every rank
+        of every closed step: written out, no lists.)"""
+        p, g, o, a = self.params, self.grads, self.optim, self.activations
+        if p is None and g is None and o is None and a is None:
+            return None
+        return (p or 0) + (g or 0) + (o or 0) + (a or 0)
 
 
 def fingerprint(report: StepReport) -> int:
     """Hash of the step's collective sequence, the part every rank must agree on (op, size,
     label in issue order; timing left out); 0 when some were unfinished or none issued."""
-    if report.collectives_unfinished or not report.collectives:
-        return 0
-    return hash(tuple((c.op, c.nbytes, c.label) for c in report.collectives)) or 1
+    return sequence_of(report.collectives, report.collectives_unfinished)
 
 
 def summarize(report: StepReport) -> StepSummary:
     """Fold one StepReport into the figures the views need."""
-    # Per (op, group size): count, S, time, exposed, untimed, unexposed, S of the timed ones;
-    # volume and bus bytes are linear in S, so they are applied once per group rather than per
-    # collective (1024 ranks x hundreds of collectives per report arrive at the collector).
-    # A collective no clock measured (clock "none") adds to count and bytes only: its bytes go
-    # to the volume but not to the busbw numerator, so busbw stays time-weighted over timed ops.
-    groups: dict[tuple[str, int], list[float]] = {}
-    prefetched = untimed_all = unexposed_all = 0
-    for c in report.collectives:
-        g = groups.get((c.op, c.group_size))
-        if g is None:
-            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0, 0, 0, 0]
-        g[0] += 1
-        g[1] += c.nbytes
-        if timed(c):
-            g[2] += c.duration_s
-            if c.duration_s > 0.0:
-                g[6] += c.nbytes
-            if c.exposed_measured:
-                g[3] += c.exposed_s
-            else:
-                g[5] += 1
-        else:
-            g[4] += 1
-            g[5] += 1
-        prefetched += c.prefetched
+    # Per (op, group size) from zeroscope.state.collective_fold; volume and bus bytes are
+    # linear in S, so they are applied once per group rather than per collective.
+    folded = fold(report.collectives, report.collectives_unfinished)
     ops: dict[str, OpTotals] = {}
     total_volume = 0
     comm_s = exposed = bus_total = 0.0
+    untimed_all = unexposed_all = 0
     for (op, size), (
         count,
         nbytes,
@@ -228,20 +195,30 @@ def summarize(report: StepReport) -> StepSummary:
         untimed,
         unexposed,
         timed_bytes,
-    ) in groups.items():
-        totals = ops.get(op)
-        if totals is None:
-            totals = ops[op] = OpTotals()
+    ) in folded.groups.items():
         v = volume(op, int(nbytes))
         bus = wire_bytes(op, timed_bytes, size)
-        totals.count += int(count)
-        totals.nbytes += int(nbytes)
-        totals.volume += v
-        totals.seconds += seconds
-        totals.exposed_s += waited
-        totals.bus_bytes += bus
-        totals.untimed += int(untimed)
-        totals.unexposed += int(unexposed)
+        totals = ops.get(op)
+        if totals is None:  # the op's first group size (most ops have one)
+            ops[op] = OpTotals(
+                int(count),
+                int(nbytes),
+                v,
+                0.0 + seconds,
+                0.0 + waited,
+                0.0 + bus,
+                int(untimed),
+                int(unexposed),
+            )
+        else:
+            totals.count += int(count)
+            totals.nbytes += int(nbytes)
+            totals.volume += v
+            totals.seconds += seconds
+            totals.exposed_s += waited
+            totals.bus_bytes += bus
+            totals.untimed += int(untimed)
+            totals.unexposed += int(unexposed)
         total_volume += v
         comm_s += seconds
         exposed += waited
@@ -264,23 +241,23 @@ def summarize(report: StepReport) -> StepSummary:
         device_peak=m.device_peak,
         comm_volume=total_volume,
         comm_s=comm_s,
-        busy_s=busy_seconds(report.collectives),
+        busy_s=folded.busy_s,
         exposed_s=exposed,
         bus_bytes=bus_total,
-        offload_bytes=sum(t.nbytes for t in report.transfers),
-        offload_s=sum(t.duration_s for t in report.transfers),
+        offload_bytes=sum(map(_NBYTES, report.transfers)),
+        offload_s=sum(map(_DURATION, report.transfers)),
         loss=report.loss,
         loss_scale=report.loss_scale,
         grad_norm=report.grad_norm,
         lr=report.lr,
         overflow=report.overflow,
         samples=report.samples,
-        prefetched=prefetched,
+        prefetched=folded.prefetched,
         collectives=len(report.collectives),
         untimed=untimed_all,
         unexposed=unexposed_all,
         ops=ops,
-        sequence=fingerprint(report),
+        sequence=folded.sequence,
         work=report.work,
         forward_backward_s=_forward_backward(report),
     )

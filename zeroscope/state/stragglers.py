@@ -29,18 +29,20 @@ import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .alerts import AlertRules
     from .rank import StepSummary
 
 LagKind = Literal["straggler", "slow_link"]
 
 
-@dataclass(frozen=True, slots=True)
-class Standing:
-    """One rank in one step, against the other ranks of that step."""
+class Standing(NamedTuple):
+    """One rank in one step, against the other ranks of that step (a named tuple: a closed
+    step makes one per rank, thousands at a time)."""
 
     compute_excess_s: float
     link_excess_s: float
@@ -48,17 +50,30 @@ class Standing:
     """compute / median of the others' compute [ratio]; NA when that median is 0."""
 
 
-def _median_without(values: list[float], value: float) -> float:
-    """Median of sorted ``values`` with one occurrence of ``value`` removed (O(log n))."""
-    i = bisect.bisect_left(values, value)
-    n = len(values) - 1
-
-    def at(k: int) -> float:  # k-th of the remaining n values
-        return values[k if k < i else k + 1]
-
+def _medians_without(values: list[float]) -> Callable[[float], float]:
+    """For sorted ``values``: the function giving the median of the values with one occurrence
+    of ``v`` removed. Removing one value moves the median by at most one place, so there are
+    three answers, found once; each rank then costs one bisection."""
+    n = len(values) - 1  # the values left
+    mid = n // 2
+    # at(k), the k-th of the n values left when the one at index i is removed: values[k] for
+    # k < i, else values[k + 1].
     if n % 2:
-        return at(n // 2)
-    return (at(n // 2 - 1) + at(n // 2)) / 2
+        above, not_above = values[mid], values[mid + 1]  # i > mid, i <= mid
+
+        def odd(v: float) -> float:
+            return above if bisect.bisect_left(values, v) > mid else not_above
+
+        return odd
+    above = (values[mid - 1] + values[mid]) / 2  # i > mid
+    at_mid = (values[mid - 1] + values[mid + 1]) / 2  # i == mid
+    below = (values[mid] + values[mid + 1]) / 2  # i < mid
+
+    def even(v: float) -> float:
+        i = bisect.bisect_left(values, v)
+        return above if i > mid else at_mid if i == mid else below
+
+    return even
 
 
 def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
@@ -70,18 +85,16 @@ def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
     top, second = cs[-1], cs[-2]
     own = {}
     for r, s in summaries.items():
-        slowest_other = second if compute[r] == top else top
-        own[r] = s.busy_s - max(0.0, slowest_other - compute[r])
-    links = sorted(own.values())
-    out = {}
-    for r in summaries:
         c = compute[r]
-        others = _median_without(cs, c)
-        out[r] = Standing(
-            compute_excess_s=c - others,
-            link_excess_s=own[r] - _median_without(links, own[r]),
-            slowness=c / others if others > 0 else None,
-        )
+        slowest_other = second if c == top else top
+        own[r] = s.busy_s - max(0.0, slowest_other - c)
+    compute_others = _medians_without(cs)
+    link_others = _medians_without(sorted(own.values()))
+    out = {}
+    for r, c in compute.items():
+        others = compute_others(c)
+        link = own[r]
+        out[r] = Standing(c - others, link - link_others(link), c / others if others > 0 else None)
     return out
 
 
@@ -105,6 +118,9 @@ class _Track:
     steps."""
     since: dict[str, int] = field(default_factory=dict)
     """kind -> first step of the current flag."""
+    compute_overs: int = 0
+    link_overs: int = 0
+    """Over-steps in ``window`` (kept as entries come and go: a step closes for every rank)."""
 
 
 class LagBook:
@@ -118,22 +134,36 @@ class LagBook:
         """Fold in one closed step's standings."""
         rules = self.rules
         limit = rules.straggler_limit_s(median_step_s)
-        for r, st in standings.items():
-            track = self._tracks.get(r)
+        need, size = rules.straggler_steps, rules.straggler_window
+        tracks = self._tracks
+        for r, (compute, link, slowness) in standings.items():
+            track = tracks.get(r)
             if track is None:
-                track = self._tracks[r] = _Track(deque(maxlen=rules.straggler_window))
-            over_c, over_l = st.compute_excess_s > limit, st.link_excess_s > limit
-            track.window.append(
-                (step, st.compute_excess_s, st.link_excess_s, over_c, over_l, st.slowness)
-            )
-            for kind, index in (("straggler", 3), ("slow_link", 4)):
-                overs = [entry[0] for entry in track.window if entry[index]]
-                if len(overs) >= rules.straggler_steps:
-                    track.since.setdefault(kind, overs[0])
+                track = tracks[r] = _Track(deque(maxlen=size))
+            window = track.window
+            if len(window) == size:
+                _, _, _, gone_c, gone_l, _ = window[0]
+                track.compute_overs -= gone_c
+                track.link_overs -= gone_l
+            over_c, over_l = compute > limit, link > limit
+            window.append((step, compute, link, over_c, over_l, slowness))
+            track.compute_overs += over_c
+            track.link_overs += over_l
+            since = track.since
+            # A kind is flagged while ``need`` of the window's steps are over, from the first
+            # over-step in the window when it was raised; a slow-compute rank is not also a
+            # slow link.
+            if track.compute_overs >= need:
+                if "straggler" not in since:
+                    since["straggler"] = next(e[0] for e in window if e[3])
+                since.pop("slow_link", None)
+            else:
+                since.pop("straggler", None)
+                if track.link_overs >= need:
+                    if "slow_link" not in since:
+                        since["slow_link"] = next(e[0] for e in window if e[4])
                 else:
-                    track.since.pop(kind, None)
-            if "straggler" in track.since:  # a slow-compute rank is not also a slow link
-                track.since.pop("slow_link", None)
+                    since.pop("slow_link", None)
 
     def findings(self) -> list[Finding]:
         """Flagged ranks, the largest excess first."""

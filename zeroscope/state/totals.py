@@ -19,12 +19,6 @@ if TYPE_CHECKING:
     from .rank import StepSummary
 
 
-def _peak(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
-
-
 @dataclass(slots=True)
 class _Sums:
     steps: int = 0
@@ -71,14 +65,27 @@ class RankTotals:
     _steady: _Sums | None = None
 
     def add(self, s: StepSummary) -> None:
+        # Each peak is the largest value reported (None until one is), written out: every
+        # report of every rank comes through here.
         self.steps += 1
-        self.params_peak = _peak(self.params_peak, s.params)
-        self.frozen_params_peak = _peak(self.frozen_params_peak, s.frozen_params)
-        self.grads_peak = _peak(self.grads_peak, s.grads)
-        self.optim_peak = _peak(self.optim_peak, s.optim)
-        self.activations_peak = _peak(self.activations_peak, s.activations)
-        self.host_peak = _peak(self.host_peak, s.host_bytes)
-        self.device_peak = _peak(self.device_peak, s.device_peak)
+        if (v := s.params) is not None and (self.params_peak is None or v > self.params_peak):
+            self.params_peak = v
+        if (v := s.frozen_params) is not None and (
+            self.frozen_params_peak is None or v > self.frozen_params_peak
+        ):
+            self.frozen_params_peak = v
+        if (v := s.grads) is not None and (self.grads_peak is None or v > self.grads_peak):
+            self.grads_peak = v
+        if (v := s.optim) is not None and (self.optim_peak is None or v > self.optim_peak):
+            self.optim_peak = v
+        if (v := s.activations) is not None and (
+            self.activations_peak is None or v > self.activations_peak
+        ):
+            self.activations_peak = v
+        if (v := s.host_bytes) is not None and (self.host_peak is None or v > self.host_peak):
+            self.host_peak = v
+        if (v := s.device_peak) is not None and (self.device_peak is None or v > self.device_peak):
+            self.device_peak = v
         self.overflows += s.overflow
         if self._first is None:
             self.first_step = s.step

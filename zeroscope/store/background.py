@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from zeroscope.agent.schema import Message
+from zeroscope.agent.schema import Message, NodeBatch
 from zeroscope.store.trace import TraceWriter
 
 MAX_PENDING = 50_000
@@ -37,7 +37,9 @@ class BackgroundWriter:
         self.path: Path = writer.path
         self.job_id = writer.job_id
         self.error: BaseException | None = None
-        self._rows: list[tuple[Message, bytes]] = []
+        self._rows: list[tuple[Message, bytes] | tuple[NodeBatch, list[bytes]]] = []
+        self._count = 0
+        """Rows queued (a node batch's reports each count)."""
         self._lock = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -54,10 +56,21 @@ class BackgroundWriter:
 
     def append(self, message: Message, payload: bytes) -> None:
         with self._lock:
-            while len(self._rows) >= MAX_PENDING and self._thread.is_alive():
-                self._wake.set()  # write now, not at the next interval
-                self._lock.wait(0.1)
+            self._wait_for_room()
             self._rows.append((message, payload))
+            self._count += 1
+
+    def append_batch(self, batch: NodeBatch, payloads: list[bytes]) -> None:
+        """A node relay's batch of reports (TraceWriter.append_batch), in order with the rest."""
+        with self._lock:
+            self._wait_for_room()
+            self._rows.append((batch, payloads))
+            self._count += len(payloads)
+
+    def _wait_for_room(self) -> None:
+        while self._count >= MAX_PENDING and self._thread.is_alive():
+            self._wake.set()  # write now, not at the next interval
+            self._lock.wait(0.1)
 
     def maybe_commit(self) -> None:
         """Raise the writer thread's failure, if any (the collector then stops recording)."""
@@ -79,6 +92,7 @@ class BackgroundWriter:
                 self.error = exc
                 with self._lock:
                     self._rows.clear()  # recording stops: an append must not wait on a dead thread
+                    self._count = 0
                     self._lock.notify_all()
                 try:
                     w.close()  # commits what it still can
@@ -88,14 +102,23 @@ class BackgroundWriter:
 
     def _write(self) -> None:
         with self._lock:
-            rows, self._rows = self._rows, []
+            rows, self._rows, self._count = self._rows, [], 0
             self._lock.notify_all()
         w = self.writer
         if self._job_id_due:
             w.set_job_id(self._job_id_due)
             self._job_id_due = ""
-        if rows:
-            w.append_many(rows)
+        run: list[tuple[Message, bytes]] = []
+        for head, tail in rows:
+            if isinstance(head, NodeBatch) and isinstance(tail, list):
+                if run:
+                    w.append_many(run)
+                    run = []
+                w.append_batch(head, tail)
+            elif not isinstance(head, NodeBatch) and isinstance(tail, bytes):
+                run.append((head, tail))
+        if run:
+            w.append_many(run)
         w.commit()
 
     def close(self) -> None:

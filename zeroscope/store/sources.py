@@ -142,16 +142,20 @@ class LiveSource:
             self._request()  # a gap: ask for what is missing
 
     def _on_update(self, frames: list[bytes], out: list[Message]) -> None:
-        if len(frames) != 2:
+        if len(frames) not in (2, 3):
             return
         instance, seq = proto.split_update_header(frames[0])
         if instance != self.instance:
             if not self._inflight_since:
                 self._request()  # a new collector: resynchronize through the ROUTER
             return
-        if seq <= self.last_seq:
-            return
-        self._buffer[seq] = frames[1]
+        try:  # a node batch's reports: consecutive numbers from seq
+            payloads = [frames[1]] if len(frames) == 2 else proto.split_batch(*frames[1:])
+        except ValueError:
+            return  # the gap it leaves is asked for again
+        for i, payload in enumerate(payloads):
+            if seq + i > self.last_seq:
+                self._buffer[seq + i] = payload
         if not self._inflight_since:
             self._drain_buffer(out)
 

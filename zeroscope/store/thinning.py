@@ -36,8 +36,11 @@ import sqlite3
 import statistics
 from dataclasses import asdict, dataclass, field
 
+import msgspec
+
 from zeroscope.agent import schema
-from zeroscope.agent.schema import Message
+from zeroscope.agent.schema import BatchEntry, Message, NodeStep
+from zeroscope.state import node_steps
 from zeroscope.state.alerts import AlertRules
 
 
@@ -102,22 +105,8 @@ CREATE TABLE IF NOT EXISTS node_steps(
 
 
 @dataclass(slots=True)
-class _Node:
-    ranks: int = 0
-    s_min: float = float("inf")
-    s_sum: float = 0.0
-    s_max: float = float("-inf")
-    slowest: int = -1
-    wall_ns: int = 0
-    memory: int = 0
-    exposed: float = 0.0
-    comm: int = 0
-    samples: int = 0
-
-
-@dataclass(slots=True)
 class _Step:
-    nodes: dict[int, _Node] = field(default_factory=dict)
+    nodes: dict[int, NodeStep] = field(default_factory=dict)
     compute: dict[int, float] = field(default_factory=dict)
     durations: list[float] = field(default_factory=list)
     alerted: bool = False
@@ -157,13 +146,54 @@ class StepBook:
         if not isinstance(message, (schema.StepReport, schema.Event, schema.Heartbeat)):
             return True
         step = message.step
-        if self.thinned_before is not None and step < self.thinned_before:
+        if self._thinned(step):
             if isinstance(message, schema.Event):
                 return True
-            first = self.first_step if self.first_step is not None else step
-            keep = self.policy.keeps(step, first)
-            self.late_dropped += not keep
-            return keep
+            return self._late(step)
+        book = self._book(step)
+        if isinstance(message, schema.Event):
+            book.alerted = True
+        elif isinstance(message, schema.StepReport):
+            self._report(book, message)
+        return True
+
+    def note_batch(self, entries: list[BatchEntry], nodes: list[NodeStep]) -> list[bool]:
+        """A node relay's batch of StepReports (agent/node_batch.py), folded from its header
+        without decoding a report: the node aggregates merge in as the relay made them, the
+        entries give each rank's compute for the straggler judgement. Returns, per entry,
+        whether it is to be written (as :meth:`note`)."""
+        keep = []
+        for e in entries:
+            if self._thinned(e.step):
+                keep.append(self._late(e.step))
+                continue
+            book = self._book(e.step)
+            book.alerted = book.alerted or e.alerted
+            book.compute[e.rank] = e.duration_s - e.exposed_s
+            book.durations.append(e.duration_s)
+            keep.append(True)
+        for agg in nodes:
+            if self._thinned(agg.step):
+                continue  # its reports came late too: the step's rows are written
+            book = self._book(agg.step)
+            held = book.nodes.get(agg.node_rank)
+            if held is None:
+                book.nodes[agg.node_rank] = msgspec.structs.replace(agg)  # a copy to merge into
+            else:
+                node_steps.merge(held, agg)
+        return keep
+
+    def _thinned(self, step: int) -> bool:
+        return self.thinned_before is not None and step < self.thinned_before
+
+    def _late(self, step: int) -> bool:
+        """A report of a step already thinned: written only when the schedule keeps it."""
+        first = self.first_step if self.first_step is not None else step
+        keep = self.policy.keeps(step, first)
+        self.late_dropped += not keep
+        return keep
+
+    def _book(self, step: int) -> _Step:
         book = self.steps.get(step)
         if book is None:
             book = self.steps[step] = _Step()
@@ -171,36 +201,20 @@ class StepBook:
                 self.first_step = step
             if self.last_step is None or step > self.last_step:
                 self.last_step = step
-        if isinstance(message, schema.Event):
-            book.alerted = True
-        elif isinstance(message, schema.StepReport):
-            self._report(book, message)
-        return True
+        return book
 
     def _report(self, book: _Step, r: schema.StepReport) -> None:
         if r.overflow or r.skipped:
             book.alerted = True
-        node = book.nodes.get(self.node_of.get(r.rank, -1))
-        if node is None:
-            node = book.nodes[self.node_of.get(r.rank, -1)] = _Node()
-        d = r.duration_s
-        node.ranks += 1
-        node.s_sum += d
-        node.s_min = min(node.s_min, d)
-        if d > node.s_max:
-            node.s_max, node.slowest = d, r.rank
-        node.wall_ns = max(node.wall_ns, r.wall_ns)
-        m = r.memory
-        held = (m.params or 0) + (m.grads or 0) + (m.optim or 0) + (m.activations or 0)
-        node.memory = max(node.memory, held)
-        exposed = 0.0
-        for c in r.collectives:
-            node.comm += c.nbytes
-            exposed += c.exposed_s or 0.0
-        node.exposed = max(node.exposed, exposed)
-        node.samples += r.samples
-        book.compute[r.rank] = d - exposed
-        book.durations.append(d)
+        node_rank = self.node_of.get(r.rank, -1)
+        held = book.nodes.get(node_rank)
+        figures = node_steps.figures(r)
+        agg = node_steps.add_report(held, node_rank, r, figures)
+        if held is None:
+            book.nodes[node_rank] = agg
+        exposed = figures[0]
+        book.compute[r.rank] = r.duration_s - exposed
+        book.durations.append(r.duration_s)
 
     def due(self) -> list[int]:
         """Steps that left the recent window, oldest first."""
@@ -224,23 +238,7 @@ class StepBook:
                 self._last_alert_kept = step
                 self.kept_for_alerts.append(step)
         self.thinned_before = max(self.thinned_before or 0, step + 1)
-        rows: list[tuple[float, ...]] = [
-            (
-                step,
-                node,
-                n.ranks,
-                n.s_min,
-                n.s_sum / n.ranks,
-                n.s_max,
-                n.slowest,
-                n.wall_ns,
-                n.memory,
-                n.exposed,
-                n.comm,
-                n.samples,
-            )
-            for node, n in sorted(book.nodes.items())
-        ]
+        rows = [node_steps.row(n) for _, n in sorted(book.nodes.items())]
         return keep, rows
 
     def _over_ranks(self, book: _Step) -> set[int]:

@@ -1,0 +1,92 @@
+"""One report's collectives folded into the step's communication figures: per (op, group size)
+the count, bytes, time, wait and the untimed / unexposed counts, the busy time and the sequence
+fingerprint (zeroscope.state.rank.summarize turns them into OpTotals and a StepSummary).
+
+Tried and not kept: folding each distinct *shape* of the list once (ops, sizes, groups, clocks,
+labels) and reading a report's times through C-level ``map`` / ``itemgetter`` calls. Equal to
+the last bit, but building and hashing the shape key (seven attributes a collective) cost
+about what the loop saved: 0.87-1.26x the loop on 18-collective reports at load 6-28 (docs/
+bench.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .bandwidth import timed
+
+if TYPE_CHECKING:
+    from zeroscope.agent.schema import Collective
+
+Group = list[float]
+"""[count, S, seconds, waited, untimed, unexposed, S of the collectives with a time > 0]."""
+
+
+@dataclass(slots=True)
+class Fold:
+    """A report's collectives, folded: ``groups`` by (op, group size) in first-issue order."""
+
+    groups: dict[tuple[str, int], Group]
+    prefetched: int
+    busy_s: float
+    sequence: int
+
+
+def union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals [s], overlapping ones counted once."""
+    if any(spans[i][0] < spans[i - 1][0] for i in range(1, len(spans))):
+        spans.sort()  # reports list them in issue order, so this is rare
+    if not spans:
+        return 0.0
+    total = 0.0
+    lo, hi = spans[0]
+    for a, b in spans:
+        if a > hi:
+            total += hi - lo
+            lo, hi = a, b
+        elif b > hi:
+            hi = b
+    return total + (hi - lo)
+
+
+def busy_seconds(collectives: list[Collective]) -> float:
+    """Time with at least one collective in flight [s]: the union of their [start, end)
+    intervals, so overlapping collectives (prefetch, bucketed reduce-scatters) count once."""
+    return union_seconds(
+        [(c.start_s, c.start_s + c.duration_s) for c in collectives if c.clock != "none"]
+    )
+
+
+def sequence_of(collectives: list[Collective], unfinished: int) -> int:
+    """Hash of the step's collective sequence, the part every rank must agree on (op, size,
+    label in issue order; timing left out); 0 when some were unfinished or none issued."""
+    if unfinished or not collectives:
+        return 0
+    return hash(tuple((c.op, c.nbytes, c.label) for c in collectives)) or 1
+
+
+def fold(collectives: list[Collective], unfinished: int) -> Fold:
+    """The report's collectives, one at a time. A collective no clock measured (clock "none") adds to count and bytes only: its bytes go to the volume but not to
+    the busbw numerator, so busbw stays time-weighted over timed ops."""
+    groups: dict[tuple[str, int], Group] = {}
+    prefetched = 0
+    for c in collectives:
+        g = groups.get((c.op, c.group_size))
+        if g is None:
+            g = groups[(c.op, c.group_size)] = [0, 0, 0.0, 0.0, 0, 0, 0]
+        g[0] += 1
+        g[1] += c.nbytes
+        if timed(c):
+            g[2] += c.duration_s
+            if c.duration_s > 0.0:
+                g[6] += c.nbytes
+            if c.exposed_measured:
+                g[3] += c.exposed_s
+            else:
+                g[5] += 1
+        else:
+            g[4] += 1
+            g[5] += 1
+        prefetched += c.prefetched
+    return Fold(groups, prefetched, busy_seconds(collectives), sequence_of(collectives, unfinished))
