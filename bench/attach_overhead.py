@@ -1,46 +1,60 @@
 """Attach overhead: an unmodified DDP, FSDP2 or DeepSpeed job with the attach on vs off, 2 gloo
 ranks.
 
-The same measurement as bench/agent_overhead.py, for jobs zeroscope does not own. Both modes run
-in the same processes, in blocks of steps, each round in the order on, off, off-again,
-off-again, off, on (ABCCBA): drift that is linear over a round cancels in both pairs. The
-figures are medians over rounds of the round's CPU-time ratios: on/off, and off-again/off (the
-A/A control, this machine's noise floor, taken the same way). CPU time is the whole rank
-process's (every thread: the agent's sender and ZeroMQ's, gloo's); the job's figure for a
-round sums both ranks. Beside it, the same for the training thread's own CPU clock (what can
-slow the job's steps). Each on/off median has a bootstrap interval over rounds, and the goal
-is judged by bench/goal.py: PASS only when the whole interval is at or below 1.01 and the A/A
-is within 2% of 1, FAIL when the whole interval is above 1.01, UNREADABLE otherwise (this
-machine has no hardware counters to count instructions instead: ``perf stat -e instructions``
-says "not supported"). The agent's sender thread
-works when it wakes, not when a step runs: every "on" block ends by draining what its steps
-handed over on the training thread (``tel.drain()``, inside the block's clock), so the work an
-"on" block caused is charged to it, never to the "off" block after it (blocks of 6 steps: the
-drain adds about one Flight Recorder read per block to DDP's own, about one per 6 steps here). "On" is everything the
-bootstrap installs in a real run: the class-level ProcessGroup and Work wrappers, the optimizer
-and ``Tensor.backward`` hooks, the engine's wrapped methods and reader (memory counted on its
-schedule), torch's Flight Recorder read by the sender, one StepReport per step published to a
-real collector, the sampler thread. "Off" has every patch removed.
+The same measurement as bench/agent_overhead.py, for jobs zeroscope does not own. One job per
+rank, built as the attach finds it in a real run (the attach installed from the first import),
+is switched between modes: "on" is everything the bootstrap installs (the class-level
+ProcessGroup and Work wrappers, the optimizer and ``Tensor.backward`` hooks, the engine's
+wrapped methods and reader with memory counted on its schedule, torch's Flight Recorder read by
+the sender thread, one StepReport per step published to a real collector, the sampler thread);
+"off" has every patch removed. One job for every mode: two model instances differ by several
+percent on an idle machine (allocation order, memory placement), which an "on" instance built
+apart from the "off" ones would read as a cost or a saving of the attach.
 
-- ``--engine ddp``: DDP models built alike: the "on" one with the attach installed (its group
-  watched in torch's Flight Recorder, which the agent's sender thread reads; DDP's reducer runs
-  as it is), the "off" and "off-again" ones without. The recorder itself is process-wide (set
-  before the groups exist), so every mode records into it: its per-collective cost is not in
-  the ratio, its reads are. An MLP of ``--layers`` x ``--width`` with 1 MB buckets.
+Blocks of steps run in rounds ordered on, off, off-again, off-again, off, on (ABCCBA): drift
+that is linear over a round cancels in both pairs. The figures are medians over rounds of the
+rounds' CPU-time ratios: on/off, and off-again/off (the A/A control, this machine's noise floor,
+taken the same way). Each on/off median has a bootstrap interval over rounds, and the goal is
+judged by bench/goal.py: PASS only when the whole interval is at or below 1.01 and the A/A is
+within 2% of 1, FAIL when the whole interval is above 1.01, UNREADABLE otherwise (this machine
+has no hardware counters to count instructions instead: ``perf stat -e instructions`` says "not
+supported").
+
+Process CPU (the goal) is the whole rank process's, every thread, with the agent's own threads
+(its sender/sampler, ZeroMQ's I/O and reaper: per-thread CPU clocks, bench/thread_cpu.py)
+charged to "on": they wake on their own timers, often in an "off" block, and a job without
+zeroscope runs none of them. So the "off" blocks lose their agent-thread CPU, and the "on"
+blocks keep theirs plus what the "off" blocks next to them spent beyond the "off-again" ones
+(the work "on" steps left for the sender, over the timer-paced rate both "off" modes pay).
+Every "on" block also ends by draining what its steps handed over, on the training thread and
+in the process clock (the Flight Recorder read made due), so no report of an "on" step is left
+for the sender to finish in an "off" block; a block of 12 steps makes that read about as often
+as DDP's own. The job's figure for a round sums both ranks. Beside it, the training thread's
+own CPU clock (what can slow the job's steps), read before the drain. The activation count's
+time floor (agent/cadence.py) runs on "on" time only, as in a run with the attach always on.
+
+- ``--engine ddp``: DDP (1 MB buckets) over an MLP of ``--layers`` x ``--width``; its group
+  watched in torch's Flight Recorder, which the agent's sender thread reads (DDP's reducer runs
+  as it is). The recorder itself is process-wide (set before the groups exist), so every mode
+  records into it: its per-collective cost is not in the ratio, its reads are.
 - ``--engine fsdp2``: the same MLP under ``fully_shard`` per linear layer and at the root
-  (an all-gather per layer in forward and backward, a reduce-scatter per layer), built alike.
-- ``--engine deepspeed``: one ZeRO-3 engine (every parameter sharded, none persistent, so each
-  step issues a gather per layer in forward and backward and a reduce-scatter per bucket),
-  toggled between modes: the many-collective case. Its A/A runs the same engine off twice.
-- ``--engine ddp --amp``: the DDP loop under fp16 CPU autocast with a ``torch.amp.GradScaler``
-  per model (the attach's scaler wrappers on: the loss read before scaling, the scale copied
-  for the sender thread at ``step()`` and ``update()``).
-- ``--engine ddp --compile``: the same DDP models under ``torch.compile`` (``aot_eager``, each
-  compiled during the warm-up): the attach runs nothing inside the compiled region, and its
-  forward wrapper, saved-tensor hooks and backward hook sit outside it.
+  (an all-gather per layer in forward and backward, a reduce-scatter per layer).
+- ``--engine deepspeed``: a ZeRO-3 engine (every parameter sharded, none persistent, so each
+  step issues a gather per layer in forward and backward and a reduce-scatter per bucket): the
+  many-collective case.
+- ``--amp``: the loop under fp16 CPU autocast with a ``torch.amp.GradScaler`` (the attach's
+  scaler wrappers on: the loss read before scaling, the scale copied for the sender thread at
+  ``step()`` and ``update()``).
+- ``--compile``: the model under ``torch.compile`` (``aot_eager``), compiled in both modes
+  during the warm-up (a frame compiled while measuring is reported): the attach runs nothing
+  inside the compiled region; its forward wrapper, saved-tensor hooks and backward hook sit
+  outside it.
+
+To split a cost: ``--without PART ...`` leaves parts of the attach out of "on" (agent/attach/
+install.py), ``--gc`` times Python's garbage collector per block.
 
 Usage: ``python bench/attach_overhead.py [--engine ddp|fsdp2|deepspeed] [--amp] [--compile]
-[--rounds 10] [--steps 6] [--json PATH]``
+[--rounds 10] [--steps 12] [--without PART ...] [--gc] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +73,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import goal
 
+PARTS = ("collectives", "loop", "scaler", "ddp", "fsdp2", "compiled")
+"""``--without`` names: the attach's parts (agent/attach/install.py ``torch_parts``), in order."""
 
-def _toggle(on: bool, deepspeed: Any) -> None:
+
+def _toggle(on: bool, deepspeed: Any, without: tuple[str, ...] = ()) -> None:
     from zeroscope.agent.attach import collectives, deepspeed_engine, install, patches
 
     if on and not collectives.installed():
-        install._torch_ready(None)  # what the bootstrap's post-import hook runs
+        if without:  # a cost split: every part but those named
+            for name, (part, install_part) in zip(PARTS, install.torch_parts(), strict=True):
+                if name not in without:
+                    install.guarded(part, install_part)
+        else:
+            install._torch_ready(None)  # what the bootstrap's post-import hook runs
         if deepspeed is not None:
             deepspeed_engine.install(deepspeed)
     elif not on and collectives.installed():
@@ -78,6 +101,97 @@ def _model(args: Any) -> Any:
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     return torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1))
+
+
+class _GcClock:
+    """The training thread's CPU in Python's garbage collector, per block (``--gc``): the
+    agent's allocations can make the collector run more often, and a collection's cost grows
+    with every object the process holds (a compiled job holds many)."""
+
+    def __init__(self) -> None:
+        import gc
+        import threading
+
+        self.ns = 0
+        self.full = 0
+        self._t0 = 0
+        self._ident = threading.get_ident
+        self._main = threading.get_ident()
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if self._ident() != self._main:
+            return
+        if phase == "start":
+            self._t0 = time.thread_time_ns()
+        else:
+            self.ns += time.thread_time_ns() - self._t0
+            self.full += info.get("generation") == 2
+
+
+def build_job(args: Any) -> tuple[Callable[[Any, Any], None], Any]:
+    """The job (in this rank, its process group made): its step ``train(x, y)``, and the
+    ``deepspeed`` module for a DeepSpeed job (whose reader is installed with the attach)."""
+    import torch
+    import torch.distributed as dist
+
+    deepspeed = None
+    if args.engine == "deepspeed":
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        model = _model(args)
+        config = {
+            "train_micro_batch_size_per_gpu": args.batch,
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_param_persistence_threshold": 0,
+                "stage3_max_reuse_distance": 0,
+                "stage3_max_live_parameters": 0,
+                "stage3_prefetch_bucket_size": 0,
+            },
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        }
+        engine, *_ = deepspeed.initialize(
+            model=model, config=config, model_parameters=model.parameters()
+        )
+
+        def train(x: Any, y: Any) -> None:
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+
+    else:
+        dist.init_process_group("gloo")
+        model = _model(args)
+        if args.engine == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            model = fully_shard(model)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+        if args.compile:
+            model = torch.compile(model, backend="aot_eager")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler("cpu")
+
+        def train(x: Any, y: Any) -> None:
+            if not args.amp:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                return
+            with torch.autocast("cpu", dtype=torch.float16):  # fp16, a dynamic loss scale
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+    return train, deepspeed
 
 
 def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: Any) -> None:
@@ -105,102 +219,70 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    deepspeed = None
-    if args.engine == "deepspeed":
-        import deepspeed
+    without = tuple(args.without)
+    if without:  # the job is built as the attach finds it in a real run, less those parts
+        if args.compile:
+            import torch._dynamo  # its import hook fires now: installed once, not twice
 
-        deepspeed.init_distributed(dist_backend="gloo")
-        model = _model(args)
-        config = {
-            "train_micro_batch_size_per_gpu": args.batch,
-            "zero_optimization": {
-                "stage": 3,
-                "stage3_param_persistence_threshold": 0,
-                "stage3_max_reuse_distance": 0,
-                "stage3_max_live_parameters": 0,
-                "stage3_prefetch_bucket_size": 0,
-            },
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-        }
-        engine, *_ = deepspeed.initialize(
-            model=model, config=config, model_parameters=model.parameters()
-        )
-
-        def train(mode: str, x: Any, y: Any) -> None:
-            loss = torch.nn.functional.mse_loss(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-
-    else:
-        dist.init_process_group("gloo")
-
-        def wrapped(model: Any) -> Any:
-            if args.engine == "fsdp2":
-                from torch.distributed.fsdp import fully_shard
-
-                for layer in model:
-                    if isinstance(layer, torch.nn.Linear):
-                        fully_shard(layer)
-                model = fully_shard(model)
-            else:
-                model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
-            return torch.compile(model, backend="aot_eager") if args.compile else model
-
-        pairs = {}
-        for mode in ("on", "off", "off-again"):
-            _toggle(mode == "on", None)  # the "on" model is built as the attach finds it
-            model = wrapped(_model(args))
-            pairs[mode] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-        scalers = {mode: torch.amp.GradScaler("cpu") for mode in pairs}
-
-        def train(mode: str, x: Any, y: Any) -> None:
-            model, opt = pairs[mode]
-            if not args.amp:
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-                opt.zero_grad()
-                return
-            scaler = scalers[mode]  # fp16 autocast with a dynamic loss scale
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
-
+        _toggle(False, None)
+        _toggle(True, None, without)
+    train, deepspeed = build_job(args)
     x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, 1)
-    from bench.thread_cpu import thread_ids
+    from bench.thread_cpu import ThreadsCpu, agent_thread_ids
     from zeroscope.agent.attach.flight_recorder import READER as RECORDER
     from zeroscope.agent.attach.session import SESSION
 
-    for _ in range(3):  # warm-up: buckets rebuilt, optimizer state created, agent connected
-        for mode in ("on", "off", "off-again"):
-            _toggle(mode == "on", deepspeed)
-            train(mode, x, y)
+    for _ in range(3):  # warm-up: buckets rebuilt, optimizer state, compiled in both modes
+        for on in (True, False):
+            _toggle(on, deepspeed, without)
+            train(x, y)
     _toggle(False, deepspeed)
+    # The activation count's time floor (agent/cadence.py) runs on the time of "on" blocks
+    # only: interleaved with two "off" blocks, wall time would count three times as often per
+    # "on" step as a run with the attach always on does.
+    on_time = [0.0]
+    cadence = getattr(SESSION.tel, "_cadence", None)
+    if cadence is not None:
+        cadence.clock = lambda: on_time[0]
+        cadence._last = -float("inf")  # its last count was on the wall clock
+    frames = _compiled_frames()
+    agent = ThreadsCpu(agent_thread_ids())
+    gc_clock = _GcClock() if args.gc else None
     modes = ("on", "off", "off-again")
-    cpu: dict[str, list[float]] = {m: [] for m in modes}
-    main: dict[str, list[float]] = {m: [] for m in modes}
-    wall: dict[str, list[float]] = {m: [] for m in modes}
+    keys = ("cpu", "main", "wall", "agent", "gc")
+    blocks: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in keys}
     recorded = dumps = 0
-    tids = len(thread_ids())
     for _ in range(args.rounds):
         for mode in ("on", "off", "off-again", "off-again", "off", "on"):  # ABCCBA
-            _toggle(mode == "on", deepspeed)
+            _toggle(mode == "on", deepspeed, without)
             dist.barrier()
             if mode == "on":
                 _skip_off_collectives(RECORDER)
             before, dumped = collectives.LOG.recorded, RECORDER.dumps
-            t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+            g0 = 0 if gc_clock is None else gc_clock.ns
+            t0, c0, m0, a0 = (
+                time.perf_counter(),
+                time.process_time(),
+                time.thread_time(),
+                agent.ns(),
+            )
             for _ in range(args.steps):
-                train(mode, x, y)
+                train(x, y)
+            m1 = time.thread_time()
             if mode == "on" and SESSION.tel is not None:
                 RECORDER.wanted = True  # the recorder read due (else its reports wait for it)
                 SESSION.tel.drain()  # what these steps handed over, sent on this block's clock
-            wall[mode].append((time.perf_counter() - t0) / args.steps)
-            cpu[mode].append((time.process_time() - c0) / args.steps)
-            main[mode].append((time.thread_time() - m0) / args.steps)
+            figures = (
+                time.process_time() - c0,
+                m1 - m0,
+                time.perf_counter() - t0,
+                (agent.ns() - a0) / 1e9,
+                0 if gc_clock is None else (gc_clock.ns - g0) / 1e9,
+            )
+            for key, value in zip(keys, figures, strict=True):
+                blocks[key][mode].append(value / args.steps)
             if mode == "on":
+                on_time[0] += figures[2]
                 recorded += collectives.LOG.recorded - before
                 dumps += RECORDER.dumps - dumped
     _toggle(False, deepspeed)
@@ -210,12 +292,12 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
             rank,
             {
                 "rank": rank,
-                "cpu": cpu,
-                "main": main,
-                "wall": wall,
+                **blocks,
                 "collectives_per_step": recorded / on_steps,
                 "dumps_per_step": dumps / on_steps,
-                "threads": tids,
+                "agent_threads": agent.names,
+                "frames_compiled_measuring": _compiled_frames() - frames,
+                "full_collections": None if gc_clock is None else gc_clock.full,
                 "errors": SESSION.errors,
                 "steps_reported": SESSION.steps,
             },
@@ -223,6 +305,13 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     )
     if SESSION.tel is not None:
         SESSION.tel.close()
+
+
+def _compiled_frames() -> int:
+    """Frames Dynamo compiled so far in this process (a recompile while measuring would be a
+    cost of switching modes, which no real run pays)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return 0 if dynamo is None else int(dynamo.counters["frames"]["total"])
 
 
 def _skip_off_collectives(reader: Any) -> None:
@@ -241,9 +330,30 @@ def _rounds(values: list[float]) -> list[float]:
     return [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
 
 
+def _per_round(r: dict[str, Any], key: str) -> dict[str, list[float]]:
+    """One rank's figure per mode and round. For process CPU (``cpu``) the agent's threads
+    (which wake on their own timers, in any block) are charged to "on": the "off" blocks lose
+    their agent-thread CPU (a job without zeroscope runs none of those threads), and the "on"
+    pair gains what its neighbouring "off" blocks' threads spent beyond the "off-again" ones'
+    (work the "on" steps left for the sender, over the timer-paced rate that both "off" modes
+    pay alike); the "on" blocks keep their own."""
+    figures = {m: _rounds(v) for m, v in r[key].items()}
+    if key != "cpu":
+        return figures
+    agent = {m: _rounds(v) for m, v in r["agent"].items()}
+    left = [b - c for b, c in zip(agent["off"], agent["off-again"], strict=True)]
+    return {
+        "on": [c + x for c, x in zip(figures["on"], left, strict=True)],
+        **{
+            m: [c - a for c, a in zip(figures[m], agent[m], strict=True)]
+            for m in ("off", "off-again")
+        },
+    }
+
+
 def _job(results: list[Any], key: str) -> dict[str, list[float]]:
     """Per mode, each round's figure summed over the ranks: the job's CPU, as one ratio."""
-    per_rank = [{m: _rounds(v) for m, v in r[key].items()} for _, r in results]
+    per_rank = [_per_round(r, key) for _, r in results]
     return {
         m: [sum(vals) for vals in zip(*(r[m] for r in per_rank), strict=True)] for m in per_rank[0]
     }
@@ -275,9 +385,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results, received = spawn_ranks(rank_main, args, timeout=3600)
     ranks = []
     for _, r in results:
-        cpu, main, wall = (
-            {m: _rounds(v) for m, v in r[k].items()} for k in ("cpu", "main", "wall")
-        )
+        cpu, main, wall = (_per_round(r, k) for k in ("cpu", "main", "wall"))
+        agent, gc = ({m: statistics.median(v) for m, v in r[k].items()} for k in ("agent", "gc"))
         off = statistics.median(cpu["off"]) / 2
         ranks.append(
             {
@@ -290,6 +399,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "wall_on_off": paired_ratio(wall["on"], wall["off"]),
                 "wall_aa": paired_ratio(wall["off-again"], wall["off"]),
                 "cpu_extra_us": (statistics.median(cpu["on"]) / 2 - off) * 1e6,
+                "agent_threads_us": {m: v * 1e6 for m, v in agent.items()},
+                "gc_us": {m: v * 1e6 for m, v in gc.items()},
+                "agent_threads": r["agent_threads"],
+                "frames_compiled_measuring": r["frames_compiled_measuring"],
+                "full_collections": r["full_collections"],
                 "collectives_per_step": r["collectives_per_step"],
                 "dumps_per_step": r["dumps_per_step"],
                 "errors": r["errors"],
@@ -300,6 +414,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine": args.engine,
         "amp": args.amp,
         "compile": args.compile,
+        "without": list(args.without),
+        "gc": args.gc,
         "rounds": args.rounds,
         "steps": args.steps,
         "load_start": load,
@@ -318,9 +434,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--steps",
         type=int,
-        default=6,
-        help="steps per block (DDP's recorder is read about every 6 steps: a block's closing "
-        "drain then adds about one read to what a real run makes)",
+        default=12,
+        help="steps per block (each 'on' block ends with a Flight Recorder read; DDP's own "
+        "reads come about every 12 steps, so a block of 12 adds none to what a real run makes)",
     )
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
@@ -333,6 +449,16 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile", action="store_true", help="ddp/fsdp2: torch.compile each model"
     )
+    parser.add_argument(
+        "--without",
+        nargs="*",
+        default=[],
+        choices=PARTS,
+        help="leave these parts of the attach out of the 'on' mode (to split a cost)",
+    )
+    parser.add_argument(
+        "--gc", action="store_true", help="also time Python's garbage collector per block"
+    )
     parser.add_argument("--json", default="", help="also write the result (every round) here")
     return parser
 
@@ -343,6 +469,7 @@ def describe(result: dict[str, Any]) -> list[str]:
         result["engine"]
         + ("+amp" if result["amp"] else "")
         + ("+compile" if result["compile"] else "")
+        + "".join(f" without {part}" for part in result["without"])
     )
     lines = []
     for r in result["ranks"]:
@@ -353,7 +480,20 @@ def describe(result: dict[str, Any]) -> list[str]:
             f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); {r['cpu_extra_us']:.0f} us/step "
             f"extra CPU; {r['collectives_per_step']:.1f} wrapped collectives/step; "
             f"{r['dumps_per_step']:.2f} recorder dumps/step; {r['steps_reported']} steps "
-            f"reported, errors {r['errors']}"
+            f"reported, errors {r['errors']}; agent threads "
+            + " / ".join(f"{v:.0f}" for v in r["agent_threads_us"].values())
+            + " us/step in on / off / off-again blocks"
+            + (
+                "; gc " + " / ".join(f"{v:.0f}" for v in r["gc_us"].values()) + " us/step, "
+                f"{r['full_collections']} full collections"
+                if result["gc"]
+                else ""
+            )
+            + (
+                f"; {r['frames_compiled_measuring']} frames compiled while measuring"
+                if result["compile"]
+                else ""
+            )
         )
     for clock, name in (("cpu", "process CPU (the goal)"), ("main", "training thread CPU")):
         row = result[clock]

@@ -193,17 +193,17 @@ def attach(quick: bool) -> list[Table]:
     t.note = (
         "What `zeroscope run` installs in a job it does not own (ProcessGroup/Work wrappers, "
         "optimizer and backward hooks, the engine's reader, torch's Flight Recorder read by the "
-        "sender thread, a StepReport per step to a real collector), toggled in the same "
-        "processes in blocks of 6 steps, each round ordered on, off, off-again, off-again, off, "
-        "on; every 'on' block ends by draining what it handed over (on its own clock). Ratios "
-        "are medians over rounds of the rounds' CPU-time ratios (both ranks' whole processes: "
-        "every thread), with a bootstrap interval of that median; the off-again/off ratio, "
-        "taken the same way, is the noise floor. PASS: the interval is at or below 1.01 and "
-        "the A/A within 2% of 1; FAIL: the interval is above 1.01; else UNREADABLE. DDP and "
-        "FSDP2: identical models built with the attach on (one) and off (two). ddp+amp: fp16 "
-        "CPU autocast with a torch.amp.GradScaler (the scaler's wrappers on). ddp+compile: the "
-        "DDP models under torch.compile (aot_eager). DeepSpeed: one ZeRO-3 engine with every "
-        "parameter sharded, toggled."
+        "sender thread, a StepReport per step to a real collector), toggled on one job per "
+        "rank (built with the attach on, as in a real run) in blocks of 12 steps, each round "
+        "ordered on, off, off-again, off-again, off, on; every 'on' block ends by draining what "
+        "it handed over (on its own clock), and the agent's threads' CPU (per-thread clocks) "
+        "is charged to the round's 'on' blocks. Ratios are medians over rounds of the rounds' "
+        "CPU-time ratios (both ranks' whole processes), with a bootstrap interval of that "
+        "median; the off-again/off ratio, taken the same way, is the noise floor. PASS: the "
+        "interval is at or below 1.01 and the A/A within 2% of 1; FAIL: the interval is above "
+        "1.01; else UNREADABLE. ddp+amp: fp16 CPU autocast with a torch.amp.GradScaler (the "
+        "scaler's wrappers on). ddp+compile: DDP under torch.compile (aot_eager). DeepSpeed: "
+        "ZeRO-3 with every parameter sharded."
     )
     return [t]
 

@@ -49,3 +49,22 @@ def _name(tid: int) -> str:
         return (_TASKS / str(tid) / "comm").read_text().strip()
     except OSError:
         return str(tid)
+
+
+AGENT_THREAD_PREFIXES = ("zeroscope-",)
+"""Python threads the agent starts (its sender/sampler, its SIGTERM and peak-probe helpers)."""
+NATIVE_AGENT_THREADS = ("ZMQbg/",)
+"""Threads libzmq starts for the agent's socket (its I/O thread and reaper), by their OS name."""
+
+
+def agent_thread_ids() -> set[int]:
+    """The Linux thread ids of the agent's threads alive now: its Python threads by name and
+    ZeroMQ's by their OS name (Python 3.11 does not give a Python thread's name to the OS)."""
+    import threading
+
+    tids = {
+        t.native_id
+        for t in threading.enumerate()
+        if t.native_id is not None and t.name.startswith(AGENT_THREAD_PREFIXES)
+    }
+    return tids | {t for t in thread_ids() if _name(t).startswith(NATIVE_AGENT_THREADS)}

@@ -31,19 +31,25 @@ def _stand_down() -> None:
         session.SESSION.stand_down()
 
 
-def _torch_ready(_: ModuleType) -> None:
-    if _claimed:
-        return
+def torch_parts() -> list[tuple[str, Callable[[], object]]]:
+    """The parts installed once ``torch.distributed`` is imported, in order, each with the name
+    said if it fails (bench/attach_overhead.py leaves them out one at a time to split a cost)."""
     from . import collectives, compiled, ddp, fsdp2, grad_scaler, torch_loop
 
-    for part, install_part in (
+    return [
         ("collectives issued from Python", collectives.install),
         ("plain torch loop steps", torch_loop.install),
         ("torch.amp GradScaler steps", grad_scaler.install),
         ("DDP", ddp.install),
         ("FSDP2", fsdp2.install),
         ("compiled models", compiled.install),
-    ):
+    ]
+
+
+def _torch_ready(_: ModuleType) -> None:
+    if _claimed:
+        return
+    for part, install_part in torch_parts():
         guarded(part, install_part)
 
 
