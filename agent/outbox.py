@@ -205,8 +205,12 @@ class Outbox:
         the one at close) says so in this batch, not in a next drain that may never come. A
         report queued first keeps its place: what follows it waits for the next drain."""
         handed = self._handed
-        while handed and isinstance(handed[0], Event):
-            batch.append(handed.popleft())
+        while handed:
+            item = handed.popleft()
+            if not isinstance(item, Event):
+                handed.appendleft(item)  # back in its place, ahead of what follows it
+                return
+            batch.append(item)
 
     def _count_dropped(self, n: int) -> None:
         try:
