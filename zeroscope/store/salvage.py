@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,7 +106,7 @@ def _next_readable(conn: sqlite3.Connection, bad: int) -> int:
 
 def salvage(path: Path, meta: dict[str, str]) -> Salvage:
     """Copy every readable, decodable row of ``path`` into a new trace with the same meta."""
-    from zeroscope.store.trace import _CREATE, open_damaged
+    from zeroscope.store.trace import _CREATE
 
     src = open_damaged(path)
     fd, name = tempfile.mkstemp(prefix=f"{path.stem}.salvaged-", suffix=".zstrace")
@@ -157,3 +158,36 @@ def salvage(path: Path, meta: dict[str, str]) -> Salvage:
         first_step=min(steps) if steps else None,
         last_step=max(steps) if steps else None,
     )
+
+
+def report_damage(line: str) -> None:
+    """Say once, on stderr, that a trace was read from a salvaged copy (the verbs' output on
+    stdout stays what it is)."""
+    print(f"zeroscope: warning: {line}", file=sys.stderr)
+
+
+def open_damaged(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a trace that may be cut short. SQLite refuses a file shorter
+    than its header's page count as corrupt, unless ``writable_schema`` is on (then it reads the
+    pages that are there); nothing is written through it."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    conn.execute("PRAGMA writable_schema=ON")
+    return conn
+
+
+def cut_short(path: Path) -> bool:
+    """Is the file shorter than its own header says (a copy torn mid-way, a full disk)? O(1):
+    the page size and the page count SQLite keeps in the header, trusted only while the
+    header's "version valid for" number matches its change counter, as SQLite itself does."""
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        # A checkpoint that failed half-way (a full disk) has written page 1's new size but not
+        # every page: the WAL still holds them all, and SQLite reads them from there.
+        return False
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if len(head) < 100 or head[92:96] != head[24:28]:
+        return False
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    return path.stat().st_size < page_size * int.from_bytes(head[28:32], "big")

@@ -18,17 +18,16 @@ so one fsync-free commit covers thousands of messages.
 
 from __future__ import annotations
 
-import gc
 import sqlite3
-import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
+from zeroscope.store.gc_pause import collector_paused
+from zeroscope.store.salvage import cut_short, open_damaged, report_damage, salvage
 from zeroscope.store.thinning import NODE_STEPS, StepBook, ThinningPolicy, thin, thinned_note
 
 TRACE_FORMAT = "zeroscope-trace-1"
@@ -37,12 +36,6 @@ CHECKPOINT_INTERVAL = 2.0
 """Seconds between the writer's WAL checkpoints: the trace file alone lags the committed rows
 by at most about this much (a checkpoint of a few MB costs a few ms on the collector's
 thread)."""
-
-
-def report_damage(line: str) -> None:
-    """Say once, on stderr, that a trace was read from a salvaged copy (the verbs' output on
-    stdout stays what it is)."""
-    print(f"zeroscope: warning: {line}", file=sys.stderr)
 
 
 _CREATE = """
@@ -57,20 +50,6 @@ CREATE TABLE IF NOT EXISTS messages(
 );
 CREATE INDEX IF NOT EXISTS messages_step_rank_kind ON messages(step, rank, kind);
 """
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a burst of allocations that all survive
-    (msgspec's advice for large decodes). Only the caller that found it running restarts it,
-    so two threads pausing at once leave it running."""
-    running = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if running:
-            gc.enable()
 
 
 class TraceError(Exception):
@@ -308,33 +287,6 @@ class TraceWriter:
             self._conn.close()
 
 
-def open_damaged(path: Path) -> sqlite3.Connection:
-    """A read-only connection to a trace that may be cut short. SQLite refuses a file shorter
-    than its header's page count as corrupt, unless ``writable_schema`` is on (then it reads the
-    pages that are there); nothing is written through it."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    conn.execute("PRAGMA writable_schema=ON")
-    return conn
-
-
-def _cut_short(path: Path) -> bool:
-    """Is the file shorter than its own header says (a copy torn mid-way, a full disk)? O(1):
-    the page size and the page count SQLite keeps in the header, trusted only while the
-    header's "version valid for" number matches its change counter, as SQLite itself does."""
-    wal = Path(f"{path}-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        # A checkpoint that failed half-way (a full disk) has written page 1's new size but not
-        # every page: the WAL still holds them all, and SQLite reads them from there.
-        return False
-    with open(path, "rb") as f:
-        head = f.read(100)
-    if len(head) < 100 or head[92:96] != head[24:28]:
-        return False
-    page_size = int.from_bytes(head[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    return path.stat().st_size < page_size * int.from_bytes(head[28:32], "big")
-
-
 class TraceReader:
     """Read a trace: indexed, seekable queries; never loads the whole file."""
 
@@ -348,7 +300,7 @@ class TraceReader:
             raise TraceError(f"{self.path}: not a zeroscope trace (not an SQLite file)")
         self.damage: str | None = None
         """What was lost, when the trace was damaged and is read from a salvaged copy."""
-        if _cut_short(self.path):  # SQLite would not even open it for reading
+        if cut_short(self.path):  # SQLite would not even open it for reading
             probe = open_damaged(self.path)
             try:
                 self.meta = _check_meta(probe, self.path)
@@ -374,8 +326,6 @@ class TraceReader:
             return False
 
     def _read_salvaged(self) -> None:
-        from zeroscope.store.salvage import salvage
-
         try:
             rescued = salvage(self.path, self.meta)
         except (sqlite3.Error, OSError) as exc:
@@ -518,7 +468,7 @@ class TraceReader:
         40 % of its CPU there (docs/bench.md)."""
         batches = self._batches(from_step, to_step, ranks, kinds, 4096)
         while True:
-            with _collector_paused():
+            with collector_paused():
                 rows = next(batches, None)
                 if rows is None:
                     return
