@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fixtures import RunShape, synthetic_run  # noqa: E402
+from tests.fixtures import RunShape, split_by_step, synthetic_run  # noqa: E402
 from zeroscope.agent import schema  # noqa: E402
 from zeroscope.state import ClusterState  # noqa: E402
 
@@ -85,11 +85,7 @@ async def _frames(
 
     run = _run(ranks, frames + 2)
     UPDATES.clear()
-    hellos = [m for m in run if isinstance(m, schema.Hello)]
-    by_step: dict[int, list[schema.Message]] = {}
-    for m in run:
-        if not isinstance(m, schema.Hello):
-            by_step.setdefault(m.step, []).append(m)
+    hellos, by_step = split_by_step(run)
     state = ClusterState()
     state.ingest_all(hellos + by_step.pop(0))
     # Every screen update is timed, not only the ones that follow a step: work the frame

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fixtures import RunShape, synthetic_run  # noqa: E402
-from zeroscope.agent import schema  # noqa: E402
+from tests.fixtures import RunShape, split_by_step, synthetic_run  # noqa: E402
 from zeroscope.state import ClusterState  # noqa: E402
 
 
@@ -37,11 +36,7 @@ def bench(ranks: int, steps: int, freeze: bool = True) -> dict[str, float]:
         # The fixture's messages, all built up front, are the bench's, not the viewer's (a live
         # viewer holds a rank's newest report): frozen, the collector does not walk them.
         gc.freeze()
-    hellos = [m for m in run if isinstance(m, schema.Hello)]
-    by_step: dict[int, list[schema.Message]] = {}
-    for m in run:
-        if not isinstance(m, schema.Hello):
-            by_step.setdefault(m.step, []).append(m)
+    hellos, by_step = split_by_step(run)
     state = ClusterState()
     state.ingest_all(hellos + by_step.pop(0))
     wall, cpu = [], []

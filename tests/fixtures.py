@@ -270,3 +270,14 @@ def write_trace(path: object, messages: list[Message]) -> None:
     for m in messages:
         writer.append(m, schema.encode(m))
     writer.close()
+
+
+def split_by_step(run: list[Message]) -> tuple[list[Message], dict[int, list[Message]]]:
+    """A run's Hellos, and its other messages grouped by step in arrival order: how a viewer
+    takes a run one step at a time (the benches' ingest and frame loops)."""
+    hellos = [m for m in run if isinstance(m, Hello)]
+    steps: dict[int, list[Message]] = {}
+    for m in run:
+        if not isinstance(m, Hello):
+            steps.setdefault(m.step, []).append(m)
+    return hellos, steps
