@@ -99,6 +99,27 @@ def test_run_figures_leave_the_first_step_out() -> None:
     assert any("model throughput 50 tokens/s" in line for line in summary_lines(state))
 
 
+def test_a_run_divides_steps_reported_before_the_probe_ended_by_the_peak_found_later() -> None:
+    # On a loaded machine the peak probe (a thread) ends after step 2 has gone out: that
+    # step's own figure is NA while the peak is being measured, but the run's MFU divides
+    # every step by the one peak of the process, and the run's NA reason is not that one.
+    state = _state(2)
+    measuring = _work(peak_flops=None, peak_source="peak being measured")
+    for step, works in (
+        (1, (measuring, measuring)),
+        (2, (measuring, _work())),
+        (3, (_work(),) * 2),
+    ):
+        for rank, w in enumerate(works):
+            aggs = state.ingest(_report(rank, step, 2.0, w))
+        if step == 2:
+            assert cluster_step(aggs[0]).mfu is None
+    out = run_report(state)
+    assert out["mfu"] == pytest.approx(4 * 4e12 / (4.0 * 2 * 1e14))
+    assert out["throughput_na"] == "" and out["peak_source"] == "datasheet H100 bf16 dense"
+    assert [r["mfu"] for r in out["ranks"]] == pytest.approx([4e12 * 2 / (4.0 * 1e14)] * 2)
+
+
 @pytest.mark.parametrize(
     ("works", "reason"),
     [

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Work
 
@@ -194,12 +196,29 @@ def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
     )
 
 
+def _with_peak(work: Work | None, known: Work | None) -> Work | None:
+    """``work`` with the peak of ``known`` (a later work of the same rank) where it went out
+    before the rank's peak was found. The peak is one figure per process (agent/peak.py finds
+    it once, on a thread, while the first steps run: on a loaded machine the matmul probe
+    ends after step 2), so a run's MFU divides every step by it, not only the steps reported
+    after the probe ended; one step's own figures (:func:`of_step`) stay as reported."""
+    if work is None or work.peak_flops is not None or known is None:
+        return work
+    return msgspec.structs.replace(work, peak_flops=known.peak_flops, peak_source=known.peak_source)
+
+
+def _last_peaks(works: list[tuple[int, Work | None]]) -> dict[int, Work]:
+    """Each rank's last work that carried a peak, from ``(rank, work)`` in step order."""
+    return {r: w for r, w in works if w is not None and w.peak_flops is not None}
+
+
 def rank_run(rs: RankState, first_step: int | None) -> Throughput:
     """One rank over its steady steps held in history (every step but the run's first,
     ``first_step``; that one alone when it is the only)."""
     history = list(rs.history)
     steady = [s for s in history if s.step != first_step] or history
-    return _steady([(s.duration_s, [s.work]) for s in steady])
+    known = _last_peaks([(0, s.work) for s in steady]).get(0)
+    return _steady([(s.duration_s, [_with_peak(s.work, known)]) for s in steady])
 
 
 def cluster_run(state: ClusterState) -> Throughput:
@@ -207,6 +226,13 @@ def cluster_run(state: ClusterState) -> Throughput:
     done = state.complete_steps()
     first = state.totals.first_step
     steady = [a for a in done if a.step != first] or done
+    peaks = _last_peaks([(r, s.work) for a in steady for r, s in a.summaries.items()])
     return _steady(
-        [(a.step_time, [a.summaries[r].work for r in sorted(a.summaries)]) for a in steady]
+        [
+            (
+                a.step_time,
+                [_with_peak(a.summaries[r].work, peaks.get(r)) for r in sorted(a.summaries)],
+            )
+            for a in steady
+        ]
     )
