@@ -173,13 +173,13 @@ def run_load(
             for first in (0, half)
         ]
         seen = 0
-        rss: list[tuple[float, int]] = []
-        t0 = time.monotonic()
-        next_sample = t0
+        rss: list[tuple[int, int]] = []
+        """(messages the collector had received, its RSS [kB]) once a second."""
+        next_sample = time.monotonic()
         while any(s.poll() is None for s in senders):
             seen += len(viewer.poll(0.1))
             if time.monotonic() >= next_sample:
-                rss.append((time.monotonic() - t0, rss_kb(col.pid)))
+                rss.append((ask("stats")["received"], rss_kb(col.pid)))
                 next_sample += 1.0
         results = [json.loads(s.communicate()[0]) for s in senders]
         # The collector drains its queue; the viewer catches up to its last sequence number.
@@ -192,6 +192,7 @@ def run_load(
         while time.monotonic() - last_progress < STALL_S:
             seen += len(viewer.poll(0.2))
             now = ask("stats")
+            rss.append((now["received"], rss_kb(col.pid)))
             if now["received"] >= taken and seen >= now["seq"]:
                 break
             if (now["received"], seen) != progress:
@@ -236,12 +237,16 @@ def test_1024_ranks_at_10_steps_per_second_lose_nothing_uncounted(tmp_path: Path
         tmp_path, rate=RATE, duration=100 * DURATION, max_steps=steps, ingest_hwm=INGEST_HWM
     )
     assert got["attempted"] == RANKS * steps
-    # Memory plateaus: the second half of the run holds no more than the first half's peak
-    # plus a margin (the snapshot history is capped; the trace is on disk).
-    rss = got["rss"]
-    mid = [kb for t, kb in rss if t < got["seconds"] / 2]
-    late = [kb for t, kb in rss if t >= got["seconds"] / 2]
-    assert max(late) <= max(mid) * 1.25 + 32 * 1024, rss
+    # Memory plateaus: while the second half of the messages comes in, the collector holds no
+    # more than its peak over the first half plus a margin (the snapshot history is capped;
+    # the trace is on disk). The halves are split by messages received, not by time: what
+    # fills the capped history is messages, and on a loaded machine the first half of the
+    # time brought too few of them to fill it (141.6 MB late against a 140 MB bound).
+    rss, half = got["rss"], got["taken"] / 2
+    first = [kb for received, kb in rss if received < half]
+    second = [kb for received, kb in rss if received >= half]
+    assert first and second, rss
+    assert max(second) <= max(first) * 1.25 + 32 * 1024, rss
     # ... and stays within a few times the capped history (payload bytes plus object headers,
     # the ingest backlog of two connections, SQLite's page cache).
     assert got["stats"]["maxrss_kb"] * 1024 < 3 * HISTORY + 128 * 1024 * 1024
