@@ -95,10 +95,11 @@ def test_engine_reports_tokens_flops_and_mfu(tmp_path: Path) -> None:
     assert out["tokens_per_step"] == tokens * WORLD
     seconds = sum(max(r.duration_s for r in step) for step in steady)
     flops = sum(r.work.flops for step in steady for r in step if r.work and r.work.flops)
+    # Each rank's peak is one figure per process (its last report's): a step reported before
+    # the probe's thread ended is divided by it too.
+    peaks = {rank: reps[-1].work.peak_flops for rank, reps in reports.items()}
     peak_time = sum(
-        max(r.duration_s for r in step)
-        * sum(r.work.peak_flops for r in step if r.work and r.work.peak_flops)
-        for step in steady
+        max(r.duration_s for r in step) * sum(peaks[r.rank] for r in step) for step in steady
     )
     assert (
         abs(out["tokens_per_s"] - tokens * WORLD * len(steady) / seconds)
