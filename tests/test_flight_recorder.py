@@ -274,23 +274,21 @@ def test_a_report_waits_for_a_due_read_not_for_each_batch(
     assert len(second.expand()) == 47 and dumps[0] == 1
 
 
-def test_a_costly_dump_spaces_the_time_bound_reads_by_its_cpu(
+def test_a_costly_dump_spaces_the_time_bound_reads_on_the_jobs_cpu_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """After a dump that cost c seconds of CPU, a mark nothing else makes due waits
-    c / READ_BUDGET (within READ_EVERY_S .. READ_LATEST_S): the reads' share of a core stays at
-    the budget however slow the steps and however loaded the machine."""
+    """After a dump that cost c of CPU, a mark nothing else makes due waits until the process
+    has spent c / READ_BUDGET of CPU (and READ_EVERY_S of wall time), or READ_LATEST_S of wall
+    time: the reads' share of the job's CPU stays at the budget however loaded the machine
+    (a loaded job gets little CPU per wall second; the wall clock would not see that)."""
     import time
 
     from zeroscope.agent.attach.flight_recorder import (
         READ_BUDGET,
         READ_EVERY_NS,
-        READ_LATEST_S,
-        read_interval_ns,
+        READ_LATEST_NS,
     )
 
-    assert read_interval_ns(0) == READ_EVERY_NS
-    assert read_interval_ns(10**9) == int(READ_LATEST_S * 1e9)
     burn_ns = 3_000_000
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
     ring = _Ring(64)
@@ -307,14 +305,23 @@ def test_a_costly_dump_spaces_the_time_bound_reads_by_its_cpu(
     ring.issue(group)
     first = reader.mark()
     assert first is not None and first.due(first.made_ns + READ_EVERY_NS)
+    before = time.process_time_ns()
     assert len(first.expand()) == 1 and reader.dumps == 1
-    waited = burn_ns / READ_BUDGET
-    assert reader.read_every_ns >= min(waited, READ_LATEST_S * 1e9) > READ_EVERY_NS
+    spent = time.process_time_ns() - before
+    # The dump's own CPU (the thread's clock) over the budget, and the process clock then.
+    assert burn_ns / READ_BUDGET <= reader.read_every_cpu_ns <= spent / READ_BUDGET
+    assert before <= reader.cpu_at_dump_ns <= time.process_time_ns()
     ring.issue(group)
     second = reader.mark()
     assert second is not None and not second.urgent
-    assert not second.due(second.made_ns + READ_EVERY_NS)  # the 1 s floor is not enough now
-    assert second.due(second.made_ns + reader.read_every_ns)
+    old, at = second.made_ns + READ_EVERY_NS, reader.cpu_at_dump_ns
+    assert not second.due(old, at + reader.read_every_cpu_ns - 1)  # the job spent too little
+    assert second.due(old, at + reader.read_every_cpu_ns)  # ... now it has spent enough
+    young = second.made_ns + READ_EVERY_NS - 1
+    assert not second.due(young, at + 10 * reader.read_every_cpu_ns)  # the wall floor holds
+    # However little CPU the job got, a report waits at most READ_LATEST_S of wall time.
+    assert not second.due(second.made_ns + READ_LATEST_NS - 1, at)
+    assert second.due(second.made_ns + READ_LATEST_NS, at)
 
 
 def test_an_urgent_mark_wakes_the_sender_before_its_interval() -> None:

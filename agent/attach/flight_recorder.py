@@ -75,19 +75,23 @@ all-reduces per step (bench/attach_overhead.py) reads its ring every 12 steps, o
 misses: ~30 us per entry at 1024)."""
 
 READ_EVERY_S = 1.0
-"""The longest a step's report waits for the reader's next dump (the ring not being due),
-while dumps are cheap: see :data:`READ_BUDGET`."""
+"""The least time between a step's end and a time-bound read of its entries (the soonest a
+live view gets a report no other read made due)."""
 READ_EVERY_NS = int(READ_EVERY_S * 1e9)
 READ_BUDGET = 0.001
-"""The share of one core the time-bound reads may take: after a dump that cost ``c`` seconds of
-CPU, the next time-bound read waits ``c / READ_BUDGET`` (at least :data:`READ_EVERY_S`, at most
-:data:`READ_LATEST_S`). A dump's cost is per ring entry, new or not, and a loaded machine doubles
-it (2.5 ms for 128 entries idle, 4-5 ms at load 20 on the 2-core VM): with slow steps (a 200 ms
-fp16 CPU step, ~1 s of wall time under that load) the 1 s bound read the whole ring at 0.7 of
-the steps to take ~9 new entries each, ~3 ms of the sender's CPU per step (1.5 % of the job),
-the largest share of the fp16 DDP bench's overhead (bench/attach_overhead.py)."""
-READ_LATEST_S = 2.0
-"""The longest a report waits, however costly dumps are (a live view's latency)."""
+"""The share of the job's own CPU the time-bound reads may take: after a dump that cost ``c``
+of CPU, the next time-bound read waits until the process has spent ``c / READ_BUDGET`` of CPU
+(every thread of it; at least :data:`READ_EVERY_S` of wall time, at most
+:data:`READ_LATEST_S`). Paced on the process's clock, not the wall's: a dump's cost is per ring
+entry, new or not, and a loaded machine doubles it (2.5 ms for 128 entries idle, 4-5 ms at load
+20 on the 2-core VM) while the job gets a fraction of a core; a wall-paced read (4.5 ms every
+2 s) was 1-2 % of such a job's CPU (the fp16 DDP bench at ~1 s wall steps read the ring at
+0.56 of the steps, bench/attach_overhead.py). Idle, where the job runs a core, the process
+clock keeps the wall's pace (~2.5 s)."""
+READ_LATEST_S = 5.0
+"""The longest a report waits for a time-bound read, however costly dumps are and however
+little CPU the job gets (a live view's latency on a loaded machine)."""
+READ_LATEST_NS = int(READ_LATEST_S * 1e9)
 
 RECENT_STEPS = 8
 """Step ends whose entries the headroom is sized on (the largest of them, twice)."""
@@ -163,16 +167,22 @@ class RecorderMark:
         self.made_ns = made_ns
         """``time.perf_counter_ns()`` at the step end (0: due at once)."""
 
-    def due(self, now_ns: int | None = None) -> bool:
+    def due(self, now_ns: int | None = None, cpu_ns: int | None = None) -> bool:
         """Sender thread: whether to read now: the last dump reaches this mark already, a step
-        end since asked for a read (its mark was urgent), or the mark is ``READ_EVERY_S`` old
-        (a live view gets each report within that much), or longer while dumps are costly
-        (:data:`READ_BUDGET`)."""
+        end since asked for a read (its mark was urgent), or the mark is :data:`READ_EVERY_S`
+        old and the job has spent the last dump's CPU over :data:`READ_BUDGET` since it, or
+        the mark is :data:`READ_LATEST_S` old. ``now_ns`` is ``time.perf_counter_ns()``,
+        ``cpu_ns`` ``time.process_time_ns()`` (read here when not given)."""
         r = self._reader
         if self.urgent or r.wanted or r.covers(self.marks):
             return True
-        now = time.perf_counter_ns() if now_ns is None else now_ns
-        return now - self.made_ns >= r.read_every_ns
+        age = (time.perf_counter_ns() if now_ns is None else now_ns) - self.made_ns
+        if age < READ_EVERY_NS:
+            return False
+        if age >= READ_LATEST_NS:
+            return True
+        cpu = time.process_time_ns() if cpu_ns is None else cpu_ns
+        return cpu - r.cpu_at_dump_ns >= r.read_every_cpu_ns
 
     def expand(self) -> list[RecorderOp]:
         return self._reader.take(self.marks)
@@ -196,9 +206,11 @@ class FlightRecorderReader:
         self._cache_top: dict[str, int] = {}
         self.dumps = 0
         """Dumps taken (each walks the whole ring: what reading costs, bench/attach_overhead)."""
-        self.read_every_ns = READ_EVERY_NS
-        """How old a mark waits for a read when nothing else makes it due: the last dump's CPU
-        over :data:`READ_BUDGET`, within :data:`READ_EVERY_S` .. :data:`READ_LATEST_S`."""
+        self.read_every_cpu_ns = 0
+        """The process CPU a time-bound read waits for after the last dump: that dump's CPU
+        over :data:`READ_BUDGET`."""
+        self.cpu_at_dump_ns = 0
+        """``time.process_time_ns()`` at the last dump."""
         self._dumped_at = 0.0
         self._timed: set[str] = set()
         """Groups whose device durations were asked for (:meth:`device_duration`), indexed
@@ -376,7 +388,8 @@ class FlightRecorderReader:
             self.wanted = False
             parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
             self.dumps += 1
-            self.read_every_ns = read_interval_ns(time.thread_time_ns() - cpu_ns)
+            self.read_every_cpu_ns = int((time.thread_time_ns() - cpu_ns) / READ_BUDGET)
+            self.cpu_at_dump_ns = time.process_time_ns()
             cache: dict[str, tuple[list[int], list[Entry]]] = {}
             groups = self.groups
             timed = self._timed
@@ -409,11 +422,6 @@ class FlightRecorderReader:
             if watched and span > 1:  # all entries per watched one (record_id spans all)
                 self.share = max(1.0, span / watched)
         return self._cache
-
-
-def read_interval_ns(dump_cpu_ns: int) -> int:
-    """The wait before the next time-bound read after a dump that cost ``dump_cpu_ns``."""
-    return min(max(READ_EVERY_NS, int(dump_cpu_ns / READ_BUDGET)), int(READ_LATEST_S * 1e9))
 
 
 def _say(part: str, reason: str) -> None:
