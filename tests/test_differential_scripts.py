@@ -95,5 +95,11 @@ def test_ill_conditioned_generated_models_differ_only_as_fp32_rounding_does(
     ours, ds = runs["ours"][cell.name], runs["deepspeed"][cell.name]
     d = compare_cell(cell.name, cell.precision, ours, ds)
     assert {"loss", "lr", "weights", "model16"} <= d.figures.keys(), table([d])
-    assert d.worst > TOLERANCE["fp32"], "now within the tolerance: move the seed to the budget"
-    assert explained_by_rounding(d.figures, TOLERANCE["fp32"], cell, [ours[0], ds[0]]), table([d])
+    # Whether the two engines' roundings part past the tolerance depends on the machine: on
+    # the same commit seed 54's engines were past it in CI's run and 6.5e-7 apart on another
+    # 2-core VM, the model as ill-conditioned on both. Within the tolerance is what the budget
+    # asks; past it, each engine must be as near float64 as float32 itself is.
+    if d.worst > TOLERANCE["fp32"]:
+        assert explained_by_rounding(d.figures, TOLERANCE["fp32"], cell, [ours[0], ds[0]]), table(
+            [d]
+        )

@@ -76,13 +76,16 @@ def test_the_counted_step_and_every_later_one_are_bit_identical(dtype: torch.dty
 
 
 def test_torch_flop_counter_mode_moves_the_gradients_it_counts() -> None:
-    """The control: the harness above catches the change FlopCounterMode makes (if a torch
-    release makes its decomposition exact, this fails and agent/flops.py's reason is stale)."""
+    """The control: the harness above catches the change FlopCounterMode makes, in the counted
+    step's gradients (if a torch release makes its decomposition exact, this fails and
+    agent/flops.py's reason is stale). Not in the later losses: AdamW's first update is
+    lr x g / (|g| + eps), about lr x sign(g), so a last-bit change of step 1's gradients
+    reaches step 2's loss only through components near eps; with transformers 5.24's Llama the
+    three losses came out equal while the gradients differed."""
     torch.set_num_threads(1)
-    plain_losses, plain_grads, _ = _train(torch.float32, "none")
-    losses, grads, _ = _train(torch.float32, "torch")
+    _, plain_grads, _ = _train(torch.float32, "none")
+    _, grads, _ = _train(torch.float32, "torch")
     assert not all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
-    assert losses != plain_losses
 
 
 def test_silu_backward_is_the_op_its_decomposition_changes() -> None:
