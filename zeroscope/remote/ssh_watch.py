@@ -21,6 +21,7 @@ from zeroscope.remote.job_over import all_ranks_said_bye
 from zeroscope.remote.ssh import SshClient, SshError, Tunnel
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 from zeroscope.store.sources import LiveSource
 
 Status = Callable[[str], None]
@@ -163,9 +164,10 @@ def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState
         if messages:
             keeper.last_message_s = time.monotonic()
         now = time.time()
-        for m in messages:
-            for agg in state.ingest(m, now):
-                print(step_line(agg), flush=True)
+        with catch_up_fold(is_catch_up(len(messages))):  # a late viewer's snapshot
+            for m in messages:
+                for agg in state.ingest(m, now):
+                    print(step_line(agg), flush=True)
         if all_ranks_said_bye(state) or not keeper.check():
             for m in source.poll(0.3):  # the last messages in flight
                 for agg in state.ingest(m, now):
