@@ -151,7 +151,7 @@ def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any
     if gc_policy:  # imported only then: a copy of this file times a tree without the policy
         from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 
-        policy = catch_up_fold(is_catch_up(len(got)))
+        policy = catch_up_fold(is_catch_up(len(got)), freeze=src.snapshots > 0)
     with policy:
         state.ingest_all(got)
     t_folded, c_folded = time.perf_counter() - t0, time.process_time() - c0

@@ -1,8 +1,9 @@
-"""A viewer's catch-up fold holds Python's cyclic collector off and freezes what survived
-(store/gc_pause.py): the collector is running again after it exactly when it was before, the
-folded state is out of the collector's sight (frozen, not in any generation), a dropped frozen
-state is still freed (it holds no reference cycle), and the state's figures are the same as a
-fold without the policy, through the TUI's own feed worker."""
+"""A viewer's catch-up fold holds Python's cyclic collector off and, for a live snapshot,
+freezes what survived (store/gc_pause.py): the collector is running again after it exactly when
+it was before, the folded state is out of the collector's sight (frozen, not in any
+generation), a dropped frozen state is still freed (it holds no reference cycle), a replay
+seek's rebuild is paused but not frozen, and the state's figures are the same as a fold without
+the policy, through the TUI's own feed worker."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.store import gc_pause
 from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 from zeroscope.tui.app import ZeroscopeApp
-from zeroscope.tui.feed import Batch
+from zeroscope.tui.feed import Batch, LiveFeed
 
 
 @pytest.fixture
@@ -124,12 +125,12 @@ def test_only_big_batches_are_a_catch_up() -> None:
 
 
 class OneBatch:
-    """A live feed whose first poll is the whole catch-up (as a late viewer's snapshot)."""
+    """A feed whose first poll is the whole catch-up: a late viewer's snapshot (live), or a
+    replay's first seek (a rebuild: ``reset``)."""
 
-    live = True
-
-    def __init__(self, messages: list[Message]) -> None:
+    def __init__(self, messages: list[Message], live: bool = True) -> None:
         self.messages: list[Message] | None = messages
+        self.live = live
         self.frozen_at_poll = -1
 
     def poll(self, timeout: float) -> Batch | None:
@@ -138,19 +139,44 @@ class OneBatch:
             return None
         self.frozen_at_poll = gc.get_freeze_count()
         messages, self.messages = self.messages, None
-        return Batch(messages)
+        return Batch(messages, reset=not self.live, snapshot=self.live)
+
+
+class Snapshots:
+    """A source that counts the state snapshots it has taken, as LiveSource does."""
+
+    def __init__(self) -> None:
+        self.snapshots = 0
+        self.next: list[Message] = []
+
+    def poll(self, timeout: float = 0.1) -> list[Message]:
+        out, self.next = self.next, []
+        return out
+
+
+def test_the_live_feed_marks_the_batch_that_holds_a_snapshot() -> None:
+    source = Snapshots()
+    feed = LiveFeed(source)
+    hello, report = run(ranks=1, steps=1)[:2]
+    source.next, source.snapshots = [hello], 1  # the snapshot's answer
+    first = feed.poll(0)
+    source.next = [report]  # then live updates
+    second = feed.poll(0)
+    assert first is not None and first.snapshot
+    assert second is not None and not second.snapshot
 
 
 @sync
+@pytest.mark.parametrize("live", [True, False])
 async def test_the_tui_folds_a_catch_up_under_the_policy_to_the_same_figures(
-    collector: None, monkeypatch: pytest.MonkeyPatch
+    live: bool, collector: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     messages = run()
     monkeypatch.setattr(gc_pause, "CATCH_UP_MESSAGES", len(messages))  # small, but a catch-up
     plain = ClusterState()
     plain.ingest_all(messages)
     gc.enable()
-    feed = OneBatch(list(messages))
+    feed = OneBatch(list(messages), live)
     app = ZeroscopeApp(ClusterState(), feed, live_clock=False)
     async with app.run_test(size=(160, 48)) as pilot:
         deadline = time.monotonic() + 30
@@ -160,5 +186,9 @@ async def test_the_tui_folds_a_catch_up_under_the_policy_to_the_same_figures(
         await pilot.pause(0.2)  # the worker's last hand-off returned: the fold is over
         assert gc.isenabled()
         grown = gc.get_freeze_count() - feed.frozen_at_poll
-        assert grown >= len(tracked_ids(app.state))
+        if live:  # a late viewer's snapshot: frozen
+            assert grown >= len(tracked_ids(app.state))
+        else:  # a seek's rebuild, which recurs: paused, never frozen
+            assert grown <= 0
+            assert id(app.state) in {id(o) for o in gc.get_objects()}
         assert figures(app.state) == figures(plain)

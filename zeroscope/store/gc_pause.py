@@ -9,8 +9,8 @@ the user's collector alone):
 - :func:`catch_up_fold`: a viewer's catch-up (a late viewer's snapshot, a big backlog, a
   replay's seek rebuild) folded into ClusterState. The state grows by millions of long-lived
   objects, and the collector's whole-heap passes over them as it grows were ~1.7 s of a
-  16,384-rank late viewer's 4.9 s fold. After the fold the survivors are frozen (``gc.freeze``):
-  later collections of the live view no longer walk them. Frozen objects are still freed by
+  16,384-rank late viewer's 4.9 s fold. After a live viewer's snapshot the survivors are frozen
+  (``gc.freeze``): later collections of the live view no longer walk them. Frozen objects are still freed by
   reference counting; only a frozen *cycle* that becomes garbage is never collected, and a
   folded ClusterState holds none (tests/test_gc_catch_up.py), so a replaced report or a seek's
   dropped state is freed as before.
@@ -47,13 +47,17 @@ def is_catch_up(messages: int) -> bool:
 
 
 @contextmanager
-def catch_up_fold(active: bool = True) -> Iterator[None]:
-    """Fold a catch-up with the collector paused, then freeze what survived.
+def catch_up_fold(active: bool = True, freeze: bool = True) -> Iterator[None]:
+    """Fold a catch-up with the collector paused, then (``freeze``) freeze what survived.
 
     ``active`` False does nothing (the caller's small batches go through the same ``with``).
-    The freeze happens only when the fold completed (one cut short, a cancelled worker's, is
-    left to the collector). Only the caller that found the collector running restarts it, as
-    :func:`collector_paused`."""
+    Freeze only a live viewer's snapshot, once a connection: each freeze also takes the view's
+    own objects then alive (Textual's), and those that later die in a cycle are never freed: a
+    freeze after every step of a 64-rank live view grew its RSS from 99 to 274 MB over 1,200
+    steps (bench/view_gc_long.py, docs/bench.md). A replay seek or a big live backlog, which
+    recur, get the pause only. The freeze happens only when the fold completed (one cut short,
+    a cancelled worker's, is left to the collector). Only the caller that found the collector
+    running restarts it, as :func:`collector_paused`."""
     if not active:
         yield
         return
@@ -64,7 +68,7 @@ def catch_up_fold(active: bool = True) -> Iterator[None]:
         yield
         done = True
     finally:
-        if done:
+        if done and freeze:
             gc.freeze()
         if running:
             gc.enable()

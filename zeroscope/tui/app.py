@@ -146,10 +146,10 @@ class ZeroscopeApp(App[str]):
                 self._gather(batch)
             # Fold big bursts in slices so keys and paints interleave with a 1024-rank step. A
             # catch-up (a late viewer's snapshot, a seek's rebuild) is folded with the garbage
-            # collector held off and frozen after (store/gc_pause.py): the worker holds it
-            # across the slices, each handed to the UI thread and waited for.
+            # collector held off, and a snapshot frozen after (store/gc_pause.py): the worker
+            # holds it across the slices, each handed to the UI thread and waited for.
             messages = batch.messages
-            with catch_up_fold(is_catch_up(len(messages))):
+            with catch_up_fold(is_catch_up(len(messages)), freeze=batch.snapshot):
                 for start in range(0, max(1, len(messages)), CHUNK):
                     if worker.is_cancelled:
                         return
