@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
+import os
 import sys
 import tempfile
 import time
@@ -98,8 +101,11 @@ def trace_growth(ranks: int, steps: int, policy: Any) -> dict[str, Any]:
     }
 
 
-def late_viewer(ranks: int, steps: int) -> dict[str, Any]:
-    """A collector with ``steps`` steps of ``ranks`` ranks; a viewer's first frame."""
+def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any]:
+    """A collector with ``steps`` steps of ``ranks`` ranks; a viewer's first frame. The fold
+    goes through the viewer's garbage-collector policy for a catch-up (store/gc_pause.py, as
+    the TUI's feed worker and headless attach fold it); ``gc_policy`` False folds it as before
+    that policy, with the collector running (the paired "before")."""
     import zmq
 
     from zeroscope.agent import schema
@@ -110,6 +116,7 @@ def late_viewer(ranks: int, steps: int) -> dict[str, Any]:
 
     hellos, template = _template(ranks)
     rss0 = _rss()
+    clock = _GcClock()
     col = Collector().start()
     push: zmq.Socket = zmq.Context.instance().socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 0)
@@ -138,11 +145,21 @@ def late_viewer(ranks: int, steps: int) -> dict[str, Any]:
     while not (src.caught_up and src.last_seq >= col.seq) and time.perf_counter() - t0 < 300:
         got += src.poll(0.1)
     t_received, c_received = time.perf_counter() - t0, time.process_time() - c0
+    gc_received = clock.read()
     state = ClusterState()
-    state.ingest_all(got)
+    policy: Any = contextlib.nullcontext()
+    if gc_policy:  # imported only then: a copy of this file times a tree without the policy
+        from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
+
+        policy = catch_up_fold(is_catch_up(len(got)), freeze=src.snapshots > 0)
+    with policy:
+        state.ingest_all(got)
     t_folded, c_folded = time.perf_counter() - t0, time.process_time() - c0
+    gc_folded = clock.read()
     frame_s = asyncio.run(_first_frame(state))
     t_frame, c_frame = time.perf_counter() - t0, time.process_time() - c0
+    gc_frame = clock.read()
+    clock.close()
     snapshot_bytes = sum(len(schema.encode(m)) for m in got)
     src.close()
     col.stop()
@@ -161,6 +178,13 @@ def late_viewer(ranks: int, steps: int) -> dict[str, Any]:
         "first_frame_cpu_s": c_frame,
         "collector_rss_bytes": rss_collector,
         "state_frames": src.snapshots,
+        "gc_policy": gc_policy,
+        # The viewer's (main thread's) collections in each phase: (seconds, whole-heap ones).
+        "gc_received": gc_received,
+        "gc_fold": gc_folded,
+        "gc_frame": gc_frame,
+        "frozen_objects": gc.get_freeze_count(),
+        "load": os.getloadavg()[0],
     }
 
 
@@ -177,6 +201,36 @@ async def _first_frame(state: Any) -> float:
     return took
 
 
+class _GcClock:
+    """CPU time in the main thread's garbage collections, and the whole-heap (generation 2)
+    ones among them; ``read`` returns both since the last read."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.ns = self.full = self._t0 = 0
+        self._main = threading.get_ident()
+        self._ident = threading.get_ident
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if self._ident() != self._main:
+            return
+        if phase == "start":
+            self._t0 = time.thread_time_ns()
+        else:
+            self.ns += time.thread_time_ns() - self._t0
+            self.full += info.get("generation") == 2
+
+    def read(self) -> tuple[float, int]:
+        out = (round(self.ns / 1e9, 3), self.full)
+        self.ns = self.full = 0
+        return out
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def _rss() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -191,11 +245,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full-steps", type=int, default=40, help="steps of the unthinned trace")
     p.add_argument("--viewer-ranks", type=int, default=RANKS_TARGET)
     p.add_argument("--viewer-steps", type=int, default=4)
+    p.add_argument("--viewer-only", action="store_true", help="only the late viewer")
+    p.add_argument(
+        "--no-gc-policy", action="store_true", help="fold the catch-up with the collector running"
+    )
     return p
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from zeroscope.store.thinning import ThinningPolicy
+
+    if args.viewer_only:
+        return {"viewer": late_viewer(args.viewer_ranks, args.viewer_steps, not args.no_gc_policy)}
 
     # The default policy's every and recent, applied at any size (its from_ranks only says
     # which jobs are thinned; the cost per rank-step does not depend on it).
@@ -210,14 +271,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # node row per 8 ranks per step (what the thinned trace's growth has beyond the reports).
     formula = full["bytes_per_rank_step"] / policy.every
     thinned["formula_bytes_per_rank_step"] = formula
-    viewer = late_viewer(args.viewer_ranks, args.viewer_steps)
+    viewer = late_viewer(args.viewer_ranks, args.viewer_steps, not args.no_gc_policy)
     return {"policy": policy, "full": full, "thinned": thinned, "viewer": viewer}
 
 
 def main() -> None:
     out = run(parser().parse_args())
     for key in ("full", "thinned", "viewer"):
-        print(key, out[key])
+        if key in out:
+            print(key, out[key])
 
 
 if __name__ == "__main__":

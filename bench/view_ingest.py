@@ -10,17 +10,28 @@ process. It imports only what every tree has (ClusterState, the fixture), so one
 times a tree before a change and after, side by side. The fixture run is gc-frozen
 once built (``--no-freeze`` leaves it: every full collection then walks it, as bench/tui_frame.py
 does).
+
+Steady-state garbage-collector policies of the viewer, compared in one tree (``--gc``): ``none``
+(Python's defaults), ``catch-up`` (the Hellos and step 0 folded as a late viewer's catch-up,
+frozen after), ``freeze-steps`` (``gc.freeze()`` after each closed step: the state's
+long-lived objects leave the collector's sight), ``thresholds`` (``gc.set_threshold(50_000, 20,
+100)``: fewer, not cheaper, collections). Each run prints its whole-heap (generation 2)
+collections. ``--long N`` folds N steps of one step's reports renumbered as they go (no fixture
+grows with N) and prints the process's RSS and frozen objects at N/2 and at N: a policy that
+freezes objects later becoming cyclic garbage would grow both without bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -29,8 +40,62 @@ if str(ROOT) not in sys.path:
 from tests.fixtures import RunShape, split_by_step, synthetic_run  # noqa: E402
 from zeroscope.state import ClusterState  # noqa: E402
 
+GC_POLICIES = ("none", "catch-up", "freeze-steps", "thresholds")
 
-def bench(ranks: int, steps: int, freeze: bool = True) -> dict[str, float]:
+
+def _set_policy(policy: str) -> None:
+    if policy == "thresholds":
+        gc.set_threshold(50_000, 20, 100)
+
+
+def _after_step(policy: str) -> None:
+    if policy == "freeze-steps":
+        gc.freeze()
+
+
+def _first_fold(policy: str) -> Any:
+    """The Hellos and step 0 folded as a late viewer's catch-up (``catch-up``: the viewer's own
+    policy, store/gc_pause.py; imported only then, so older trees run the other policies)."""
+    if policy != "catch-up":
+        return contextlib.nullcontext()
+    from zeroscope.store.gc_pause import catch_up_fold
+
+    return catch_up_fold()
+
+
+def _full_collections() -> int:
+    return int(gc.get_stats()[2]["collections"])
+
+
+class _GcTime:
+    """CPU time of the main thread inside garbage collections since it was made [s]."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            self.s += time.thread_time() - self._t0
+
+    def close(self) -> float:
+        gc.callbacks.remove(self._callback)
+        return self.s
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench(ranks: int, steps: int, freeze: bool = True, policy: str = "none") -> dict[str, float]:
+    _set_policy(policy)
     run = synthetic_run(RunShape(ranks=ranks, steps=steps + 1, collectives=True, straggle_from=1))
     if freeze:
         # The fixture's messages, all built up front, are the bench's, not the viewer's (a live
@@ -38,11 +103,14 @@ def bench(ranks: int, steps: int, freeze: bool = True) -> dict[str, float]:
         gc.freeze()
     hellos, by_step = split_by_step(run)
     state = ClusterState()
-    state.ingest_all(hellos + by_step.pop(0))
+    with _first_fold(policy):
+        state.ingest_all(hellos + by_step.pop(0))
     wall, cpu = [], []
+    full0, gc_time = _full_collections(), _GcTime()
     for step in sorted(by_step):
         t0, c0 = time.perf_counter(), time.process_time()
         closed = state.ingest_all(by_step[step])
+        _after_step(policy)
         t1, c1 = time.perf_counter(), time.process_time()
         assert [a.step for a in closed] == [step]
         wall.append(t1 - t0)
@@ -52,8 +120,43 @@ def bench(ranks: int, steps: int, freeze: bool = True) -> dict[str, float]:
         "ingest_max_s": max(wall),
         "ingest_cpu_s": statistics.median(cpu),
         "per_report_us": statistics.median(cpu) / ranks * 1e6,
+        "full_collections": _full_collections() - full0,
+        "ingest_cpu_max_s": max(cpu),
+        "gc_s": gc_time.close(),
     }
     return out
+
+
+def long_run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
+    """``steps`` steps of one step's reports renumbered (past the state's history caps): the
+    RSS and frozen objects at half-way and at the end, and the whole-heap collections."""
+    import msgspec
+
+    _set_policy(policy)
+    hellos, by_step = split_by_step(synthetic_run(RunShape(ranks=ranks, steps=2, collectives=True)))
+    template = by_step[1]
+    state = ClusterState()
+    state.ingest_all(hellos + by_step[0])
+    gc.freeze()  # the template: the bench's, not the viewer's
+    marks: dict[int, tuple[float, int]] = {}
+    full0, c0, gc_time = _full_collections(), time.process_time(), _GcTime()
+    for step in range(1, steps + 1):
+        shift = (step - 1) * 10**9
+        msgs = [
+            msgspec.structs.replace(m, step=step, wall_ns=m.wall_ns + shift)  # type: ignore[type-var]
+            for m in template
+        ]
+        state.ingest_all(msgs)
+        del msgs
+        _after_step(policy)
+        if step in (steps // 2, steps):
+            marks[step] = (_rss_mb(), gc.get_freeze_count())
+    return {
+        "marks": marks,
+        "full_collections": _full_collections() - full0,
+        "cpu_s": time.process_time() - c0,
+        "gc_s": gc_time.close(),
+    }
 
 
 def main() -> None:
@@ -61,13 +164,30 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--no-freeze", action="store_true", help="leave the fixture run unfrozen")
+    parser.add_argument("--gc", choices=GC_POLICIES, default="none", help="steady-state policy")
+    parser.add_argument("--long", type=int, default=0, help="steps of the RSS run (0: none)")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    r = bench(args.ranks, args.steps, not args.no_freeze)
+    if args.long:
+        lr = long_run(args.ranks, args.long, args.gc)
+        marks = ", ".join(
+            f"step {s}: RSS {rss:.0f} MB, {frozen} frozen"
+            for s, (rss, frozen) in lr["marks"].items()
+        )
+        print(
+            f"{args.long} steps of {args.ranks} ranks, gc {args.gc}: {marks}; "
+            f"{lr['full_collections']} whole-heap collections, CPU {lr['cpu_s']:.1f} s "
+            f"({lr['gc_s']:.1f} s in collections); "
+            f"load average {load:.1f} at the start"
+        )
+        return
+    r = bench(args.ranks, args.steps, not args.no_freeze, args.gc)
     print(
         f"ingest of one {args.ranks}-rank step: wall median {r['ingest_s'] * 1e3:.1f} ms "
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "
-        f"{r['per_report_us']:.1f} us a report; load average {load:.1f} at the start"
+        f"{r['per_report_us']:.1f} us a report (CPU max {r['ingest_cpu_max_s'] * 1e3:.1f}); "
+        f"gc {args.gc}: {r['full_collections']} whole-heap collections, "
+        f"{r['gc_s'] * 1e3:.0f} ms in collections; load average {load:.1f} at the start"
     )
 
 

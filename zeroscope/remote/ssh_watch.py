@@ -21,6 +21,7 @@ from zeroscope.remote.job_over import all_ranks_said_bye
 from zeroscope.remote.ssh import SshClient, SshError, Tunnel
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 from zeroscope.store.sources import LiveSource
 
 Status = Callable[[str], None]
@@ -159,13 +160,16 @@ class TunnelKeeper:
 def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState) -> int:
     """One line per completed step; ends when every rank said Bye or the job is gone."""
     while True:
+        snapshots = source.snapshots
         messages = source.poll(0.2)
         if messages:
             keeper.last_message_s = time.monotonic()
         now = time.time()
-        for m in messages:
-            for agg in state.ingest(m, now):
-                print(step_line(agg), flush=True)
+        # A late viewer's snapshot: the collector held off, the state frozen after.
+        with catch_up_fold(is_catch_up(len(messages)), freeze=source.snapshots != snapshots):
+            for m in messages:
+                for agg in state.ingest(m, now):
+                    print(step_line(agg), flush=True)
         if all_ranks_said_bye(state) or not keeper.check():
             for m in source.poll(0.3):  # the last messages in flight
                 for agg in state.ingest(m, now):
@@ -184,6 +188,11 @@ class _Stamped:
 
     def __init__(self, source: LiveSource, keeper: TunnelKeeper) -> None:
         self.source, self.keeper = source, keeper
+
+    @property
+    def snapshots(self) -> int:
+        """The source's state snapshots taken (LiveFeed freezes the state folded from one)."""
+        return self.source.snapshots
 
     def poll(self, timeout: float = 0.1) -> list[Message]:
         messages = self.source.poll(timeout)

@@ -20,6 +20,7 @@ from textual.worker import get_current_worker
 
 from zeroscope.remote.job_over import all_ranks_said_bye
 from zeroscope.state.viewmodel import Advisory, Alert, ClusterState, StepSeries, advise
+from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 
 from .base import StateScreen
 from .cluster_screen import ClusterScreen
@@ -143,18 +144,22 @@ class ZeroscopeApp(App[str]):
                 continue
             if self.feed.live:
                 self._gather(batch)
-            # Fold big bursts in slices so keys and paints interleave with a 1024-rank step.
+            # Fold big bursts in slices so keys and paints interleave with a 1024-rank step. A
+            # catch-up (a late viewer's snapshot, a seek's rebuild) is folded with the garbage
+            # collector held off, and a snapshot frozen after (store/gc_pause.py): the worker
+            # holds it across the slices, each handed to the UI thread and waited for.
             messages = batch.messages
-            for start in range(0, max(1, len(messages)), CHUNK):
-                if worker.is_cancelled:
-                    return
-                part = Batch(
-                    messages[start : start + CHUNK],
-                    reset=batch.reset and start == 0,
-                    final=batch.final and start + CHUNK >= len(messages),
-                    overview=batch.overview if start == 0 else None,
-                )
-                self.call_from_thread(self.apply_batch, part)
+            with catch_up_fold(is_catch_up(len(messages)), freeze=batch.snapshot):
+                for start in range(0, max(1, len(messages)), CHUNK):
+                    if worker.is_cancelled:
+                        return
+                    part = Batch(
+                        messages[start : start + CHUNK],
+                        reset=batch.reset and start == 0,
+                        final=batch.final and start + CHUNK >= len(messages),
+                        overview=batch.overview if start == 0 else None,
+                    )
+                    self.call_from_thread(self.apply_batch, part)
 
     def _gather(self, batch: Batch) -> None:
         """Add to a live ``batch`` what arrives within :data:`GATHER_S` (worker thread)."""

@@ -39,6 +39,9 @@ class Batch:
     """No more messages will come (end of the trace): close steps still open."""
     overview: StepSeries | None = None
     """The whole run's history series (replay), once read."""
+    snapshot: bool = False
+    """Holds a live source's catch-up snapshot (a late viewer's first state): folded, it is
+    frozen out of the garbage collector's sight (store/gc_pause.py)."""
 
 
 class Source(Protocol):
@@ -52,10 +55,14 @@ class LiveFeed:
 
     def __init__(self, source: Source) -> None:
         self.source = source
+        self._snapshots = 0
 
     def poll(self, timeout: float) -> Batch | None:
         messages = self.source.poll(timeout)
-        return Batch(messages) if messages else None
+        # A LiveSource counts the state snapshots it has taken (other sources have none).
+        snapshots = getattr(self.source, "snapshots", 0)
+        snapshot, self._snapshots = snapshots != self._snapshots, snapshots
+        return Batch(messages, snapshot=snapshot) if messages else None
 
 
 class Trace(Protocol):

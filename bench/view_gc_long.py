@@ -1,0 +1,124 @@
+"""Does freezing the viewer's heap after each closed step leak, with Textual in the process?
+
+    python bench/view_gc_long.py [--ranks 256] [--steps 1200] [--gc none|freeze-steps]
+
+``gc.freeze()`` takes every object then alive out of the cyclic collector's sight for good:
+one that later becomes part of a garbage *cycle* is never freed. ClusterState holds no cycle
+(tests/test_gc_catch_up.py), but the TUI's process also holds Textual's widgets, messages and
+caches, which do. This folds ``--steps`` steps of one step's reports renumbered as they go
+(past the state's 512-step history caps) into the cluster screen of a headless ZeroscopeApp,
+draws a frame after each step as the live view does, and with ``--gc freeze-steps`` freezes
+after each step (``young-freeze-steps``: after a collection of the young generations, so that
+their dead cycles are not frozen with the rest); ``thresholds`` raises the collector's
+thresholds instead (``gc.set_threshold(50_000, 20, 100)``: nothing frozen, collections rarer). It prints the RSS and frozen objects at a quarter, half and all of the steps:
+bounded, they level off once the history caps are reached; leaking, they keep growing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402
+
+from tests.fixtures import RunShape, split_by_step, synthetic_run  # noqa: E402
+from zeroscope.state import ClusterState  # noqa: E402
+
+
+class _GcClock:
+    """CPU time of the main thread inside garbage collections [s]."""
+
+    def __init__(self) -> None:
+        self.s = self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            self.s += time.thread_time() - self._t0
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+POLICIES = ("none", "freeze-steps", "young-freeze-steps", "thresholds")
+
+
+async def run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
+    from zeroscope.tui.app import ZeroscopeApp
+
+    if policy == "thresholds":
+        gc.set_threshold(50_000, 20, 100)
+
+    run = synthetic_run(RunShape(ranks=ranks, steps=2, collectives=True))
+    hellos, by_step = split_by_step(run)
+    template = by_step[1]
+    state = ClusterState()
+    state.ingest_all(hellos + by_step[0])
+    gc.collect()
+    gc.freeze()  # the template and the start-up: the bench's, not the steady state's
+    marks: dict[int, tuple[float, int, int]] = {}
+    full0, c0 = gc.get_stats()[2]["collections"], time.process_time()
+    clock = _GcClock()
+    app = ZeroscopeApp(state)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot._wait_for_screen()
+        for step in range(1, steps + 1):
+            shift = (step - 1) * 10**9
+            app.state.ingest_all(
+                [msgspec.structs.replace(m, step=step, wall_ns=m.wall_ns + shift) for m in template]
+            )
+            app.redraw()
+            await pilot.pause()
+            if policy == "young-freeze-steps":
+                gc.collect(1)  # the young generations' dead cycles, not to be frozen with the rest
+            if policy.endswith("freeze-steps"):
+                gc.freeze()
+            if step in (steps // 4, steps // 2, steps):
+                gc.collect()  # what the collector can still free: left is live, or leaked
+                marks[step] = (_rss_mb(), gc.get_freeze_count(), len(gc.get_objects()))
+    return {
+        "marks": marks,
+        "full": gc.get_stats()[2]["collections"] - full0,
+        "cpu_s": time.process_time() - c0,
+        "gc_s": clock.s,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--gc", choices=POLICIES, default="none")
+    args = p.parse_args()
+    load = os.getloadavg()[0]
+    r = asyncio.run(run(args.ranks, args.steps, args.gc))
+    marks = "; ".join(
+        f"step {s}: RSS {rss:.0f} MB, {frozen} frozen, {live} in the generations"
+        for s, (rss, frozen, live) in r["marks"].items()
+    )
+    print(
+        f"{args.steps} steps of {args.ranks} ranks with a frame each, gc {args.gc}: {marks}; "
+        f"{r['full']} whole-heap collections, CPU {r['cpu_s']:.1f} s ({r['gc_s']:.1f} s in "
+        f"collections, the marks' own included); load {load:.1f} at the start"
+    )
+
+
+if __name__ == "__main__":
+    main()
