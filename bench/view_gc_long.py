@@ -10,8 +10,14 @@ caches, which do. This folds ``--steps`` steps of one step's reports renumbered 
 draws a frame after each step as the live view does, and with ``--gc freeze-steps`` freezes
 after each step (``young-freeze-steps``: after a collection of the young generations, so that
 their dead cycles are not frozen with the rest); ``thresholds`` raises the collector's
-thresholds instead (``gc.set_threshold(50_000, 20, 100)``: nothing frozen, collections rarer). It prints the RSS and frozen objects at a quarter, half and all of the steps:
-bounded, they level off once the history caps are reached; leaking, they keep growing.
+thresholds instead (``gc.set_threshold(50_000, 20, 100)``: nothing frozen, collections rarer).
+It prints the RSS and frozen objects at a quarter, half and all of the steps: bounded, they
+level off once the history caps are reached; leaking, they keep growing. The marks read RSS as
+it is (``--collect-at-marks``: after a full collection, what the collector cannot free, as the
+first rows in docs/bench.md were taken); the peak is the largest RSS sampled after every step
+and the kernel's high-water mark (VmHWM, reset once the app is up, where /proc allows), so the
+garbage a policy postpones between whole-heap collections shows. Per step it also times the
+ingest and frame's CPU (median and max) and the longest time in collections.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import asyncio
 import gc
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -49,18 +56,28 @@ class _GcClock:
             self.s += time.thread_time() - self._t0
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str = "VmRSS") -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak RSS (VmHWM) to the current RSS; False where /proc refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 POLICIES = ("none", "freeze-steps", "young-freeze-steps", "thresholds")
 
 
-async def run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
+async def run(ranks: int, steps: int, policy: str, collect_at_marks: bool) -> dict[str, Any]:
     from zeroscope.tui.app import ZeroscopeApp
 
     if policy == "thresholds":
@@ -77,10 +94,15 @@ async def run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
     full0, c0 = gc.get_stats()[2]["collections"], time.process_time()
     clock = _GcClock()
     app = ZeroscopeApp(state)
+    step_cpu: list[float] = []
+    step_gc: list[float] = []
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot._wait_for_screen()
+        rss0, hwm_reset = _status_mb(), _reset_hwm()
+        peak = rss0
         for step in range(1, steps + 1):
             shift = (step - 1) * 10**9
+            s0, g0 = time.process_time(), clock.s
             app.state.ingest_all(
                 [msgspec.structs.replace(m, step=step, wall_ns=m.wall_ns + shift) for m in template]
             )
@@ -90,11 +112,20 @@ async def run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
                 gc.collect(1)  # the young generations' dead cycles, not to be frozen with the rest
             if policy.endswith("freeze-steps"):
                 gc.freeze()
+            step_cpu.append(time.process_time() - s0)
+            step_gc.append(clock.s - g0)
+            peak = max(peak, _status_mb())
             if step in (steps // 4, steps // 2, steps):
-                gc.collect()  # what the collector can still free: left is live, or leaked
-                marks[step] = (_rss_mb(), gc.get_freeze_count(), len(gc.get_objects()))
+                if collect_at_marks:
+                    gc.collect()  # what the collector can still free: left is live, or leaked
+                marks[step] = (_status_mb(), gc.get_freeze_count(), len(gc.get_objects()))
     return {
         "marks": marks,
+        "rss0": rss0,
+        "peak": peak,
+        "hwm": _status_mb("VmHWM") if hwm_reset else float("nan"),
+        "step_cpu": step_cpu,
+        "step_gc": step_gc,
         "full": gc.get_stats()[2]["collections"] - full0,
         "cpu_s": time.process_time() - c0,
         "gc_s": clock.s,
@@ -106,9 +137,15 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--gc", choices=POLICIES, default="none")
+    p.add_argument(
+        "--collect-at-marks",
+        action="store_true",
+        help="run a full collection before each mark's reading (hides the postponed garbage)",
+    )
     args = p.parse_args()
     load = os.getloadavg()[0]
-    r = asyncio.run(run(args.ranks, args.steps, args.gc))
+    r = asyncio.run(run(args.ranks, args.steps, args.gc, args.collect_at_marks))
+    cpu, gcs = r["step_cpu"], r["step_gc"]
     marks = "; ".join(
         f"step {s}: RSS {rss:.0f} MB, {frozen} frozen, {live} in the generations"
         for s, (rss, frozen, live) in r["marks"].items()
@@ -116,7 +153,11 @@ def main() -> None:
     print(
         f"{args.steps} steps of {args.ranks} ranks with a frame each, gc {args.gc}: {marks}; "
         f"{r['full']} whole-heap collections, CPU {r['cpu_s']:.1f} s ({r['gc_s']:.1f} s in "
-        f"collections, the marks' own included); load {load:.1f} at the start"
+        f"collections, the marks' own included); RSS {r['rss0']:.0f} MB with the app up, peak "
+        f"sampled after each step {r['peak']:.0f} MB, VmHWM {r['hwm']:.0f} MB; a step's CPU "
+        f"median {statistics.median(cpu) * 1e3:.1f} ms, max {max(cpu) * 1e3:.1f} ms; a step's "
+        f"time in collections max {max(gcs) * 1e3:.1f} ms; "
+        f"collect at marks {args.collect_at_marks}; load {load:.1f} at the start"
     )
 
 

@@ -18,7 +18,11 @@ long-lived objects leave the collector's sight), ``thresholds`` (``gc.set_thresh
 100)``: fewer, not cheaper, collections). Each run prints its whole-heap (generation 2)
 collections. ``--long N`` folds N steps of one step's reports renumbered as they go (no fixture
 grows with N) and prints the process's RSS and frozen objects at N/2 and at N: a policy that
-freezes objects later becoming cyclic garbage would grow both without bound.
+freezes objects later becoming cyclic garbage would grow both without bound. Both modes also
+print the peak RSS of the steady steps, no collection forced: the largest RSS sampled after
+every step, and the kernel's high-water mark (VmHWM, reset after the fixture is built and the
+first fold done, where /proc allows), so the garbage a policy postpones between whole-heap
+collections counts; and the long run a step's CPU, median and max.
 """
 
 from __future__ import annotations
@@ -86,12 +90,26 @@ class _GcTime:
         return self.s
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak RSS (VmHWM) to the current RSS; False where /proc refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _hwm_mb(reset: bool) -> float:
+    return _rss_mb("VmHWM") if reset else float("nan")
 
 
 def bench(ranks: int, steps: int, freeze: bool = True, policy: str = "none") -> dict[str, float]:
@@ -106,6 +124,8 @@ def bench(ranks: int, steps: int, freeze: bool = True, policy: str = "none") -> 
     with _first_fold(policy):
         state.ingest_all(hellos + by_step.pop(0))
     wall, cpu = [], []
+    rss0, hwm_reset = _rss_mb(), _reset_hwm()
+    peak = rss0
     full0, gc_time = _full_collections(), _GcTime()
     for step in sorted(by_step):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -115,7 +135,11 @@ def bench(ranks: int, steps: int, freeze: bool = True, policy: str = "none") -> 
         assert [a.step for a in closed] == [step]
         wall.append(t1 - t0)
         cpu.append(c1 - c0)
+        peak = max(peak, _rss_mb())
     out = {
+        "rss0_mb": rss0,
+        "peak_mb": peak,
+        "hwm_mb": _hwm_mb(hwm_reset),
         "ingest_s": statistics.median(wall),
         "ingest_max_s": max(wall),
         "ingest_cpu_s": statistics.median(cpu),
@@ -139,8 +163,11 @@ def long_run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
     state.ingest_all(hellos + by_step[0])
     gc.freeze()  # the template: the bench's, not the viewer's
     marks: dict[int, tuple[float, int]] = {}
+    rss0, hwm_reset = _rss_mb(), _reset_hwm()
+    peak, step_cpu = rss0, []
     full0, c0, gc_time = _full_collections(), time.process_time(), _GcTime()
     for step in range(1, steps + 1):
+        s0 = time.process_time()
         shift = (step - 1) * 10**9
         msgs = [
             msgspec.structs.replace(m, step=step, wall_ns=m.wall_ns + shift)  # type: ignore[type-var]
@@ -149,10 +176,17 @@ def long_run(ranks: int, steps: int, policy: str) -> dict[str, Any]:
         state.ingest_all(msgs)
         del msgs
         _after_step(policy)
+        step_cpu.append(time.process_time() - s0)
+        peak = max(peak, _rss_mb())
         if step in (steps // 2, steps):
             marks[step] = (_rss_mb(), gc.get_freeze_count())
     return {
         "marks": marks,
+        "rss0_mb": rss0,
+        "peak_mb": peak,
+        "hwm_mb": _hwm_mb(hwm_reset),
+        "step_cpu_s": statistics.median(step_cpu),
+        "step_cpu_max_s": max(step_cpu),
         "full_collections": _full_collections() - full0,
         "cpu_s": time.process_time() - c0,
         "gc_s": gc_time.close(),
@@ -177,8 +211,10 @@ def main() -> None:
         print(
             f"{args.long} steps of {args.ranks} ranks, gc {args.gc}: {marks}; "
             f"{lr['full_collections']} whole-heap collections, CPU {lr['cpu_s']:.1f} s "
-            f"({lr['gc_s']:.1f} s in collections); "
-            f"load average {load:.1f} at the start"
+            f"({lr['gc_s']:.1f} s in collections); RSS {lr['rss0_mb']:.0f} MB before the "
+            f"steps, peak sampled after each {lr['peak_mb']:.0f} MB, VmHWM {lr['hwm_mb']:.0f} MB; "
+            f"a step's CPU median {lr['step_cpu_s'] * 1e3:.1f} ms, max "
+            f"{lr['step_cpu_max_s'] * 1e3:.1f} ms; load average {load:.1f} at the start"
         )
         return
     r = bench(args.ranks, args.steps, not args.no_freeze, args.gc)
@@ -187,7 +223,8 @@ def main() -> None:
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "
         f"{r['per_report_us']:.1f} us a report (CPU max {r['ingest_cpu_max_s'] * 1e3:.1f}); "
         f"gc {args.gc}: {r['full_collections']} whole-heap collections, "
-        f"{r['gc_s'] * 1e3:.0f} ms in collections; load average {load:.1f} at the start"
+        f"{r['gc_s'] * 1e3:.0f} ms in collections; RSS {r['rss0_mb']:.0f} MB before the steps, "
+        f"peak sampled after each {r['peak_mb']:.0f} MB, VmHWM {r['hwm_mb']:.0f} MB; load average {load:.1f} at the start"
     )
 
 

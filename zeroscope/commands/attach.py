@@ -19,6 +19,7 @@ from types import FrameType
 from zeroscope.cli import CliError
 from zeroscope.remote.discovery import JobRecord
 from zeroscope.remote.ssh import SshClient, SshError, SshTarget
+from zeroscope.store.gc_pause import raise_viewer_thresholds
 
 HELP = "open the live view on a job on another machine, over SSH"
 
@@ -111,6 +112,7 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 def main(args: argparse.Namespace) -> int:
     """SIGTERM / SIGHUP end attach as an exit does (128 + signal), so its ssh tunnel is closed
     on the way out: by default they would kill Python and leave ``ssh -N`` running."""
+    raise_viewer_thresholds()  # a viewer process: rarer collections (store/gc_pause.py)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return _attach(args)

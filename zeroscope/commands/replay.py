@@ -26,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
+    from zeroscope.store.gc_pause import raise_viewer_thresholds
     from zeroscope.store.sources import TraceSource
     from zeroscope.store.trace import TraceError
 
+    raise_viewer_thresholds()  # a viewer process: rarer collections (store/gc_pause.py)
     try:
         source = TraceSource(args.trace)
     except TraceError as exc:

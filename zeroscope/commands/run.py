@@ -35,6 +35,7 @@ from zeroscope.run.launch import (
     with_bootstrap,
 )
 from zeroscope.state.viewmodel import ClusterState, step_lines, summary_lines
+from zeroscope.store.gc_pause import raise_viewer_thresholds
 
 if TYPE_CHECKING:
     from zeroscope.remote.multinode import CollectorPlan
@@ -130,6 +131,9 @@ def main(args: argparse.Namespace) -> int:
             nnodes=multinode.nnodes_of(args),
         )
     )
+    # This process hosts the collector and the view; the ranks are the job's own interpreters,
+    # whose collector is the user's (they start at Python's defaults).
+    raise_viewer_thresholds()  # rarer collections (store/gc_pause.py)
     state = ClusterState()
     state.job_id = job_id  # known before any rank reports (and if none ever does)
     collector.on_recording_stopped = lambda reason: setattr(state, "recording_error", reason)
