@@ -20,6 +20,8 @@ the CPU tiers would otherwise run on NCCL (and two ranks on one GPU).
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
@@ -122,6 +124,7 @@ def _entry(
     args: tuple,
     results: Any,
     visible: str | None,
+    timeout: float = 120.0,
 ) -> None:
     # Before anything asks CUDA: the forkserver preloaded torch without initializing it.
     if visible is None:
@@ -140,6 +143,10 @@ def _entry(
     import torch
 
     torch.set_num_threads(1)
+    # A rank still running shortly before run_ranks gives up prints where each of its threads
+    # is (to its stderr): a hang names its place in the log instead of only its rank.
+    with contextlib.suppress(Exception):
+        faulthandler.dump_traceback_later(max(timeout - 5.0, 1.0), exit=False)
     try:
         value = fn(rank, world, *args)
         results.put((rank, "ok", value))
@@ -153,6 +160,7 @@ def _entry(
                 dist.destroy_process_group()
             except Exception:
                 pass
+        faulthandler.cancel_dump_traceback_later()
 
 
 def run_ranks(
@@ -181,7 +189,9 @@ def run_ranks(
     procs = []
     for r in range(world_size):
         p = process(
-            target=_entry, args=(fn, r, world_size, port, args, results, visible), daemon=True
+            target=_entry,
+            args=(fn, r, world_size, port, args, results, visible, timeout),
+            daemon=True,
         )
         if preload:
             p.preload = preload
