@@ -38,41 +38,9 @@ if str(ROOT) not in sys.path:
 
 import msgspec  # noqa: E402
 
+from bench.view_ingest import _GcTime, _reset_hwm, _rss_mb  # noqa: E402
 from tests.fixtures import RunShape, split_by_step, synthetic_run  # noqa: E402
 from zeroscope.state import ClusterState  # noqa: E402
-
-
-class _GcClock:
-    """CPU time of the main thread inside garbage collections [s]."""
-
-    def __init__(self) -> None:
-        self.s = self._t0 = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.thread_time()
-        else:
-            self.s += time.thread_time() - self._t0
-
-
-def _status_mb(field: str = "VmRSS") -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _reset_hwm() -> bool:
-    """Reset the kernel's peak RSS (VmHWM) to the current RSS; False where /proc refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
 
 POLICIES = ("none", "freeze-steps", "young-freeze-steps", "thresholds")
 
@@ -92,13 +60,13 @@ async def run(ranks: int, steps: int, policy: str, collect_at_marks: bool) -> di
     gc.freeze()  # the template and the start-up: the bench's, not the steady state's
     marks: dict[int, tuple[float, int, int]] = {}
     full0, c0 = gc.get_stats()[2]["collections"], time.process_time()
-    clock = _GcClock()
+    clock = _GcTime()
     app = ZeroscopeApp(state)
     step_cpu: list[float] = []
     step_gc: list[float] = []
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot._wait_for_screen()
-        rss0, hwm_reset = _status_mb(), _reset_hwm()
+        rss0, hwm_reset = _rss_mb(), _reset_hwm()
         peak = rss0
         for step in range(1, steps + 1):
             shift = (step - 1) * 10**9
@@ -114,16 +82,16 @@ async def run(ranks: int, steps: int, policy: str, collect_at_marks: bool) -> di
                 gc.freeze()
             step_cpu.append(time.process_time() - s0)
             step_gc.append(clock.s - g0)
-            peak = max(peak, _status_mb())
+            peak = max(peak, _rss_mb())
             if step in (steps // 4, steps // 2, steps):
                 if collect_at_marks:
                     gc.collect()  # what the collector can still free: left is live, or leaked
-                marks[step] = (_status_mb(), gc.get_freeze_count(), len(gc.get_objects()))
+                marks[step] = (_rss_mb(), gc.get_freeze_count(), len(gc.get_objects()))
     return {
         "marks": marks,
         "rss0": rss0,
         "peak": peak,
-        "hwm": _status_mb("VmHWM") if hwm_reset else float("nan"),
+        "hwm": _rss_mb("VmHWM") if hwm_reset else float("nan"),
         "step_cpu": step_cpu,
         "step_gc": step_gc,
         "full": gc.get_stats()[2]["collections"] - full0,
