@@ -95,6 +95,12 @@ class Publisher:
         self.address = address
         self._token = token
         self._lock = threading.Lock()
+        self._monitor_lock = threading.Lock()
+        """Held while the monitor socket is polled or closed. ZeroMQ sockets are not
+        thread-safe: the sampler thread polls the monitor while the training thread's close (its
+        sampler join timed out on a loaded machine) or wait_connected may use it too, and a
+        socket closed under another thread's poll can leave ``Context.term()`` waiting forever,
+        a rank that never exits after its last step."""
         self._own_context = context is None
         self._context = context if context is not None else zmq.Context()
         self._socket: zmq.Socket | None = None
@@ -243,24 +249,8 @@ class Publisher:
         """Called from the sampler thread: notice disconnections (so the Hello is re-sent on
         reconnection) and retry a pending Hello. Never raises."""
         try:
-            mon = self._monitor
-            while mon is not None and mon.poll(int(timeout * 1000)):
-                timeout = 0.0
-                parsed = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
-                event = parsed["event"]
-                if event == zmq.EVENT_CONNECTED:
-                    self.reached = True
-                    continue
-                with self._lock:
-                    self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
-                    if self.connected:
-                        self.refused = ""
-                    elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                        self.refused = f"wrong token (handshake status {parsed['value']})"
-                    elif event != zmq.EVENT_DISCONNECTED:
-                        self.refused = "handshake failed (not a zeroscope collector?)"
-                    if not self.connected and self._sticky is not None:
-                        self._sticky_pending = True  # re-announce on the next connection
+            with self._monitor_lock:
+                self._read_monitor_locked(timeout)
             with self._lock:
                 if self._early is not None:
                     self._flush_early_locked()
@@ -268,6 +258,28 @@ class Publisher:
                     self._flush_sticky_locked()
         except Exception:
             self.errors += 1
+
+    def _read_monitor_locked(self, timeout: float) -> None:
+        """The connection events waiting on the monitor, the first waited for ``timeout`` s
+        (``_monitor_lock`` held: nothing else touches the monitor meanwhile)."""
+        mon = self._monitor
+        while mon is not None and not self.closed and mon.poll(int(timeout * 1000)):
+            timeout = 0.0
+            parsed = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            event = parsed["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self.reached = True
+                continue
+            with self._lock:
+                self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                if self.connected:
+                    self.refused = ""
+                elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    self.refused = f"wrong token (handshake status {parsed['value']})"
+                elif event != zmq.EVENT_DISCONNECTED:
+                    self.refused = "handshake failed (not a zeroscope collector?)"
+                if not self.connected and self._sticky is not None:
+                    self._sticky_pending = True  # re-announce on the next connection
 
     def wait_connected(self, timeout: float) -> bool:
         """Wait at most ``timeout`` s for the connection (start-up only, never in the loop),
@@ -321,8 +333,10 @@ class Publisher:
     # -- shutdown --------------------------------------------------------------------------
 
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
-        """Close the socket, giving queued messages at most ``linger_ms`` to leave."""
-        with self._lock:
+        """Close the socket, giving queued messages at most ``linger_ms`` to leave. Waits for a
+        monitor poll in progress on another thread (``_monitor_lock``, taken before ``_lock`` as
+        ``poll_connection`` takes them)."""
+        with self._monitor_lock, self._lock:
             if self.closed or os.getpid() != self._pid:
                 return
             self.closed = True

@@ -220,6 +220,39 @@ def test_a_closed_publisher_holds_nothing() -> None:
     assert pub.dropped >= 1
 
 
+def test_close_waits_for_a_monitor_poll_on_another_thread() -> None:
+    """The sampler thread polls the connection monitor while the training thread closes the
+    publisher (its join of the sampler timed out on a loaded machine): ZeroMQ sockets are not
+    thread-safe, and the monitor closed under a poll can leave ``Context.term()`` waiting
+    forever. Close waits for the poll in progress; a poll after close touches nothing (before
+    the fix, polling the closed monitor raised inside and was counted in ``errors``)."""
+    import threading
+
+    from tests.distributed import free_port
+
+    pub = Publisher(f"tcp://127.0.0.1:{free_port()}")  # never connected: each poll waits
+    polling, stop = threading.Event(), threading.Event()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            polling.set()
+            pub.poll_connection(0.2)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    assert polling.wait(30)
+    closer = threading.Thread(target=pub.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive(), "close() never returned: Context.term() waiting on a socket"
+    time.sleep(0.3)  # the sampler polls again after the close
+    stop.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert pub.closed
+    assert pub.errors == 0
+
+
 def test_live_source_follows_a_restarted_collector() -> None:
     col = Collector().start()
     port = int(col.ingest_address.rsplit(":", 1)[1])
