@@ -50,11 +50,24 @@ time floor (agent/cadence.py) runs on "on" time only, as in a run with the attac
   inside the compiled region; its forward wrapper, saved-tensor hooks and backward hook sit
   outside it.
 
+``--interleave`` (the form the goal is read in since 2026-12-02): blocks of one step, ABCCBA
+per six steps, as bench/agent_overhead.py does. On this 2-vCPU VM one step's CPU time varies
+from ~12 to ~26 ms for the same matmuls even alone (other guests on the host), and drifts over
+seconds: blocks of 12 steps left each round's ratio 10-20% off, and 10-16 rounds gave 90%
+intervals 5-12% wide; one-step blocks put the modes of a round within ~0.2 s, and 400 rounds
+(~2 min for DDP) give intervals ~1.5% wide with an A/A within 0.5%. No barrier and no drain
+per block (each would add a collective or a recorder read per step); each block's own
+agent-thread CPU is taken out of its process CPU, and the agent's threads' CPU over the whole
+loop, plus the training thread's one drain at its end, is charged to the "on" steps alone (the
+"off" steps' timer-paced heartbeats included: an upper bound, ~0.1-0.2%). Toggling every
+other step costs nothing measurable: "on" steps right after a toggle and those after another
+"on" step read the same.
+
 To split a cost: ``--without PART ...`` leaves parts of the attach out of "on" (agent/attach/
 install.py), ``--gc`` times Python's garbage collector per block.
 
 Usage: ``python bench/attach_overhead.py [--engine ddp|fsdp2|deepspeed] [--amp] [--compile]
-[--rounds 10] [--steps 12] [--without PART ...] [--gc] [--json PATH]``
+[--interleave --rounds 400 | --rounds 10 --steps 12] [--without PART ...] [--gc] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -71,16 +84,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import goal
+from bench.attach_figures import describe, job, per_round, row
 
 PARTS = ("collectives", "loop", "scaler", "ddp", "fsdp2", "compiled")
 """``--without`` names: the attach's parts (agent/attach/install.py ``torch_parts``), in order."""
 
 
+_INSTALLED = [False]
+"""Whether the attach is on (``collectives.installed()`` cannot say: ``--without collectives``
+leaves that part out, and every "on" block would install the others once more)."""
+
+
 def _toggle(on: bool, deepspeed: Any, without: tuple[str, ...] = ()) -> None:
     from zeroscope.agent.attach import collectives, deepspeed_engine, install, patches
 
-    if on and not collectives.installed():
+    now_on = _INSTALLED[0] or collectives.installed()
+    _INSTALLED[0] = on
+    if on and not now_on:
         if without:  # a cost split: every part but those named
             for name, (part, install_part) in zip(PARTS, install.torch_parts(), strict=True):
                 if name not in without:
@@ -89,7 +109,7 @@ def _toggle(on: bool, deepspeed: Any, without: tuple[str, ...] = ()) -> None:
             install._torch_ready(None)  # what the bootstrap's post-import hook runs
         if deepspeed is not None:
             deepspeed_engine.install(deepspeed)
-    elif not on and collectives.installed():
+    elif not on and now_on:
         patches.restore_all()
 
 
@@ -241,21 +261,29 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     # only: interleaved with two "off" blocks, wall time would count three times as often per
     # "on" step as a run with the attach always on does.
     on_time = [0.0]
-    cadence = getattr(SESSION.tel, "_cadence", None)
-    if cadence is not None:
-        cadence.clock = lambda: on_time[0]
-        cadence._last = -float("inf")  # its last count was on the wall clock
+    # The same for the memory census's (agent/attach/session.py ``memory_cadence``).
+    for cadence in (
+        getattr(SESSION.tel, "_cadence", None),
+        getattr(SESSION, "memory_cadence", None),
+    ):
+        if cadence is not None:
+            cadence.clock = lambda: on_time[0]
+            cadence._last = -float("inf")  # its last count was on the wall clock
     frames = _compiled_frames()
     agent = ThreadsCpu(agent_thread_ids())
     gc_clock = _GcClock() if args.gc else None
     modes = ("on", "off", "off-again")
     keys = ("cpu", "main", "wall", "agent", "gc")
     blocks: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in keys}
+    step_main: dict[str, list[int]] = {m: [] for m in modes}
+    loop_agent0 = agent.ns()
+    """Each step's training-thread CPU (ns), per mode, in order (for the step quantiles)."""
     recorded = dumps = 0
     for _ in range(args.rounds):
         for mode in ("on", "off", "off-again", "off-again", "off", "on"):  # ABCCBA
             _toggle(mode == "on", deepspeed, without)
-            dist.barrier()
+            if not args.interleave:
+                dist.barrier()
             if mode == "on":
                 _skip_off_collectives(RECORDER)
             before, dumped = collectives.LOG.recorded, RECORDER.dumps
@@ -266,10 +294,13 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
                 time.thread_time(),
                 agent.ns(),
             )
+            steps = step_main[mode]
             for _ in range(args.steps):
+                s0 = time.thread_time_ns()
                 train(x, y)
+                steps.append(time.thread_time_ns() - s0)
             m1 = time.thread_time()
-            if mode == "on" and SESSION.tel is not None:
+            if mode == "on" and SESSION.tel is not None and not args.interleave:
                 RECORDER.wanted = True  # the recorder read due (else its reports wait for it)
                 SESSION.tel.drain()  # what these steps handed over, sent on this block's clock
             figures = (
@@ -285,6 +316,15 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
                 on_time[0] += figures[2]
                 recorded += collectives.LOG.recorded - before
                 dumps += RECORDER.dumps - dumped
+    # --interleave: every thread of the agent, over the whole loop (each block's own share is
+    # taken out of its process CPU below), plus the training thread's drain of what is left,
+    # is charged to the "on" steps alone: the timer-paced work of the "off" steps included.
+    loop_agent = agent.ns() - loop_agent0
+    if args.interleave and SESSION.tel is not None:
+        t0 = time.thread_time_ns()
+        RECORDER.wanted = True
+        SESSION.tel.drain()
+        loop_agent += time.thread_time_ns() - t0
     _toggle(False, deepspeed)
     on_steps = 2 * args.rounds * args.steps
     out.put(
@@ -293,6 +333,8 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
             {
                 "rank": rank,
                 **blocks,
+                "step_main": step_main,
+                "interleave_agent_s": loop_agent / 1e9 if args.interleave else None,
                 "collectives_per_step": recorded / on_steps,
                 "dumps_per_step": dumps / on_steps,
                 "agent_threads": agent.names,
@@ -325,56 +367,6 @@ def _skip_off_collectives(reader: Any) -> None:
     reader._last_marks = {}
 
 
-def _rounds(values: list[float]) -> list[float]:
-    """Per-round sums of a mode's two blocks (ABCCBA: each mode runs twice per round)."""
-    return [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
-
-
-def _per_round(r: dict[str, Any], key: str) -> dict[str, list[float]]:
-    """One rank's figure per mode and round. For process CPU (``cpu``) the agent's threads
-    (which wake on their own timers, in any block) are charged to "on": the "off" blocks lose
-    their agent-thread CPU (a job without zeroscope runs none of those threads), and the "on"
-    pair gains what its neighbouring "off" blocks' threads spent beyond the "off-again" ones'
-    (work the "on" steps left for the sender, over the timer-paced rate that both "off" modes
-    pay alike); the "on" blocks keep their own."""
-    figures = {m: _rounds(v) for m, v in r[key].items()}
-    if key != "cpu":
-        return figures
-    agent = {m: _rounds(v) for m, v in r["agent"].items()}
-    left = [b - c for b, c in zip(agent["off"], agent["off-again"], strict=True)]
-    return {
-        "on": [c + x for c, x in zip(figures["on"], left, strict=True)],
-        **{
-            m: [c - a for c, a in zip(figures[m], agent[m], strict=True)]
-            for m in ("off", "off-again")
-        },
-    }
-
-
-def _job(results: list[Any], key: str) -> dict[str, list[float]]:
-    """Per mode, each round's figure summed over the ranks: the job's CPU, as one ratio."""
-    per_rank = [_per_round(r, key) for _, r in results]
-    return {
-        m: [sum(vals) for vals in zip(*(r[m] for r in per_rank), strict=True)] for m in per_rank[0]
-    }
-
-
-def _row(figures: dict[str, list[float]]) -> dict[str, Any]:
-    """on/off and A/A for one clock: medians over rounds, the on/off interval, the verdict."""
-    on_off = goal.ratios(figures["on"], figures["off"])
-    aa = goal.ratios(figures["off-again"], figures["off"])
-    interval = goal.median_interval(on_off)
-    aa_median = statistics.median(aa) if aa else None
-    return {
-        "on_off": statistics.median(on_off) if on_off else None,
-        "interval": interval,
-        "aa": aa_median,
-        "aa_interval": goal.median_interval(aa),
-        "verdict": goal.verdict(interval, aa_median),
-        "per_round": on_off,
-    }
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import os as _os
 
@@ -385,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results, received = spawn_ranks(rank_main, args, timeout=3600)
     ranks = []
     for _, r in results:
-        cpu, main, wall = (_per_round(r, k) for k in ("cpu", "main", "wall"))
+        cpu, main, wall = (per_round(r, k) for k in ("cpu", "main", "wall"))
         agent, gc = ({m: statistics.median(v) for m, v in r[k].items()} for k in ("agent", "gc"))
         off = statistics.median(cpu["off"]) / 2
         ranks.append(
@@ -408,6 +400,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "dumps_per_step": r["dumps_per_step"],
                 "errors": r["errors"],
                 "steps_reported": r["steps_reported"],
+                "step_main": r["step_main"],
+                "interleave_agent_s": r["interleave_agent_s"],
+                "blocks": {k: r[k] for k in ("cpu", "main", "wall", "agent")},
             }
         )
     return {
@@ -421,8 +416,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_start": load,
         "load_end": _os.getloadavg()[0],
         "ranks": ranks,
-        "cpu": _row(_job(results, "cpu")),
-        "main": _row(_job(results, "main")),
+        "cpu": row(job(results, "cpu")),
+        "main": row(job(results, "main")),
         "collector": received,
     }
 
@@ -437,6 +432,13 @@ def parser() -> argparse.ArgumentParser:
         default=12,
         help="steps per block (each 'on' block ends with a Flight Recorder read; DDP's own "
         "reads come about every 12 steps, so a block of 12 adds none to what a real run makes)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="blocks of one step (ABCCBA per step: the VM's drift cancels within 6 steps), "
+        "no barrier and no drain per block; every agent thread's CPU over the whole loop is "
+        "charged to the 'on' steps. Needs hundreds of rounds",
     )
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
@@ -463,56 +465,10 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def describe(result: dict[str, Any]) -> list[str]:
-    """One line per rank: the ratios with their A/A control."""
-    job = (
-        result["engine"]
-        + ("+amp" if result["amp"] else "")
-        + ("+compile" if result["compile"] else "")
-        + "".join(f" without {part}" for part in result["without"])
-    )
-    lines = []
-    for r in result["ranks"]:
-        lines.append(
-            f"{job} rank {r['rank']}: CPU {r['cpu_off_s'] * 1e3:.2f} ms/step off; on/off "
-            f"{r['cpu_on_off']:.4f} (A/A {r['cpu_aa']:.4f}); training thread on/off "
-            f"{r['main_on_off']:.4f} (A/A {r['main_aa']:.4f}); wall on/off "
-            f"{r['wall_on_off']:.4f} (A/A {r['wall_aa']:.4f}); {r['cpu_extra_us']:.0f} us/step "
-            f"extra CPU; {r['collectives_per_step']:.1f} wrapped collectives/step; "
-            f"{r['dumps_per_step']:.2f} recorder dumps/step; {r['steps_reported']} steps "
-            f"reported, errors {r['errors']}; agent threads "
-            + " / ".join(f"{v:.0f}" for v in r["agent_threads_us"].values())
-            + " us/step in on / off / off-again blocks"
-            + (
-                "; gc " + " / ".join(f"{v:.0f}" for v in r["gc_us"].values()) + " us/step, "
-                f"{r['full_collections']} full collections"
-                if result["gc"]
-                else ""
-            )
-            + (
-                f"; {r['frames_compiled_measuring']} frames compiled while measuring"
-                if result["compile"]
-                else ""
-            )
-        )
-    for clock, name in (("cpu", "process CPU (the goal)"), ("main", "training thread CPU")):
-        row = result[clock]
-        interval = row["interval"]
-        span = "NA" if interval is None else f"{interval[0]:.4f}-{interval[1]:.4f}"
-        lines.append(
-            f"{job} both ranks, {name}: on/off {row['on_off']:.4f} (90% interval {span}), "
-            f"A/A {row['aa']:.4f}: {row['verdict']}"
-        )
-    lines.append(
-        f"{result['rounds']} rounds x 6 blocks x {result['steps']} steps; load average "
-        f"{result['load_start']:.1f} -> {result['load_end']:.1f}; collector: "
-        f"{result['collector']['accepted']} messages accepted"
-    )
-    return lines
-
-
 def main() -> int:
     args = parser().parse_args()
+    if args.interleave:
+        args.steps = 1
     result = run(args)
     for line in describe(result):
         print(line)

@@ -113,3 +113,43 @@ def test_the_live_agent_learns_a_counts_cost_from_the_steps_it_reports(
     assert counted == [1, 2, 3, 10]
     assert 25.0 <= tel._cadence._wait_s <= 45.0
     assert [r.step for r in sink.reports()] == list(range(1, 41))
+
+
+def test_the_attach_counts_memory_on_the_activation_rule_and_at_once_on_a_layout_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attach's census of P/G/O (agent/attach/session.py): steps 1-3, then every 10th step
+    at least a second apart (27 ms steps: 10, 50, 90), at once when the optimizer state
+    changed size; G (before the optimizer step) and P/O (after it) on the same steps; a
+    period set in ``ZEROSCOPE_MEMORY_EVERY`` taken exactly."""
+    from zeroscope.agent.attach import session
+
+    monkeypatch.delenv(session.MEMORY_EVERY_ENV, raising=False)
+
+    class Reader(session.EngineReader):
+        state = 0
+
+        def layout(self) -> Any:
+            return self.state
+
+    def counted(s: session.AttachSession, reader: Reader, grow_at: int = 0) -> list[int]:
+        clock = [0.0]
+        s.memory_cadence.clock = lambda: clock[0]
+        s.reader = reader
+        out = []
+        for step in range(1, 101):
+            clock[0] += 0.027
+            if step == grow_at:
+                reader.state += 1  # e.g. a second param group's state created lazily
+            due = s._memory_due()
+            assert s._memory_due() == due  # asked again after the optimizer step: the same
+            if due:
+                out.append(step)
+                s._layout = (id(reader), reader.layout())
+            s.steps += 1
+        return out
+
+    assert counted(session.AttachSession(), Reader()) == [1, 2, 3, 10, 50, 90]
+    assert counted(session.AttachSession(), Reader(), grow_at=33) == [1, 2, 3, 10, 33, 50, 90]
+    monkeypatch.setenv(session.MEMORY_EVERY_ENV, "7")
+    assert counted(session.AttachSession(), Reader()) == [1, 2, 3, *range(7, 101, 7)]

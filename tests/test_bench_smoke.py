@@ -134,14 +134,14 @@ def test_the_collective_cost_bench_runs_every_variant_through_the_real_agent() -
 
 
 def test_attach_rounds_pair_abccba_blocks() -> None:
-    from bench.attach_overhead import _rounds
+    from bench.attach_figures import block_pairs
 
     # ABCCBA: a mode's two blocks of a round sit at positions 2k and 2k+1 of its list.
-    assert _rounds([1.0, 3.0, 2.0, 2.0]) == [4.0, 4.0]
+    assert block_pairs([1.0, 3.0, 2.0, 2.0]) == [4.0, 4.0]
 
 
 def test_attach_agent_threads_are_charged_to_the_on_blocks() -> None:
-    from bench.attach_overhead import _per_round
+    from bench.attach_figures import per_round
 
     # One round of ABCCBA blocks per mode (two each), per step: process CPU with the agent's
     # threads inside, and those threads' own CPU (woken on their own timers, in any block).
@@ -150,11 +150,29 @@ def test_attach_agent_threads_are_charged_to_the_on_blocks() -> None:
         "agent": {"on": [0.5, 0.0], "off": [1.0, 0.0], "off-again": [0.0, 0.5]},
         "main": {"on": [7.0, 7.0], "off": [6.0, 6.0], "off-again": [6.0, 6.0]},
     }
-    cpu = _per_round(rank, "cpu")
+    cpu = per_round(rank, "cpu")
     # "off" blocks lose their agent-thread CPU; "on" keeps its own and gets what the "off"
     # blocks (next to it) spent beyond the "off-again" ones: 1.0 - 0.5.
     assert cpu == {"on": [20.5 + 0.5], "off": [18.5 - 1.0], "off-again": [17.5 - 0.5]}
-    assert _per_round(rank, "main") == {"on": [14.0], "off": [12.0], "off-again": [12.0]}
+    assert per_round(rank, "main") == {"on": [14.0], "off": [12.0], "off-again": [12.0]}
+
+
+def test_interleaved_steps_charge_the_whole_loops_agent_cpu_to_on_steps() -> None:
+    from bench.attach_figures import per_round
+
+    # --interleave: blocks of one step; each block's own agent-thread CPU is taken out of its
+    # process CPU, and the agent's CPU over the whole loop (3.0 here, two "on" steps) is
+    # charged to the "on" steps alone, 1.5 each.
+    rank = {
+        "cpu": {"on": [10.0, 10.5], "off": [9.0, 9.5], "off-again": [8.5, 9.0]},
+        "agent": {"on": [0.5, 0.0], "off": [1.0, 0.0], "off-again": [0.0, 0.5]},
+        "interleave_agent_s": 3.0,
+    }
+    assert per_round(rank, "cpu") == {
+        "on": [20.5 - 0.5 + 2 * 1.5],
+        "off": [18.5 - 1.0],
+        "off-again": [17.5 - 0.5],
+    }
 
 
 def test_the_goal_is_met_only_when_the_whole_interval_is_under_it() -> None:

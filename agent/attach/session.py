@@ -8,11 +8,15 @@ Step boundaries come from one *step source*, the most specific seen: DeepSpeed's
 loss scaler's ``update()`` (:mod:`.grad_scaler`), else the first torch optimizer's
 ``step()``. Sources of lower rank stay silent, so a step is never counted twice.
 
-Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on steps 1-3 and then
-every ``ZEROSCOPE_MEMORY_EVERY``-th step (default 10): P and O after the optimizer step, G just
-before it (most engines free their gradients in ``step()``). Steps in between repeat the latest
-count: engine state has the same size step after step, and walking thousands of parameters
-every step would cost more than the agent's whole overhead budget (agent/cost.py).
+Memory (exact, from the engine's own tensors, :mod:`.census`) is counted on steps 1-3, on any
+step whose optimizer state changed size, and then every 10th step no sooner than a second after
+the last count and than the last count's cost allows within 0.1 % of the time (the activation
+count's rule, agent/cadence.py: a census of a small model's ~50 tensors costs ~1 ms of a ~30 ms
+CPU step); ``ZEROSCOPE_MEMORY_EVERY=N`` counts exactly every N-th step instead. P and O are
+counted after the optimizer step, G just before it (most engines free their gradients in
+``step()``). Steps in between repeat the latest count: engine state has the same size step after
+step, and walking thousands of parameters every step would cost more than the agent's whole
+overhead budget (agent/cost.py).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from zeroscope.agent.cadence import MIN_INTERVAL_S, ActivationCadence
 from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamCounts, Precision
 
 from . import collectives, patches
@@ -106,10 +112,12 @@ class AttachSession:
         self._drifted: set[int] = set()
         """Readers (by id) whose engine lacks a private attribute they read: their P/G/O are
         NA rather than a count that silently misses what was renamed."""
-        try:
-            self._every = max(1, int(os.environ.get(MEMORY_EVERY_ENV, MEMORY_EVERY_DEFAULT)))
-        except ValueError:
-            self._every = MEMORY_EVERY_DEFAULT
+        self.memory_cadence = memory_cadence()
+        """When P/G/O are counted (bench/attach_overhead.py sets its clock)."""
+        self._due: tuple[int, bool] = (0, False)
+        """The step whose census was decided, and the decision (G and P/O share it)."""
+        self._census_ns = 0
+        """The training thread's CPU in this step's census so far."""
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -265,15 +273,19 @@ class AttachSession:
     # -- steps -------------------------------------------------------------------------------
 
     def _memory_due(self) -> bool:
+        """Whether this step's P/G/O are counted, decided once per step (module docstring)."""
         step = self.steps + 1
-        if step <= 3 or step % self._every == 0:
-            return True
+        if self._due[0] == step:
+            return self._due[1]
         try:
             reader = self.reader
-            return reader is not None and (id(reader), reader.layout()) != self._layout
+            changed = reader is not None and (id(reader), reader.layout()) != self._layout
         except Exception:
             self.errors += 1
-            return False
+            changed = False
+        due = changed or self.memory_cadence.due(step, False)
+        self._due = (step, due)
+        return due
 
     def before_step(self, source: str) -> None:
         """Just before the optimizer step of ``source``: count gradients when due."""
@@ -282,12 +294,14 @@ class AttachSession:
             return
         if not self._memory_due():
             return
+        t0 = time.thread_time_ns()
         try:
             census = Census()
             reader.count_grads(census)
             self._grads = (census.device["grads"], census.host["grads"])
         except Exception:
             self.errors += 1
+        self._census_ns += time.thread_time_ns() - t0
 
     def end_step(self, source: str, **figures: Any) -> None:
         """The optimizer step of ``source`` finished: send this step's report."""
@@ -313,6 +327,7 @@ class AttachSession:
         if id(reader) in self._drifted:
             self._memory = MemoryBytes()  # NA: see _check_private
         elif self._memory_due():
+            t0 = time.thread_time_ns()
             census = Census()
             reader.count_state(census)
             grads, host_grads = self._grads
@@ -329,9 +344,23 @@ class AttachSession:
             reader.memory_extras(memory)
             self._memory = memory
             self._layout = (id(reader), reader.layout())
+            self.memory_cadence.spent((self._census_ns + time.thread_time_ns() - t0) / 1e9)
+        self._census_ns = 0
         if "loss" not in figures:
             figures["loss"] = mean_loss(self._losses)
         tel.step_end(memory=self._memory, **figures)
+
+
+def memory_cadence() -> ActivationCadence:
+    """The census's cadence: ``ZEROSCOPE_MEMORY_EVERY=N`` exactly every N-th step (after steps
+    1-3), else every 10th step with the time floor and the 0.1 % budget."""
+    try:
+        every = int(os.environ.get(MEMORY_EVERY_ENV, "0"))
+    except ValueError:
+        every = 0
+    if every < 1:
+        return ActivationCadence(MEMORY_EVERY_DEFAULT, MIN_INTERVAL_S)
+    return ActivationCadence(every)
 
 
 def mean_loss(losses: list[tuple[Any, float]]) -> Any:
