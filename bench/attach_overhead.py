@@ -373,6 +373,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.agent_overhead import spawn_ranks
     from bench.harness import paired_ratio
 
+    if args.interleave:
+        args.steps = 1
     load = _os.getloadavg()[0]
     results, received = spawn_ranks(rank_main, args, timeout=3600)
     ranks = []
@@ -467,8 +469,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = parser().parse_args()
-    if args.interleave:
-        args.steps = 1
     result = run(args)
     for line in describe(result):
         print(line)

@@ -174,7 +174,9 @@ def attach(quick: bool) -> list[Table]:
         ("fsdp2", []),
         ("deepspeed", []),
     ):
-        argv = ["--engine", job.split("+")[0], "--rounds", "3" if quick else "10"]
+        engine = job.split("+")[0]
+        rounds = 12 if quick else {"fsdp2": 240, "deepspeed": 300}.get(engine, 400)
+        argv = ["--engine", engine, "--interleave", "--rounds", str(rounds)]
         result = attach_overhead.run(attach_overhead.parser().parse_args([*argv, *extra]))
         cpu, main, ranks = result["cpu"], result["main"], result["ranks"]
         t.add(
