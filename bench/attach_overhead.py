@@ -276,8 +276,8 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     keys = ("cpu", "main", "wall", "agent", "gc")
     blocks: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in keys}
     step_main: dict[str, list[int]] = {m: [] for m in modes}
+    """Each step's training-thread CPU (ns), per mode, in order (the per-step spread)."""
     loop_agent0 = agent.ns()
-    """Each step's training-thread CPU (ns), per mode, in order (for the step quantiles)."""
     recorded = dumps = 0
     for _ in range(args.rounds):
         for mode in ("on", "off", "off-again", "off-again", "off", "on"):  # ABCCBA
