@@ -60,11 +60,11 @@ class ActivationCadence:
         with the agent on, as a run with the agent always on would)."""
 
     @classmethod
-    def from_env(cls) -> ActivationCadence:
-        """The period from the environment (invalid or < 1 values mean the default, with the
-        default's time floor)."""
+    def from_env(cls, env: str = ACTIVATIONS_EVERY_ENV) -> ActivationCadence:
+        """The period from the environment variable ``env`` (invalid or < 1 values mean the
+        default, with the default's time floor; the attach's memory census reads its own)."""
         try:
-            every = int(os.environ[ACTIVATIONS_EVERY_ENV])
+            every = int(os.environ[env])
         except (KeyError, ValueError):
             every = 0
         if every < 1:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from zeroscope.agent.cadence import MIN_INTERVAL_S, ActivationCadence
+from zeroscope.agent.cadence import ActivationCadence
 from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamCounts, Precision
 
 from . import collectives, patches
@@ -39,7 +39,6 @@ from .census import Census
 
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
-MEMORY_EVERY_DEFAULT = 10
 
 
 def precision_of(dtype: torch.dtype) -> Precision:
@@ -112,7 +111,7 @@ class AttachSession:
         self._drifted: set[int] = set()
         """Readers (by id) whose engine lacks a private attribute they read: their P/G/O are
         NA rather than a count that silently misses what was renamed."""
-        self.memory_cadence = memory_cadence()
+        self.memory_cadence = ActivationCadence.from_env(MEMORY_EVERY_ENV)
         """When P/G/O are counted (bench/attach_overhead.py sets its clock)."""
         self._due: tuple[int, bool] = (0, False)
         """The step whose census was decided, and the decision (G and P/O share it)."""
@@ -349,18 +348,6 @@ class AttachSession:
         if "loss" not in figures:
             figures["loss"] = mean_loss(self._losses)
         tel.step_end(memory=self._memory, **figures)
-
-
-def memory_cadence() -> ActivationCadence:
-    """The census's cadence: ``ZEROSCOPE_MEMORY_EVERY=N`` exactly every N-th step (after steps
-    1-3), else every 10th step with the time floor and the 0.1 % budget."""
-    try:
-        every = int(os.environ.get(MEMORY_EVERY_ENV, "0"))
-    except ValueError:
-        every = 0
-    if every < 1:
-        return ActivationCadence(MEMORY_EVERY_DEFAULT, MIN_INTERVAL_S)
-    return ActivationCadence(every)
 
 
 def mean_loss(losses: list[tuple[Any, float]]) -> Any:
