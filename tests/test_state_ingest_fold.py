@@ -16,7 +16,7 @@ import pytest
 from tests.fixtures import RunShape, synthetic_run
 from zeroscope.agent.schema import Collective, StepReport
 from zeroscope.state import AlertRules, ClusterState
-from zeroscope.state.collective_fold import fold
+from zeroscope.state.collective_fold import fold, union_seconds
 from zeroscope.state.rank import summarize
 from zeroscope.state.stragglers import LagBook, Standing, judge
 
@@ -116,6 +116,23 @@ def test_a_reports_collectives_fold_to_their_definitions(n: int, odd: bool) -> N
             want["prefetched"],
         )
         assert s.collectives == n
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_the_busy_union_swept_in_the_fold_equals_the_sorted_union(odd: bool) -> None:
+    """The fold sweeps the busy union in its one pass (the timed spans in issue order) and sorts
+    only when a start goes backwards: either way the very float union_seconds makes of the
+    spans, and the independent sweep's figure."""
+    rng = random.Random(11 + odd)
+    for n in (1, 2, 5, 18, 60):
+        for _ in range(5):
+            colls = _collectives(rng, n, odd=odd)
+            in_order = sorted(colls, key=lambda c: c.start_s)
+            for cs in (colls, in_order):
+                spans = [(c.start_s, c.start_s + c.duration_s) for c in cs if c.clock != "none"]
+                busy = fold(cs, 0).busy_s
+                assert busy == union_seconds(list(spans))
+                assert busy == pytest.approx(_union(spans), rel=1e-12, abs=1e-15)
 
 
 def test_the_fingerprint_tells_sequences_apart_by_op_size_and_label_only() -> None:
