@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import replace
 
 import msgspec
 import pytest
@@ -156,7 +155,7 @@ def test_judge_medians_equal_the_median_of_the_other_ranks() -> None:
         for _ in range(20):
             # a few distinct values, so ties are common
             summaries = {
-                r: replace(
+                r: msgspec.structs.replace(
                     base,
                     duration_s=rng.choice((0.1, 0.12, 0.15, 0.2)),
                     exposed_s=rng.choice((0.0, 0.01, 0.03)),
