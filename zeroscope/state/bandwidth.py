@@ -55,11 +55,18 @@ def busbw(op: str, nbytes: int, seconds: float, n: int) -> float | None:
     return None if bw is None else bw * bus_factor(op, n)
 
 
+def wire_factor(op: str, n: int) -> float:
+    """Wire bytes per byte of S for ``op`` among ``n`` ranks: the bus factor, a group size not
+    reported (0) counting as one rank. :func:`wire_bytes` is S times this."""
+    return bus_factor(op, max(1, n))
+
+
 def wire_bytes(op: str, nbytes: float, n: int) -> float:
     """Bytes each rank sends on a ring for one op (the busbw numerator): S * bus_factor. A group
     size not reported (0) counts as one rank. Every busbw figure (per op, per step, per run, the
-    advisor's link rate) sums this numerator."""
-    return nbytes * bus_factor(op, max(1, n))
+    advisor's link rate) sums this numerator (a report's fold multiplies each (op, group size)'s
+    summed S by :func:`wire_factor`: the same product)."""
+    return nbytes * wire_factor(op, n)
 
 
 def busbw_of(bus_bytes: float, seconds: float) -> float | None:

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
 
 _SEQUENCE_KEY = attrgetter("op", "nbytes", "label")
 
-Group = list[float]
-"""[count, S, seconds, waited, untimed, unexposed, S of the collectives with a time > 0]."""
+Group = list[Any]
+"""[count, S, seconds, waited, untimed, unexposed, S of the collectives with a time > 0]: ints but
+for seconds and waited (floats from the start, so a group with nothing timed sums to 0.0). A
+list, not a struct: the per-collective loop adds to its items (the cheapest update in CPython)."""
 
 
 @dataclass(slots=True)
