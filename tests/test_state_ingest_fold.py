@@ -17,7 +17,7 @@ from zeroscope.agent.schema import Collective, StepReport
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.collective_fold import fold, union_seconds
 from zeroscope.state.rank import summarize
-from zeroscope.state.stragglers import LagBook, Standing, judge
+from zeroscope.state.stragglers import LagBook, Standing, _judge_bisecting, judge
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
 
@@ -173,10 +173,28 @@ def test_judge_medians_equal_the_median_of_the_other_ranks() -> None:
             for r in summaries:
                 median = statistics.median(c for q, c in compute.items() if q != r)
                 link_median = statistics.median(v for q, v in own.items() if q != r)
-                assert got[r].compute_excess_s == pytest.approx(compute[r] - median)
-                assert got[r].link_excess_s == pytest.approx(own[r] - link_median)
-                want = compute[r] / median if median > 0 else None
-                assert got[r].slowness == pytest.approx(want)
+                # exactly: the same values' median, whichever way it is found
+                assert got[r].compute_excess_s == compute[r] - median
+                assert got[r].link_excess_s == own[r] - link_median
+                assert got[r].slowness == (compute[r] / median if median > 0 else None)
+
+
+def test_a_step_with_a_nan_time_is_judged_by_bisection_as_before() -> None:
+    """NaN sorts nowhere, so the thresholds' comparisons would not be the bisection's: such a
+    step (a broken report) takes the bisecting path, whose answers it always had."""
+    base = summarize(StepReport(rank=0, step=1, wall_ns=1, duration_s=0.1))
+    times = (0.1, float("nan"), 0.15, 0.12, 0.2)
+    summaries = {r: msgspec.structs.replace(base, duration_s=t) for r, t in enumerate(times)}
+    compute = [s.compute_s for s in summaries.values()]
+    own = list(judge(summaries).values())
+    cs = sorted(compute)
+    top, second = cs[-1], cs[-2]
+    links = [
+        s.busy_s - max(0.0, (second if c == top else top) - c)
+        for s, c in zip(summaries.values(), compute, strict=True)
+    ]
+    want = _judge_bisecting(list(summaries), compute, links, cs, sorted(links))
+    assert repr(own) == repr(list(want.values()))
 
 
 def _flags_by_definition(
