@@ -12,13 +12,10 @@ bench.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
-
-_SEQUENCE_KEY = attrgetter("op", "nbytes", "label")
 
 Group = list[Any]
 """[count, S, seconds, waited, untimed, unexposed, S of the collectives with a time > 0]: ints but
@@ -66,7 +63,7 @@ def sequence_of(collectives: list[Collective], unfinished: int) -> int:
     label in issue order; timing left out); 0 when some were unfinished or none issued."""
     if unfinished or not collectives:
         return 0
-    return hash(tuple(map(_SEQUENCE_KEY, collectives))) or 1
+    return hash(tuple((c.op, c.nbytes, c.label) for c in collectives)) or 1
 
 
 def fold(collectives: list[Collective], unfinished: int) -> Fold:
