@@ -1,7 +1,8 @@
-"""A rank's per-step figures (StepSummary, its ``ops`` dict and OpTotals) are made once per
-report and kept 512 steps a rank, so they are kept out of the cyclic garbage collector's sight
-(msgspec ``gc=False``; zeroscope/state/rank.py says why): a whole-heap collection of a
-16,384-rank view walked millions of them for nothing. Reference counting still frees them."""
+"""A rank's per-step figures (StepSummary, its ``ops`` dict and OpTotals, and its Standing in a
+closed step) are made once per report and kept 512 steps a rank, so they are kept out of the
+cyclic garbage collector's sight (msgspec ``gc=False``; zeroscope/state/rank.py and
+stragglers.py say why): a whole-heap collection of a 16,384-rank view walked millions of them
+for nothing. Reference counting still frees them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.fixtures import RunShape, split_by_step, synthetic_run
 from zeroscope.agent.schema import StepReport, Work
 from zeroscope.state import ClusterState
 from zeroscope.state.rank import OpTotals, StepSummary, summarize
+from zeroscope.state.stragglers import Standing
 
 
 def test_a_summary_its_ops_and_their_totals_are_untracked() -> None:
@@ -35,7 +37,8 @@ def test_a_folded_state_shows_the_collector_none_of_its_summaries() -> None:
     for step in sorted(by_step):
         state.ingest_all(hellos + by_step[step] if step == 0 else by_step[step])
     assert sum(len(r.history) for r in state.ranks.values()) == 16 * 4
-    seen = [o for o in gc.get_objects() if type(o) in (StepSummary, OpTotals)]
+    assert all(len(a.standings) == 16 for a in state.complete_steps())
+    seen = [o for o in gc.get_objects() if type(o) in (StepSummary, OpTotals, Standing)]
     assert seen == []
     # ... and reference counting still frees them: dropping a reference is seen at once.
     summary = state.ranks[0].history[0]

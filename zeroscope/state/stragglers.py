@@ -30,7 +30,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from math import isnan
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,9 +43,12 @@ if TYPE_CHECKING:
 LagKind = Literal["straggler", "slow_link"]
 
 
-class Standing(NamedTuple):
-    """One rank in one step, against the other ranks of that step (a named tuple: a closed
-    step makes one per rank, thousands at a time)."""
+class Standing(msgspec.Struct, frozen=True, gc=False):
+    """One rank in one step, against the other ranks of that step. A closed step makes one per
+    rank, kept with the step (512 steps of 16,384 ranks: 8 M): a msgspec Struct untracked by
+    the garbage collector (``gc=False``: three numbers), where a named tuple, a tuple subclass,
+    stayed tracked for good (CPython untracks only exact tuples) and every whole-heap collection
+    walked them all; built by msgspec's C ``__init__`` in ~0.1 us instead of ~0.2."""
 
     compute_excess_s: float
     link_excess_s: float
@@ -175,7 +180,8 @@ class LagBook:
         limit = rules.straggler_limit_s(median_step_s)
         need, size = rules.straggler_steps, rules.straggler_window
         tracks = self._tracks
-        for r, (compute, link, slowness) in standings.items():
+        for r, st in standings.items():
+            compute, link, slowness = st.compute_excess_s, st.link_excess_s, st.slowness
             track = tracks.get(r)
             if track is None:
                 track = tracks[r] = _Track(deque(maxlen=size))
