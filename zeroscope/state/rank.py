@@ -14,8 +14,8 @@ untracked); built by msgspec's C ``__init__``, a 35-field summary takes ~0.7 us 
 Safe because neither can be part of a reference cycle: a summary holds numbers, its ``ops``
 dict of OpTotals (numbers) and the report's ``Work`` (numbers and strings), nothing that points
 back. Measured at 16,384 ranks (bench/view_ingest.py, Python's default collector thresholds):
-the collections' share of four steps' ingest fell from ~580 to ~120 ms, a step's fold from ~500
-to ~370 ms of CPU (docs/bench.md).
+the collections in four steps' ingest fell from ~560 to ~115 ms, a step's fold from ~550 to
+~380 ms of CPU (docs/bench.md, "The view's ingest and replay seek at 16,384 ranks").
 """
 
 from __future__ import annotations
