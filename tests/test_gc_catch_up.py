@@ -91,7 +91,10 @@ def test_the_folded_state_is_frozen_out_of_every_generation(collector: None) -> 
     with catch_up_fold():
         state.ingest_all(messages)
     ids = tracked_ids(state)
-    assert len(ids) > 1000  # the state's own objects, not a trivial root
+    # The state's own objects, not a trivial root: 32 ranks' states, history deques, totals and
+    # newest reports (their summaries, OpTotals and standings are untracked, msgspec gc=False:
+    # state/rank.py: 619 tracked objects where main left 1,591).
+    assert len(ids) > 500
     assert gc.get_freeze_count() - before >= len(ids)
     assert not ids & {id(o) for o in gc.get_objects()}  # no collection walks them
 
