@@ -93,8 +93,11 @@ class ReplayFeed:
         # The collector's records of senders it turned away name the ranks that never came;
         # they are replayed with the Hellos, in the order every reader of a trace uses.
         self.hellos: list[Message] = preamble(trace)  # type: ignore[arg-type]
-        self.window = max(2, min(64, 4096 // world))
-        """Steps of history rebuilt on a seek: enough for the charts, bounded for 1024 ranks."""
+        self.window = max(1, min(64, 4096 // world))
+        """Steps of history rebuilt on a seek: enough for the charts, bounded to ~4,096 reports
+        (one step from 4,096 ranks on: a step closes once every rank reported it, so the
+        target is closed and judged by its own reports, and at 16,384 ranks each step more is
+        ~80 ms of decoding before the view moves)."""
         self.paused = paused
         self.speed = speed if speed in SPEEDS else 1.0
         self.position = self.first - 1
