@@ -40,6 +40,14 @@ from .census import Census
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
 
+MAX_PHASES_PER_STEP = 16_384
+"""Phases one step may time (4,096 micro-batches' forward, backward and more). Each phase is a
+raw mark held until the step ends, and each forward's inputs a shape: a loop whose step end the
+attach never sees (gradients computed with no ``optimizer.step()``: a probe, an evaluation with
+autograd on, an optimizer that is not a ``torch.optim.Optimizer``) would otherwise hold more of
+them at every iteration, for the whole run. Past it, phases and inputs are not recorded until a
+step ends (said once); the loop itself is untouched."""
+
 
 def precision_of(dtype: torch.dtype) -> Precision:
     return "bf16" if dtype == torch.bfloat16 else "fp16" if dtype == torch.float16 else "fp32"
@@ -117,6 +125,8 @@ class AttachSession:
         """The step whose census was decided, and the decision (G and P/O share it)."""
         self._census_ns = 0
         """The training thread's CPU in this step's census so far."""
+        self._phases = 0
+        """Phases timed in this step so far (at most :data:`MAX_PHASES_PER_STEP`)."""
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -210,6 +220,10 @@ class AttachSession:
         tel = self.tel
         if depth or tel is None:
             return
+        self._phases += 1
+        if self._phases > MAX_PHASES_PER_STEP:
+            self._too_long()
+            return
         try:
             cm = tel.phase(name)
             cm.__enter__()
@@ -231,6 +245,16 @@ class AttachSession:
                 self.errors += 1
         collectives.LOG.label = ""
 
+    def _too_long(self) -> None:
+        """This step timed :data:`MAX_PHASES_PER_STEP` phases and has not ended (said once)."""
+        if self._phases == MAX_PHASES_PER_STEP + 1:
+            self.lost(
+                f"the phases and inputs of a step past its first {MAX_PHASES_PER_STEP:,} phases",
+                f"no step end seen after {MAX_PHASES_PER_STEP:,} phases (steps end at the "
+                "optimizer's step(), DeepSpeed's engine.step() or the HF Trainer's step); "
+                "recorded again from the next step end",
+            )
+
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.enter(name)
@@ -242,7 +266,7 @@ class AttachSession:
     def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A micro-batch entering the model's forward (tokens, FLOPs: agent/work.py)."""
         tel = self.tel
-        if tel is not None and not self.passive:
+        if tel is not None and not self.passive and self._phases <= MAX_PHASES_PER_STEP:
             try:
                 tel.model_inputs(module, args, kwargs)
             except Exception:
@@ -315,6 +339,7 @@ class AttachSession:
             self.errors += 1
         self.steps += 1
         self._losses = []
+        self._phases = 0
 
     def _send(self, tel: Any, reader: EngineReader, figures: dict[str, Any]) -> None:
         engine = f"{self.frontend}+{reader.kind}" if self.frontend else reader.kind
