@@ -27,6 +27,7 @@ from zeroscope.agent.schema import (
 )
 
 from .alerts import Alert, AlertRules, evaluate
+from .conditions import RankConditions
 from .history import StepSeries, step_point
 from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
@@ -198,6 +199,8 @@ class ClusterState:
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
         self.nodes = NodeBook()
         """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
+        self.conditions = RankConditions(self.rules.headroom_min, self.rules.host_available_min)
+        """The alerts' per-rank conditions, kept as messages arrive (state/conditions.py)."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -227,8 +230,12 @@ class ClusterState:
         self.messages += 1
         self.version += 1
         rank = self.ranks.get(message.rank) or self.rank(message.rank)
-        seen = rank.last_seen_s or 0.0
-        rank.last_seen_s = received_s if received_s > seen else seen
+        before = rank.last_seen_s
+        seen = before or 0.0
+        seen = received_s if received_s > seen else seen
+        if seen != before:
+            rank.last_seen_s = seen
+            self.conditions.seen(message.rank, seen)
         if isinstance(message, StepReport):
             return self._step(rank, message)
         if isinstance(message, Hello):
@@ -244,11 +251,15 @@ class ClusterState:
         elif isinstance(message, Event):
             self.events.append(message)
         elif isinstance(message, Heartbeat):
-            rank.dropped += message.dropped
+            if message.dropped:
+                rank.dropped += message.dropped
+                self.conditions.dropped(message.rank, rank.dropped)
             if message.host is not None:
                 rank.host = message.host
+                self.conditions.host(message.rank, message.host)
         elif isinstance(message, Bye):
             rank.bye = message
+            self.conditions.bye(message.rank, message)
         return []
 
     def ingest_all(self, messages: list[Message]) -> list[StepAggregate]:
@@ -259,14 +270,14 @@ class ClusterState:
 
     def _step(self, rank: RankState, report: StepReport) -> list[StepAggregate]:
         if self.last_complete is not None and report.step <= self.last_complete:
-            rank.record(report)  # a late report of a step already closed: history only
+            self._record(rank, report)  # a late report of a step already closed: history only
             return []
         agg = self.steps.get(report.step)
         if agg is None:
             agg = self.steps[report.step] = StepAggregate(report.step)
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
-        agg.summaries[report.rank] = rank.record(report)
+        agg.summaries[report.rank] = self._record(rank, report)
         self.nodes.touch(report.rank)
         agg._median = None
         agg.samples += report.samples
@@ -279,6 +290,15 @@ class ClusterState:
             # one, so a rank whose first messages are merely late in transit is waited for.
             return self._close_until(report.step - 2)
         return []
+
+    def _record(self, rank: RankState, report: StepReport) -> StepSummary:
+        """The rank folds the report; its host sample and drop count go to the conditions."""
+        summary = rank.record(report)
+        if report.host is not None and rank.host is report.host:
+            self.conditions.host(report.rank, report.host)
+        if report.dropped:
+            self.conditions.dropped(report.rank, rank.dropped)
+        return summary
 
     def _close_until(self, step: int) -> list[StepAggregate]:
         """Close ``step`` and every older open step (their missing reports were dropped)."""
