@@ -1,5 +1,6 @@
-"""The alerts' per-rank conditions kept as messages arrive (state/conditions.py) equal an
-independent full recomputation over every rank, through ranks that go silent, come back, run low on memory, drop messages, exit (cleanly, with an error, stopped from
+"""The alerts' per-rank conditions kept as messages arrive (state/conditions.py) and the header's
+cached mesh equal an independent full recomputation over every rank, through ranks that go
+silent, come back, run low on memory, drop messages, exit (cleanly, with an error, stopped from
 outside) and say Bye twice; with receive times in order, out of order, and replay's own."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from zeroscope.agent.schema import (
     Heartbeat,
     Hello,
     HostSample,
+    ParallelLayout,
     StepReport,
 )
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.alerts import interrupted
+from zeroscope.state.mesh import mesh_shape
 
 BASE_NS = 1_700_000_000 * 10**9
 RANKS = 48
@@ -166,3 +169,22 @@ def test_changed_memory_thresholds_are_judged_again() -> None:
     assert _shown(state, 0.0) == _reference(state, 0.0) == {"memory": (0,)}
     state.rules = AlertRules(headroom_min=0.05)
     assert _shown(state, 0.0) == _reference(state, 0.0) == {}
+
+
+def test_the_cached_mesh_follows_the_hellos() -> None:
+    state = ClusterState()
+    hellos = _hellos(16)
+    for hello in hellos:
+        state.ingest(hello, 0.0)
+    assert state.mesh_shape() is None
+    layout = ParallelLayout(pp=1, pp_size=2, dp_size=8, schedule="Schedule1F1B", microbatches=4)
+    # Rank 5 says Hello again with its layout: the search runs again.
+    state.ingest(Hello(**{**_fields(hellos[5]), "parallel": layout}), 1.0)
+    expected = mesh_shape(rs.hello for rs in state.ranks.values())
+    assert expected is not None and state.mesh_shape() == expected
+    state.ingest(Hello(**{**_fields(hellos[5]), "parallel": None}), 2.0)
+    assert state.mesh_shape() == mesh_shape(rs.hello for rs in state.ranks.values()) is None
+
+
+def _fields(hello: Hello) -> dict[str, object]:
+    return {f: getattr(hello, f) for f in hello.__struct_fields__}

@@ -29,6 +29,7 @@ from zeroscope.agent.schema import (
 from .alerts import Alert, AlertRules, evaluate
 from .conditions import RankConditions
 from .history import StepSeries, step_point
+from .mesh import mesh_shape
 from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
@@ -201,6 +202,9 @@ class ClusterState:
         """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
         self.conditions = RankConditions(self.rules.headroom_min, self.rules.host_available_min)
         """The alerts' per-rank conditions, kept as messages arrive (state/conditions.py)."""
+        self.hellos_version = 0
+        """Bumped on every Hello: what is read from all the Hellos is cached until it moves."""
+        self._mesh: tuple[int, str | None] | None = None
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -240,6 +244,7 @@ class ClusterState:
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.hellos_version += 1
             self.nodes.place(message.rank, message)
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
@@ -398,6 +403,14 @@ class ClusterState:
     def missing(self) -> list[MissingGroup]:
         """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
         return missing_of(self)
+
+    def mesh_shape(self) -> str | None:
+        """The job's mesh, ``pp2×dp2×tp2 ...`` (state/mesh.py ``mesh_shape`` over every rank's
+        Hello, in rank-arrival order), worked out again only when a Hello arrived: the header
+        asks every frame, and a data-parallel job's Hellos hold no layout to end the search."""
+        if self._mesh is None or self._mesh[0] != self.hellos_version:
+            self._mesh = (self.hellos_version, mesh_shape(rs.hello for rs in self.ranks.values()))
+        return self._mesh[1]
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)
