@@ -21,6 +21,7 @@ from zeroscope.agent.schema import (
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.alerts import interrupted
 from zeroscope.state.mesh import mesh_shape
+from zeroscope.state.roster import missing_of
 
 BASE_NS = 1_700_000_000 * 10**9
 RANKS = 48
@@ -188,3 +189,23 @@ def test_the_cached_mesh_follows_the_hellos() -> None:
 
 def _fields(hello: Hello) -> dict[str, object]:
     return {f: getattr(hello, f) for f in hello.__struct_fields__}
+
+
+def test_the_cached_none_missing_follows_the_ranks_and_the_world() -> None:
+    state = ClusterState()
+    hellos = _hellos(8)
+
+    def same() -> list[tuple[int, ...]]:
+        found = [g.ranks for g in state.missing()]
+        assert found == [g.ranks for g in missing_of(state)]
+        return found
+
+    for hello in hellos[:7]:
+        state.ingest(hello, 0.0)
+    assert same() == [(7,)]
+    state.ingest(hellos[7], 0.0)
+    assert same() == [] and same() == []  # the second answer is the cached one
+    state.ingest(Heartbeat(rank=9, step=0, wall_ns=BASE_NS), 1.0)  # a rank past the world
+    assert same() == []
+    state.ingest(Hello(**{**_fields(hellos[0]), "world_size": 12}), 2.0)  # the world grew
+    assert same() == [(8, 10, 11)]

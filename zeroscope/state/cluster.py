@@ -205,6 +205,7 @@ class ClusterState:
         self.hellos_version = 0
         """Bumped on every Hello: what is read from all the Hellos is cached until it moves."""
         self._mesh: tuple[int, str | None] | None = None
+        self._none_missing: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -401,8 +402,16 @@ class ClusterState:
         return self.lags.findings()
 
     def missing(self) -> list[MissingGroup]:
-        """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
-        return missing_of(self)
+        """Ranks of the job that never reported, grouped by node and reason (state/roster.py).
+        Once every rank of a known world reported, the answer stays "none" until the world size
+        or the ranks change (ranks are never forgotten, so their count says when): the alerts
+        ask every frame, and the check reads ``range(world)``, 16,384 lookups."""
+        key = (self.world_size, len(self.ranks))
+        if self.world_size and self._none_missing == key:
+            return []
+        groups = missing_of(self)
+        self._none_missing = key if not groups else None
+        return groups
 
     def mesh_shape(self) -> str | None:
         """The job's mesh, ``pp2×dp2×tp2 ...`` (state/mesh.py ``mesh_shape`` over every rank's
