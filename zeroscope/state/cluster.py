@@ -240,7 +240,8 @@ class ClusterState:
         seen = received_s if received_s > seen else seen
         if seen != before:
             rank.last_seen_s = seen
-            self.conditions.seen(message.rank, seen)
+            if rank.bye is None:
+                self.conditions.seen(message.rank, seen)
         if isinstance(message, StepReport):
             return self._step(rank, message)
         if isinstance(message, Hello):
@@ -276,14 +277,17 @@ class ClusterState:
 
     def _step(self, rank: RankState, report: StepReport) -> list[StepAggregate]:
         if self.last_complete is not None and report.step <= self.last_complete:
-            self._record(rank, report)  # a late report of a step already closed: history only
+            rank.record(report)  # a late report of a step already closed: history only
+            self._conditions_of(rank, report)
             return []
         agg = self.steps.get(report.step)
         if agg is None:
             agg = self.steps[report.step] = StepAggregate(report.step)
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
-        agg.summaries[report.rank] = self._record(rank, report)
+        agg.summaries[report.rank] = rank.record(report)
+        if report.dropped or report.host is not None:
+            self._conditions_of(rank, report)
         self.nodes.touch(report.rank)
         agg._median = None
         agg.samples += report.samples
@@ -297,14 +301,13 @@ class ClusterState:
             return self._close_until(report.step - 2)
         return []
 
-    def _record(self, rank: RankState, report: StepReport) -> StepSummary:
-        """The rank folds the report; its host sample and drop count go to the conditions."""
-        summary = rank.record(report)
+    def _conditions_of(self, rank: RankState, report: StepReport) -> None:
+        """The report's host sample (if it became the rank's newest) and drop count, to the
+        alerts' conditions."""
         if report.host is not None and rank.host is report.host:
             self.conditions.host(report.rank, report.host)
         if report.dropped:
             self.conditions.dropped(report.rank, rank.dropped)
-        return summary
 
     def _close_until(self, step: int) -> list[StepAggregate]:
         """Close ``step`` and every older open step (their missing reports were dropped)."""

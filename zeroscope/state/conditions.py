@@ -60,9 +60,8 @@ class RankConditions:
         self._memory = (headroom_min, host_available_min)
 
     def seen(self, rank: int, last_seen_s: float) -> None:
-        """``rank``'s last-seen time moved to ``last_seen_s`` (it only moves forward)."""
-        if rank in self.byes:
-            return
+        """``rank``, without a Bye, was last seen at ``last_seen_s`` (it only moves forward).
+        Called for most messages: the caller checks the Bye on the RankState it holds."""
         seen = self._seen
         seen.pop(rank, None)
         seen[rank] = last_seen_s
@@ -72,8 +71,14 @@ class RankConditions:
             self._tail = last_seen_s
 
     def host(self, rank: int, host: HostSample) -> None:
-        """``rank``'s newest host sample is ``host``."""
-        if low_memory(host, *self._memory):
+        """``rank``'s newest host sample is ``host`` (:func:`low_memory`, written out: this
+        runs for every report that carries a sample)."""
+        headroom_min, host_available_min = self._memory
+        total, used = host.gpu_mem_total_bytes, host.gpu_mem_used_bytes
+        available = host.mem_available_bytes
+        if (total and used is not None and (total - used) / total < headroom_min) or (
+            available is not None and available < host_available_min
+        ):
             self.low.add(rank)
         else:
             self.low.discard(rank)
