@@ -117,3 +117,27 @@ def test_flags_are_gathered_per_node() -> None:
     assert rows[(2, "node2")].flags == ((17, "slow"), (23, "comm"))
     assert rows[(1, "node1")].flags == ((9, "mem!"),)
     assert rows[(0, "node0")].flags == ()
+
+
+def test_kept_node_order_and_shared_hosts_follow_ranks_that_move() -> None:
+    """NodeBook keeps its sorted nodes and shared hostnames until a node comes or goes; they
+    equal a sort and a count over the ranks' newest Hellos after every Hello."""
+    hellos = [m for m in synthetic_run(RunShape(ranks=24, steps=1)) if isinstance(m, Hello)]
+    moves = [
+        msgspec.structs.replace(hellos[3], node_rank=1, hostname="node1"),  # joins another node
+        msgspec.structs.replace(hellos[17], node_rank=7),  # a node of its own, same host
+        msgspec.structs.replace(hellos[17], node_rank=2),  # ... emptied again
+        *(
+            msgspec.structs.replace(h, node_rank=0, hostname=hellos[0].hostname)
+            for h in hellos[8:16]
+        ),
+    ]
+    state = ClusterState()
+    newest: dict[int, Hello] = {}
+    for hello in [*hellos, *moves]:
+        state.ingest(hello, 0.0)
+        newest[hello.rank] = hello
+        keys = sorted({(h.node_rank, h.hostname) for h in newest.values()})
+        hosts = [host for _, host in keys]
+        assert state.nodes.keys() == keys
+        assert state.nodes.shared_hosts() == {h for h in hosts if hosts.count(h) > 1}

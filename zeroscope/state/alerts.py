@@ -260,37 +260,18 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     rules = state.rules
     alerts: list[Alert] = []
 
-    # One pass over the ranks for every per-rank condition (low memory, silent, failed, ended,
-    # dropping): a 16,384-rank view evaluates the alerts every frame, and a pass each cost
-    # most of the frame.
-    low: list[int] = []
-    silent: list[int] = []
-    failed: list[int] = []
-    dropping: list[int] = []
-    ended = False
-    silent_s = rules.silent_s
-    for r, rs in state.ranks.items():
-        host = rs.host
-        if host is not None:
-            total, used = host.gpu_mem_total_bytes, host.gpu_mem_used_bytes
-            if (total and used is not None and (total - used) / total < rules.headroom_min) or (
-                host.mem_available_bytes is not None
-                and (host.mem_available_bytes < rules.host_available_min)
-            ):
-                low.append(r)
-        bye = rs.bye
-        if bye is None:
-            seen = rs.last_seen_s
-            if seen is not None and now_s - seen > silent_s:
-                silent.append(r)
-        else:
-            ended = True
-            if bye.exit_code != 0 and not interrupted(bye.message):
-                failed.append(r)
-        if rs.dropped:
-            dropping.append(r)
-    for found in (low, silent, failed, dropping):
-        found.sort()
+    # The per-rank conditions (low memory, silent, failed, ended, dropping) are kept by
+    # ClusterState as messages arrive (state/conditions.py): a 16,384-rank view evaluates the
+    # alerts every frame, and even one pass over the ranks cost 9-15 ms of it.
+    book = state.conditions
+    if not book.memory_rules(rules.headroom_min, rules.host_available_min):
+        hosts = {r: rs.host for r, rs in state.ranks.items() if rs.host is not None}
+        book.rejudge_memory(hosts, rules.headroom_min, rules.host_available_min)
+    low = sorted(book.low)
+    silent = book.silent(now_s, rules.silent_s)
+    failed = sorted(book.failed)
+    dropping = sorted(book.dropping)
+    ended = bool(book.byes)
     oom = sorted({e.rank for e in state.events if e.event == "oom_warning"})
     if low or oom:
         ranks = sorted(set(low) | set(oom))
@@ -371,7 +352,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     # every rank without a Bye; else the silent ones.
     lost: list[int] = []
     if ended:
-        lost = sorted(r for r, rs in state.ranks.items() if rs.bye is None) if failed else silent
+        lost = sorted(state.ranks.keys() - book.byes) if failed else silent
     if lost:
         last = min((rs.latest.step for r in lost if (rs := state.ranks[r]).latest), default=0)
         alerts.append(

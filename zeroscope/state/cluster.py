@@ -27,7 +27,9 @@ from zeroscope.agent.schema import (
 )
 
 from .alerts import Alert, AlertRules, evaluate
+from .conditions import RankConditions
 from .history import StepSeries, step_point
+from .mesh import mesh_shape
 from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
@@ -198,6 +200,12 @@ class ClusterState:
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
         self.nodes = NodeBook()
         """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
+        self.conditions = RankConditions(self.rules.headroom_min, self.rules.host_available_min)
+        """The alerts' per-rank conditions, kept as messages arrive (state/conditions.py)."""
+        self.hellos_version = 0
+        """Bumped on every Hello: what is read from all the Hellos is cached until it moves."""
+        self._mesh: tuple[int, str | None] | None = None
+        self._none_missing: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -227,12 +235,18 @@ class ClusterState:
         self.messages += 1
         self.version += 1
         rank = self.ranks.get(message.rank) or self.rank(message.rank)
-        seen = rank.last_seen_s or 0.0
-        rank.last_seen_s = received_s if received_s > seen else seen
+        before = rank.last_seen_s
+        seen = before or 0.0
+        seen = received_s if received_s > seen else seen
+        if seen != before:
+            rank.last_seen_s = seen
+            if rank.bye is None:
+                self.conditions.seen(message.rank, seen)
         if isinstance(message, StepReport):
             return self._step(rank, message)
         if isinstance(message, Hello):
             rank.hello = message
+            self.hellos_version += 1
             self.nodes.place(message.rank, message)
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
@@ -244,11 +258,15 @@ class ClusterState:
         elif isinstance(message, Event):
             self.events.append(message)
         elif isinstance(message, Heartbeat):
-            rank.dropped += message.dropped
+            if message.dropped:
+                rank.dropped += message.dropped
+                self.conditions.dropped(message.rank, rank.dropped)
             if message.host is not None:
                 rank.host = message.host
+                self.conditions.host(message.rank, message.host)
         elif isinstance(message, Bye):
             rank.bye = message
+            self.conditions.bye(message.rank, message)
         return []
 
     def ingest_all(self, messages: list[Message]) -> list[StepAggregate]:
@@ -260,6 +278,7 @@ class ClusterState:
     def _step(self, rank: RankState, report: StepReport) -> list[StepAggregate]:
         if self.last_complete is not None and report.step <= self.last_complete:
             rank.record(report)  # a late report of a step already closed: history only
+            self._conditions_of(rank, report)
             return []
         agg = self.steps.get(report.step)
         if agg is None:
@@ -267,6 +286,8 @@ class ClusterState:
             while len(self.steps) > self.history_steps:
                 self.steps.popitem(last=False)
         agg.summaries[report.rank] = rank.record(report)
+        if report.dropped or report.host is not None:
+            self._conditions_of(rank, report)
         self.nodes.touch(report.rank)
         agg._median = None
         agg.samples += report.samples
@@ -279,6 +300,14 @@ class ClusterState:
             # one, so a rank whose first messages are merely late in transit is waited for.
             return self._close_until(report.step - 2)
         return []
+
+    def _conditions_of(self, rank: RankState, report: StepReport) -> None:
+        """The report's host sample (if it became the rank's newest) and drop count, to the
+        alerts' conditions."""
+        if report.host is not None and rank.host is report.host:
+            self.conditions.host(report.rank, report.host)
+        if report.dropped:
+            self.conditions.dropped(report.rank, rank.dropped)
 
     def _close_until(self, step: int) -> list[StepAggregate]:
         """Close ``step`` and every older open step (their missing reports were dropped)."""
@@ -376,8 +405,24 @@ class ClusterState:
         return self.lags.findings()
 
     def missing(self) -> list[MissingGroup]:
-        """Ranks of the job that never reported, grouped by node and reason (state/roster.py)."""
-        return missing_of(self)
+        """Ranks of the job that never reported, grouped by node and reason (state/roster.py).
+        Once every rank of a known world reported, the answer stays "none" until the world size
+        or the ranks change (ranks are never forgotten, so their count says when): the alerts
+        ask every frame, and the check reads ``range(world)``, 16,384 lookups."""
+        key = (self.world_size, len(self.ranks))
+        if self.world_size and self._none_missing == key:
+            return []
+        groups = missing_of(self)
+        self._none_missing = key if not groups else None
+        return groups
+
+    def mesh_shape(self) -> str | None:
+        """The job's mesh, ``pp2×dp2×tp2 ...`` (state/mesh.py ``mesh_shape`` over every rank's
+        Hello, in rank-arrival order), worked out again only when a Hello arrived: the header
+        asks every frame, and a data-parallel job's Hellos hold no layout to end the search."""
+        if self._mesh is None or self._mesh[0] != self.hellos_version:
+            self._mesh = (self.hellos_version, mesh_shape(rs.hello for rs in self.ranks.values()))
+        return self._mesh[1]
 
     def alerts(self, now_s: float | None = None) -> list[Alert]:
         return evaluate(self, self.clock_s if now_s is None else now_s)

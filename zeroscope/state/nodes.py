@@ -107,6 +107,9 @@ class NodeBook:
         """Each node's ranks in arrival order (a dict: insertion-ordered, O(1) removal)."""
         self._stale: set[NodeKey] = set()
         self._figures: dict[NodeKey, NodeFigures] = {}
+        self._sorted: tuple[list[NodeKey], frozenset[str]] | None = None
+        """(every node sorted, hostnames several nodes share), kept until a node comes or goes:
+        the node table asks every frame, and 2,048 nodes cost ~0.5 ms to sort and count."""
 
     def place(self, rank: int, hello: Hello) -> None:
         """A rank said hello: it belongs to the node its Hello names (moved if it said another
@@ -134,10 +137,14 @@ class NodeBook:
             self._stale.add(old)
             if not members:
                 del self._members[old]
+                self._sorted = None
                 self._figures.pop(old, None)
                 self._stale.discard(old)
         self._node_of[rank] = key
-        self._members.setdefault(key, {})[rank] = None
+        if key not in self._members:
+            self._members[key] = {}
+            self._sorted = None
+        self._members[key][rank] = None
         self._stale.add(key)
         return key
 
@@ -160,7 +167,20 @@ class NodeBook:
 
     def keys(self) -> list[NodeKey]:
         """Every node the ranks run on, by node rank then hostname."""
-        return sorted(self._members)
+        return list(self._layout()[0])
+
+    def shared_hosts(self) -> frozenset[str]:
+        """Hostnames more than one node names (network namespaces acting as nodes)."""
+        return self._layout()[1]
+
+    def _layout(self) -> tuple[list[NodeKey], frozenset[str]]:
+        if self._sorted is None:
+            keys = sorted(self._members)
+            hosts: dict[str, int] = {}
+            for _, host in keys:
+                hosts[host] = hosts.get(host, 0) + 1
+            self._sorted = (keys, frozenset(h for h, n in hosts.items() if n > 1))
+        return self._sorted
 
     def figures(
         self, ranks: dict[int, RankState], keys: Iterable[NodeKey] | None = None

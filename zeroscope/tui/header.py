@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from zeroscope.state import units
-from zeroscope.state.viewmodel import ClusterState, headcount, header_throughput, mesh_shape
+from zeroscope.state.viewmodel import ClusterState, headcount, header_throughput
 
 
 def header_segments(
@@ -43,7 +43,7 @@ def header_segments(
         segments.append((f"{engine}ZeRO-{c.stage} {c.precision} offload {offload}", ""))
     else:
         segments.append(("config NA", ""))
-    shape = mesh_shape(rs.hello for rs in state.ranks.values())
+    shape = state.mesh_shape()
     if shape:
         segments.append((shape, ""))
     segments.append((f"step {latest.step if latest else 'NA'}", "bold"))

@@ -61,10 +61,7 @@ class NodeView:
         self._state = state
         self.keys: list[NodeKey] = state.nodes.keys()
         """Every node, by node rank then hostname."""
-        hosts: dict[str, int] = {}
-        for _, host in self.keys:
-            hosts[host] = hosts.get(host, 0) + 1
-        self._shared = {host for host, n in hosts.items() if n > 1}
+        self._shared = state.nodes.shared_hosts()
         flags: dict[NodeKey, list[tuple[int, str]]] = {}
         for rank, word in sorted((flagged or {}).items()):
             key = state.nodes.node_of(rank)
