@@ -163,7 +163,11 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
     # between two reads of a ring of 8, so half the watched group's all-reduces were lost.
     taken, issued, lost = _run_steps(False, monkeypatch)
     assert lost > 0 and taken + lost == issued
-    assert "set TORCH_FR_BUFFER_SIZE to at least" in capsys.readouterr().err
+    # The ring (8) holds two of the largest step's entries (2 watched x share 2 = 4): its size
+    # was not the cause, the late read was, and the console says so (not "at least 8").
+    err = capsys.readouterr().err
+    assert "the agent's sender thread read it late" in err
+    assert "at least" not in err
     # Urgent marks (the backlog scaled by the other group's share reaches half the ring):
     # every all-reduce is taken, once.
     taken, issued, lost = _run_steps(True, monkeypatch)
@@ -404,3 +408,31 @@ def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
     off_mark = off.mark()
     assert off_mark is not None and off_mark.expand() == []
     assert "none of" in off.off_reason and not off.groups
+
+
+def test_a_ring_smaller_than_two_steps_is_told_the_size_it_needs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Six watched all-reduces a step into a ring of 8, read every third step, never at an
+    urgent mark: the ring cannot hold two steps, and the console names the size that can."""
+    from zeroscope.agent.attach.session import SESSION
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "8")
+    monkeypatch.setattr(SESSION, "_lost", {})
+    ring = _Ring(8)
+    reader = FlightRecorderReader(dump=ring.dump)
+    watched = _Group("0")
+    reader.watch(watched, "DDP")
+    marks: list[Any] = []
+    for step in range(1, 7):
+        for _ in range(6):
+            ring.issue(watched)
+        mark = reader.mark()
+        assert mark is not None
+        marks.append(mark)
+        if step % 3 == 0:
+            for m in marks:
+                m.expand()
+            marks.clear()
+    assert reader.lost > 0 and reader.most_per_step == 6
+    assert "set TORCH_FR_BUFFER_SIZE to at least 12" in capsys.readouterr().err

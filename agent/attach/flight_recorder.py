@@ -340,13 +340,23 @@ class FlightRecorderReader:
                 g.claimed.discard(seq)
             g.taken = top
         if self.lost and not lost_before:
-            _say(
-                "some collectives run below Python (DDP's reducer)",
-                f"torch's Flight Recorder ring ({self.ring} entries) was overwritten before a "
-                f"read; set {BUFFER_ENV} to at least {2 * max(self.most_per_step, 1)}",
-            )
+            _say("some collectives run below Python (DDP's reducer)", self._overrun())
         out.sort(key=lambda op: op._issue_ns)
         return out
+
+    def _overrun(self) -> str:
+        """Why entries were lost, and what to do: a ring smaller than two of the largest
+        step's entries needs a larger size; a larger one was read too late (the sender thread
+        stalled, or starved on a loaded machine), and a larger size only buys it more time."""
+        need = 2 * max(self.most_per_step, 1)
+        said = f"torch's Flight Recorder ring ({self.ring} entries) was overwritten before a read"
+        if need > self.ring:
+            return f"{said}; set {BUFFER_ENV} to at least {need}"
+        return (
+            f"{said}, although it holds two steps' entries ({need}): the agent's sender thread "
+            f"read it late (a stalled thread or a loaded machine); a larger {BUFFER_ENV} gives "
+            "it more time"
+        )
 
     def device_duration(self, name: str, seq: int, op: CollectiveOp) -> float | bool | None:
         """Sender thread: the device duration [s] torch measured for collective ``seq`` of
