@@ -116,6 +116,10 @@ def main() -> None:
     runs = [train(spec, args.accum, dtype, rank) for spec in args.runs.split(",")]
     with open(f"{args.out}.{rank}", "w") as f:
         json.dump({"runs": runs}, f)
+    # A clean end (as tests/jobs/hf_trainer_train.py): both ranks past their last collective
+    # before either tears its group down. Without it a plain torchrun of this script aborted
+    # one rank at exit once in CI ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
