@@ -124,6 +124,7 @@ def main() -> None:
         results[path] = train_deepspeed(path, args.steps)
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
+    dist.barrier()  # both ranks past their last collective before either tears down
     dist.destroy_process_group()
 
 

@@ -121,6 +121,7 @@ def main() -> None:
     results = {mode: train(mode, args.steps) for mode in args.modes.split(",")}
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
+    dist.barrier()  # both ranks past their last collective before either tears down
     dist.destroy_process_group()
 
 
