@@ -98,6 +98,12 @@ def test_the_first_failure_decides_the_code_and_the_line() -> None:
         1, Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-9))), [r0]
     )
     assert (end.code, end.rank, end.error) == (137, 1, "killed by SIGKILL")
+    # A rank that raised, then died of a signal (torch's gloo teardown aborting it): the error
+    # is the cause, said first; the code is the signal's.
+    end = classify(
+        134, Outcome(exits=(RankExit(rank=0, exitcode=-6), RankExit(rank=1, exitcode=-15))), [r0]
+    )
+    assert (end.code, end.rank, end.error) == (134, 0, f"{ERROR} (then killed by SIGABRT)")
     # Two ranks raised: the earlier traceback.
     early_r1 = RankError(1, "RuntimeError: CUDA error", seq=1)
     end = classify(

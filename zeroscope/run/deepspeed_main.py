@@ -25,18 +25,10 @@ import sys
 from types import FrameType
 
 from zeroscope.run.job_end import OUTCOME_ENV, Outcome
-from zeroscope.run.supervision import announce_ready, watch_parent
-
-
-class _StoppedEarly(Exception):
-    """A stop before the runner started any process: nothing to pass it to."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
+from zeroscope.run.supervision import announce_ready, leave_on_stop, watch_parent
 
 _stopped: list[int] = []
+_outcome_path: list[str | None] = [None]
 
 
 def _pass_on(signum: int, frame: FrameType | None) -> None:
@@ -44,8 +36,8 @@ def _pass_on(signum: int, frame: FrameType | None) -> None:
 
     _stopped.append(signum)
     children = psutil.Process().children()
-    if not children:
-        raise _StoppedEarly(signum)
+    if not children:  # a stop before the runner started any process: nothing to pass it to
+        leave_on_stop(signum, lambda sig: _save(_outcome_path[0], Outcome(signal=sig)))
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.send_signal(signum)
@@ -53,17 +45,14 @@ def _pass_on(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _outcome_path[0] = os.environ.pop(OUTCOME_ENV, None)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _pass_on)
     watch_parent(os.environ)
     announce_ready(os.environ)
-    outcome_path = os.environ.pop(OUTCOME_ENV, None)
-    try:
-        code = _run(argv)
-    except _StoppedEarly as stop:
-        code = 128 + stop.signum
+    code = _run(argv)
     if _stopped:
-        _save(outcome_path, Outcome(signal=_stopped[0]))
+        _save(_outcome_path[0], Outcome(signal=_stopped[0]))
         return 128 + _stopped[0]
     return code
 

@@ -123,12 +123,17 @@ def how_it_ended(
     failed: RankExit, errors: list[RankError], reported: Mapping[int, str] | None = None
 ) -> str:
     """The rank's own error line, else what killed it, else what its agent reported (its
-    output may have gone elsewhere: torchrun's ``--redirects``), else its bare exit code."""
+    output may have gone elsewhere: torchrun's ``--redirects``), else its bare exit code.
+
+    A rank that raised and was then killed by a signal says both, the error first: it is the
+    cause, the signal what came of it (torch's gloo teardown can abort a process that leaves
+    with its process group still up, turning an exception's exit code 1 into SIGABRT)."""
+    own = next((e.line for e in errors if e.rank == failed.rank), None)
     if failed.signal_name:
-        return f"killed by {failed.signal_name}"
-    for e in errors:
-        if e.rank == failed.rank:
-            return e.line
+        killed = f"killed by {failed.signal_name}"
+        return f"{own} (then {killed})" if own else killed
+    if own is not None:
+        return own
     if reported and reported.get(failed.rank):
         return reported[failed.rank]
     # Raised before the process group existed (bad arguments, a config error): torch's

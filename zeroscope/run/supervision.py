@@ -25,8 +25,10 @@ import json
 import os
 import select
 import signal
+import sys
 import threading
 from collections.abc import Callable, MutableMapping
+from typing import NoReturn
 
 WATCH_FD_ENV = "ZEROSCOPE_WATCH_FD"
 """The read end of the watchdog pipe, in the supervised torchrun's environment."""
@@ -163,3 +165,18 @@ def watch_parent(
 
     threading.Thread(target=wait, name="zeroscope-watchdog", daemon=True).start()
     return True
+
+
+def leave_on_stop(signum: int, save_outcome: Callable[[int], None]) -> NoReturn:
+    """The child's side, for a stop that comes before its launcher started any process:
+    ``save_outcome(signum)``, flush, and leave at once with 128 + the signal, as a shell reports
+    a stop. Not an exception raised from the signal handler: it would land wherever the main
+    thread is, most likely in an import of torch or DeepSpeed, and an ``except Exception`` there
+    (they have many around optional imports) would swallow the stop: the launcher would go on
+    to start the ranks as if no one had asked it to stop. Nothing needs unwinding yet."""
+    with contextlib.suppress(Exception):
+        save_outcome(signum)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)

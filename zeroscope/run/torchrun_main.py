@@ -21,40 +21,37 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 from zeroscope.run.job_end import OUTCOME_ENV, Outcome, RankExit
-from zeroscope.run.supervision import announce_ready, watch_parent
+from zeroscope.run.supervision import announce_ready, leave_on_stop, watch_parent
 
 
-class _StoppedEarly(Exception):
-    """SIGINT/SIGTERM before torchrun installed its own handlers (no worker exists yet)."""
+def _early_stop_handler(outcome_path: str | None) -> Callable[[int, FrameType | None], None]:
+    """SIGINT/SIGTERM before torchrun installed its own handlers (just before it starts the
+    workers, so none exists yet): the outcome says so and torchrun_main leaves at once."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    def stop(signum: int, frame: FrameType | None) -> None:
+        leave_on_stop(signum, lambda sig: _save(outcome_path, Outcome(signal=sig)))
 
-
-def _stop_early(signum: int, frame: FrameType | None) -> None:
-    raise _StoppedEarly(signum)
+    return stop
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    outcome_path = os.environ.pop(OUTCOME_ENV, None)
     # Until torchrun registers its handlers (just before it starts the workers), a stop is
     # ours to handle. Setting a handler also undoes an inherited SIG_IGN (a job started from
     # a script's background), which the workers would otherwise inherit through exec and
     # then ignore torchrun's SIGINT.
+    early_stop = _early_stop_handler(outcome_path)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _stop_early)
+        signal.signal(sig, early_stop)
     watch_parent(os.environ)
     announce_ready(os.environ)
-    outcome_path = os.environ.pop(OUTCOME_ENV, None)
     try:
         return _run(argv, outcome_path)
-    except _StoppedEarly as stop:
-        _save(outcome_path, Outcome(signal=stop.signum))
-        return 128 + stop.signum
     finally:
         _kill_leftover_workers()
 
