@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -192,15 +193,33 @@ while True:
 
 
 def start_collector(port: int, record: Path) -> tuple[subprocess.Popen[str], str]:
+    """A collector process on ``port``, returned once it listens, with its ingest address.
+
+    A restarted collector binds the port its killed predecessor held while that one's closed
+    connections may still linger there in the kernel; a bind refused for that ("Address already
+    in use") is retried for a while, as a user would restart it. Any other failure to start
+    fails the test with the collector's own error (it once failed silently: the job then ran
+    on without a collector and the test only saw an empty trace)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", COLLECTOR, str(port), str(record)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    deadline = time.monotonic() + 60
+    while True:
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", COLLECTOR, str(port), str(record)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
+            assert proc.stdout is not None
+            address = proc.stdout.readline().strip()
+            if address:
+                return proc, address
+            proc.wait()
+            err.seek(0)
+            error = err.read()
+        assert "Address already in use" in error and time.monotonic() < deadline, error
+        time.sleep(0.5)
 
 
 def last_step(path: Path) -> int:

@@ -204,7 +204,8 @@ def test_the_demo_survives_its_collector_killed_and_restarted(tmp_path: Path) ->
             p.send_signal(signal.SIGCONT)
         out = job.communicate(timeout=150)[0]
         assert job.returncode == 0
-        assert wait_for(lambda: last_step(tmp_path / "b.zst") == 41, 20)
+        recorded = wait_for(lambda: last_step(tmp_path / "b.zst") == 41, 20)
+        assert recorded, f"the new collector's last step: {last_step(tmp_path / 'b.zst')}"
     finally:
         for proc in (job, first, second):
             if proc is not None and proc.poll() is None:
