@@ -111,6 +111,15 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def end_process_group() -> None:
+    """A barrier, then the group's end. Every rank has finished its collectives when the barrier
+    returns, so none leaves while gloo's worker threads still hold a finished collective's
+    tensors: torch (2.13) can abort a process whose interpreter is already exiting when such a
+    thread lets go of them ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def train_pipeline(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
     """The same GPT as a PipelineModule, trained with ``train_batch()``."""
     from zeroscope.engine import api as deepspeed
@@ -176,7 +185,7 @@ def main() -> None:
 
     if args.pipeline:
         train_pipeline(args, data, len(chars))
-        dist.destroy_process_group()
+        end_process_group()
         return
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -198,7 +207,7 @@ def main() -> None:
         if rank == 0 and (step % 20 == 0 or step == args.steps - 1):
             say(f"[train_gpt] step {step} loss {loss.item():.4f}")
 
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ def main() -> None:
         )
         if args.chatter and rank == 0:
             _chatter(step + 1, args.steps, float(loss), args.chatter)
+    dist.barrier()  # as examples/train_gpt.py's end_process_group: torch's gloo teardown abort
     dist.destroy_process_group()
 
 
