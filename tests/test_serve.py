@@ -174,4 +174,5 @@ def test_serve_prints_a_line_per_step_on_stderr_while_the_job_runs(tmp_path: Pat
     assert not any(ln.startswith("step ") for ln in out.splitlines())
     quiet = _serve(tmp_path / "zq", "--no-record", "--quiet", "--", *torchrun, str(script))
     _, err = quiet.communicate(timeout=300)
-    assert quiet.returncode == 0 and not any(ln.startswith("step ") for ln in err.splitlines())
+    assert quiet.returncode == 0, err[-3000:]
+    assert not any(ln.startswith("step ") for ln in err.splitlines())
