@@ -33,6 +33,7 @@ def _early_stop_handler(outcome_path: str | None) -> Callable[[int, FrameType | 
     workers, so none exists yet): the outcome says so and torchrun_main leaves at once."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        _kill_leftover_workers()  # none expected; and none outlives torchrun_main
         leave_on_stop(signum, lambda sig: _save(outcome_path, Outcome(signal=sig)))
 
     return stop
