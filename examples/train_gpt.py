@@ -111,12 +111,19 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+_LAST_BARRIER: list[object] = []
+
+
 def end_process_group() -> None:
-    """A barrier, then the group's end. Every rank has finished its collectives when the barrier
-    returns, so none leaves while gloo's worker threads still hold a finished collective's
-    tensors: torch (2.13) can abort a process whose interpreter is already exiting when such a
-    thread lets go of them ("terminate called without an active exception")."""
-    dist.barrier()
+    """Every rank past its last collective, then the group's end. The barrier's Work is kept
+    for the rest of the process: torch (2.13) can abort a process whose interpreter is already
+    exiting when one of gloo's worker threads lets go of a finished collective's tensors
+    ("terminate called without an active exception"); kept, the collectives the barrier waited
+    for are freed by the interpreter itself (tests/jobs/teardown.py says how)."""
+    work = dist.barrier(async_op=True)
+    if work is not None:
+        work.wait()
+        _LAST_BARRIER.append(work)
     dist.destroy_process_group()
 
 

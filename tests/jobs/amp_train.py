@@ -23,6 +23,8 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from tests.jobs.teardown import end_process_group
+
 IN, WIDTH, OUT = 32, 48, 4
 
 
@@ -116,11 +118,7 @@ def main() -> None:
     runs = [train(spec, args.accum, dtype, rank) for spec in args.runs.split(",")]
     with open(f"{args.out}.{rank}", "w") as f:
         json.dump({"runs": runs}, f)
-    # A clean end (as tests/jobs/hf_trainer_train.py): both ranks past their last collective
-    # before either tears its group down. Without it a plain torchrun of this script aborted
-    # one rank at exit once in CI ("terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.jobs.teardown import end_process_group
+
 IN, WIDTH, OUT = 16, 24, 3
 
 
@@ -136,8 +138,7 @@ def main() -> None:
     results = {mode: train(mode, args.steps, args.backend) for mode in args.modes.split(",")}
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
-    dist.barrier()  # both ranks past their last collective before either tears down
-    dist.destroy_process_group()
+    end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tests.jobs.compiled_train import dynamo_counts
 from tests.jobs.hf_trainer_train import Tokens, build_model
+from tests.jobs.teardown import end_process_group
 
 
 class StepLosses(TrainerCallback):
@@ -57,8 +58,7 @@ def main() -> None:
     out = {"hf": {"losses": losses.losses, **dynamo_counts()}}
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
 if __name__ == "__main__":

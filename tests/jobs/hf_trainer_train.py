@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from tests.jobs.teardown import end_process_group
+
 SEQ = 16
 
 
@@ -87,11 +89,7 @@ def main() -> None:
     }
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(out, f)
-    # A clean end, as torch asks: the process group's threads joined before the interpreter
-    # tears down (left running, one aborted a rank at exit once: "terminate called without an
-    # active exception", after its results were written).
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
 if __name__ == "__main__":

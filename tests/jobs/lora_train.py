@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.jobs.teardown import end_process_group
+
 VOCAB, HIDDEN, SEQ = 64, 32, 8
 
 
@@ -124,8 +126,7 @@ def main() -> None:
         results[path] = train_deepspeed(path, args.steps)
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
-    dist.barrier()  # both ranks past their last collective before either tears down
-    dist.destroy_process_group()
+    end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
 if __name__ == "__main__":

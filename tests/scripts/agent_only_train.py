@@ -20,6 +20,8 @@ import torch.distributed as dist
 from zeroscope.agent.api import telemetry
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
+_HELD: list[object] = []
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -86,7 +88,11 @@ def main() -> None:
         )
         if args.chatter and rank == 0:
             _chatter(step + 1, args.steps, float(loss), args.chatter)
-    dist.barrier()  # as examples/train_gpt.py's end_process_group: torch's gloo teardown abort
+    # The end of tests/jobs/teardown.py (this script runs without the repository on its path):
+    # a barrier whose Work is kept, past torch's gloo teardown abort.
+    work = dist.barrier(async_op=True)
+    work.wait()
+    _HELD.append(work)
     dist.destroy_process_group()
 
 
