@@ -25,7 +25,7 @@ def exit_of_rank_0(log: str) -> tuple[int, str]:
 
     It raises (exit code 1), but torch's gloo teardown can then abort it at the interpreter's
     exit (its process group is still up): "terminate called without an active exception",
-    SIGABRT. Rare (none in 120 runs here; once in a clean-clone run under load) and torch's,
+    SIGABRT. Rare (none in 60 runs here; once in a clean-clone run under load) and torch's,
     not the job's or zeroscope's; zeroscope must then say the error and the signal."""
     if "failed (exitcode: -6) local_rank: 0" in log:
         return 134, " (then killed by SIGABRT)"
