@@ -147,9 +147,10 @@ def install() -> None:
         time_backward(out)
         return out
 
-    compiled.OWNERS.append(lambda module: isinstance(module, DistributedDataParallel))
-    compiled.ORIGINAL_FORWARD.append(
-        lambda module: forward if isinstance(module, DistributedDataParallel) else None
+    compiled.register(compiled.OWNERS, lambda module: isinstance(module, DistributedDataParallel))
+    compiled.register(
+        compiled.ORIGINAL_FORWARD,
+        lambda module: forward if isinstance(module, DistributedDataParallel) else None,
     )
     __init__.__doc__ = init.__doc__
     forward_.__doc__ = forward.__doc__

@@ -222,9 +222,10 @@ def install_param_group(module: ModuleType) -> None:
 
 
 def install() -> None:
-    compiled.OWNERS.append(_compiled_root)
-    compiled.BEFORE_FORWARD.append(
-        lambda module: _find_compiled_root(module) if _compiled_root(module) else None
+    compiled.register(compiled.OWNERS, _compiled_root)
+    compiled.register(
+        compiled.BEFORE_FORWARD,
+        lambda module: _find_compiled_root(module) if _compiled_root(module) else None,
     )
     from . import postimport
     from .install import guarded
