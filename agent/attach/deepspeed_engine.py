@@ -247,8 +247,12 @@ def install(module: ModuleType) -> None:
     )
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
         s = SESSION
+        s.building += 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            s.building -= 1
         if not s.passive:
             s.claim_source("deepspeed")
             s.found(DeepSpeedReader(self))

@@ -103,6 +103,10 @@ class AttachSession:
         """A wrapper around the engine (``hf-trainer``), named before it in the header."""
         self.errors = 0
         self.steps = 0
+        self.building = 0
+        """Engines under construction now: DeepSpeed's runs its optimizer's ``step()`` to make
+        the optimizer state (the fp16 and bf16 optimizers, with zero gradients), which is no
+        training step; the plain loop's optimizer hooks leave it alone."""
         self._hello_for: tuple[int, str] | None = None
         self._optimizer: Any = None  # weakref to the primary torch optimizer
         self.model: Any = None

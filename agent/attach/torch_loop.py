@@ -110,7 +110,7 @@ def optimizer_state(census: Census, optimizer: Any) -> None:
 
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s = SESSION
-    if s.passive or s.primary_optimizer(optimizer) is not optimizer:
+    if s.passive or s.building or s.primary_optimizer(optimizer) is not optimizer:
         return
     s.claim_source("optimizer")
     if s.reader is None or not s.reader.alive():
@@ -122,7 +122,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 def _post_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s = SESSION
-    if not s.drives("optimizer") or s.primary_optimizer() is not optimizer:
+    if s.building or not s.drives("optimizer") or s.primary_optimizer() is not optimizer:
         return
     s.exit("optimizer")
     s.end_step("optimizer", lr=learning_rate(optimizer))

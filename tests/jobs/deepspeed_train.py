@@ -61,7 +61,13 @@ def train(config_path: str, steps: int) -> dict:
         record["scale"].append(float(scale) if scale is not None else None)
         record["global_steps"].append(engine.global_steps)
     # DeepSpeed's own grouping: the element count of each parameter, per flat group, in order.
-    groups = getattr(engine.optimizer, "bit16_groups", None) or engine.optimizer.fp16_groups
+    # (ZeRO-1/2's bit16_groups, the stage-0 fp16 optimizer's fp16_groups, bf16's bf16_groups)
+    opt = engine.optimizer
+    groups = next(
+        g
+        for name in ("bit16_groups", "fp16_groups", "bf16_groups")
+        if (g := getattr(opt, name, None))
+    )
     record["groups"] = [[int(getattr(p, "ds_numel", p.numel())) for p in g] for g in groups]
     engine.destroy()
     return record
