@@ -178,6 +178,41 @@ def test_loss_scale_view_axis_skips_and_event_levels() -> None:
     assert {e.event: level for e, level in view.events} == {"overflow": "warn", "nan_loss": "bad"}
 
 
+def test_the_summary_table_shows_host_memory_when_something_was_offloaded() -> None:
+    from zeroscope.agent.schema import MemoryBytes
+    from zeroscope.commands.summary import format_table
+    from zeroscope.state.viewmodel import run_report
+
+    def step(rank: int, s: int, host_optim: int) -> StepReport:
+        memory = MemoryBytes(
+            params=2000,
+            grads=0,
+            optim=0,
+            host_grads=4000 if host_optim else 0,
+            host_optim=host_optim,
+        )
+        return StepReport(rank=rank, step=s, wall_ns=s * NS, duration_s=1.0, memory=memory)
+
+    def table(host_optim: int) -> list[str]:
+        state = _state(
+            [*_hellos(None), *(step(r, s, host_optim * (r + 1)) for s in (1, 2) for r in (0, 1))]
+        )
+        report = run_report(state)
+        return format_table(
+            {**report, "trace": "t", "step_range": "1-2", "events": 0, "missing_ranks": []}
+        ).splitlines()
+
+    import re
+
+    lines = table(6000)
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[2:]]
+    col = cells[0].index("host peak")
+    rows = {row[0]: row for row in cells[1:] if len(row) == len(cells[0])}
+    # Offloaded G + O of each rank (4 kB + 6 kB, 4 kB + 12 kB); the cluster's, the larger.
+    assert [rows[r][col] for r in ("0", "1", "all")] == ["10.0KB", "16.0KB", "16.0KB"]
+    assert "host peak" not in "\n".join(table(0)[:3])  # nothing offloaded: no host column
+
+
 def test_price_words_sign_is_saves_or_costs() -> None:
     # The advice's saving is in milliseconds and bytes; a negative one is a cost.
     assert price_words(12.0, None) == ["saves 12.0 ms/step"]

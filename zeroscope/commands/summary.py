@@ -105,6 +105,9 @@ def _exposed(row: dict[str, Any]) -> str:
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    # The host column when something was offloaded: an offloaded run's G and O on the device
+    # read 0B, and what moved to host memory was only in --json.
+    host = any(r.get("host_peak") for r in summary["ranks"])
     head = (
         "rank",
         "steps",
@@ -113,6 +116,7 @@ def format_table(summary: dict[str, Any]) -> str:
         "G peak",
         "O peak",
         "A peak",
+        *(("host peak",) if host else ()),
         "comm/step",
         "exposed%",
         "busbw GB/s",
@@ -130,6 +134,7 @@ def format_table(summary: dict[str, Any]) -> str:
                 _bytes(r["grads_peak"]),
                 _bytes(r["optim_peak"]),
                 _bytes(r["activations_peak"]),
+                *((_bytes(r["host_peak"]),) if host else ()),
                 _bytes(r["comm_bytes_per_step"]),
                 _exposed(r),
                 _rate(r["busbw_bytes_s"]),
@@ -153,7 +158,9 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     lines.append(
         "all: steps, step ms, exposed% and overflows of the cluster; P/G/O/A peak = max over "
-        "ranks; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
+        "ranks"
+        + ("; host peak = offloaded P+G+O in host memory, max over ranks" if host else "")
+        + "; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
         "! exposed above the alert's threshold"
     )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
