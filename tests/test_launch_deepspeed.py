@@ -120,6 +120,17 @@ def test_the_script_prints_what_it_prints_under_deepspeed(runs: dict) -> None:
     }
 
 
+def test_the_launchers_output_names_no_variable_zeroscope_sets(runs: dict) -> None:
+    """DeepSpeed's launch.py logs every environment variable whose name holds "NCCL": the
+    attach's switches are set in each rank's process, never in the launcher's, so its lines
+    are those of the run without zeroscope."""
+    from zeroscope.agent.attach.flight_recorder import BUFFER_ENV, TIMING_ENV
+
+    for name in (TIMING_ENV, BUFFER_ENV):
+        ours, theirs = (runs[k].stdout + runs[k].stderr for k in ("zeroscope", "deepspeed"))
+        assert ours.count(name) == theirs.count(name), name
+
+
 def test_the_trace_has_both_ranks_and_every_step(runs: dict) -> None:
     trace = read_trace(runs["trace"])
     assert sorted(r for r in trace if r >= 0) == [0, 1]

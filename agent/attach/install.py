@@ -24,6 +24,38 @@ _claimed: list[bool] = []
 """Set when the job asked the agent API for its reporter: hooks that fire later do nothing."""
 
 
+LAUNCHER_MODULES = frozenset(
+    {
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "deepspeed.launcher.runner",
+        "deepspeed.launcher.launch",
+        "accelerate.commands.launch",
+        "accelerate.commands.accelerate_cli",
+        "zeroscope.run.torchrun_main",  # ``zeroscope run``'s supervised torchrun
+        "zeroscope.run.deepspeed_main",  # and DeepSpeed's runner
+    }
+)
+LAUNCHER_SCRIPTS = frozenset({"torchrun", "deepspeed", "accelerate"})
+
+
+def launcher_process(argv: list[str] | None = None) -> bool:
+    """Whether this interpreter runs a launcher (torchrun, DeepSpeed's runner and launch,
+    ``accelerate launch``) rather than a rank: ``argv`` is the interpreter's own command line
+    (``sys.orig_argv``, set before the bootstrap runs). A launcher creates no process group, and
+    what it holds in its environment it may print: DeepSpeed's launch.py logs every variable
+    whose name holds "NCCL", so the timing switch set there was a line of the job's output
+    that a run without zeroscope does not have. Each rank sets it in its own process."""
+    args = list(sys.orig_argv if argv is None else argv)[1:]
+    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        flag = args.pop(0)  # the interpreter's own flags (-u, -X dev, ...)
+        if flag in ("-X", "-W") and args:
+            args.pop(0)
+    if len(args) >= 2 and args[0] == "-m":
+        return args[1] in LAUNCHER_MODULES
+    return bool(args) and args[0].rsplit("/", 1)[-1] in LAUNCHER_SCRIPTS
+
+
 def _stand_down() -> None:
     _claimed.append(True)
     session = sys.modules.get(__package__ + ".session")
@@ -98,7 +130,8 @@ def install() -> None:
 
     from .flight_recorder import configure_environment
 
-    configure_environment()  # before the job creates its process groups
+    if not launcher_process():
+        configure_environment()  # before the job creates its process groups
 
     api.on_claim(_stand_down)
     postimport.when_imported("torch.distributed", _torch_ready)
