@@ -1,7 +1,9 @@
 """The shape of a script started by the ``deepspeed`` launcher: it takes ``--local_rank`` (the
 launcher passes it), ``deepspeed.add_config_arguments`` and ``init_distributed``; each rank
 prints one ``LOSS`` line per step (what tests compare between launchers) and the launcher's
-``--local_rank`` beside ``LOCAL_RANK``."""
+``--local_rank`` beside ``LOCAL_RANK``. It ends its process group as the test jobs do
+(tests/jobs/teardown.py): the reference run under the bare launcher aborted at exit in torch's
+gloo teardown one time in three ("terminate called without an active exception")."""
 
 import argparse
 import os
@@ -10,6 +12,8 @@ import sys
 import deepspeed
 import torch
 from torch import nn
+
+from tests.jobs.teardown import end_process_group
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int, default=-1)
@@ -34,3 +38,4 @@ for step in range(1, args.steps + 1):
         f"local_rank_arg {args.local_rank} LOCAL_RANK {os.environ.get('LOCAL_RANK')}\n"
     )
     sys.stdout.flush()
+end_process_group()
