@@ -15,6 +15,13 @@ decompositions, which moved a Llama's gradients; agent/flops.py says which). Lat
 the same input shapes reuse the count; a step with new shapes is counted again, at most
 ``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
 after which a step of uncounted shapes has its FLOPs NA with the reason.
+
+Reuse assumes a model's work follows its input shapes, which a model whose work follows its
+data breaks: a masked-LM head run over the masked positions only, a mixture of experts'
+routing. So the first time a counted shape comes back, that step is counted once more (one
+such check per model, outside ``MAX_COUNTS``): equal, the reuse stands; different, no count is
+reused from then on (steps not counted have FLOPs NA, with both counts in the reason), and
+the step's own count is kept. One check can miss data that differs only sometimes.
 ``ZEROSCOPE_FLOPS=0`` turns the count off (FLOPs and MFU NA with that reason; tokens are still
 counted).
 """
@@ -151,6 +158,11 @@ class WorkMeter:
         self._counter: Any = None
         self._counted: dict[tuple[tuple[int, ...], ...], tuple[float, int]] = {}
         self._counted_first: set[tuple[int, ...]] = set()
+        self._checked = False
+        """A counted shape came back and its step was counted again (one check per model)."""
+        self._checking = False
+        self._varies = ""
+        """Why no count is reused: the check found the model's work changed with its data."""
         self._kinds: dict[Any, tuple[int, int] | str] = {}
         self.errors = 0
 
@@ -164,6 +176,7 @@ class WorkMeter:
                 self._shape = model_shape(module)
                 self._counted.clear()
                 self._counted_first.clear()
+                self._checked, self._varies = False, ""
                 self._na_flops = ""
                 if self.enabled:  # the peak only divides counted FLOPs: no probe without them
                     p = next(module.parameters(), None)
@@ -187,11 +200,13 @@ class WorkMeter:
                     self._masks.append(DeferredScalar(mask.detach().sum()))
             first = not self._shapes
             self._shapes.append(shape)
-            if first and self._due(shape) and not self._compiled(module):
-                counter = StepFlops()
-                counter.__enter__()
-                self._counter = counter
-                self._counted_first.add(shape)
+            if first and self._counter is None:
+                due, check = self._due(shape), self._check_due(shape)
+                if (due or check) and not self._compiled(module):
+                    counter = StepFlops()
+                    counter.__enter__()
+                    self._counter, self._checking = counter, check and not due
+                    self._counted_first.add(shape)
         except Exception:
             self.errors += 1
 
@@ -218,10 +233,20 @@ class WorkMeter:
             and len(self._counted) < MAX_COUNTS
         )
 
+    def _check_due(self, first_shape: tuple[int, ...]) -> bool:
+        """A counted shape is back: count it again, once (see the module docstring)."""
+        return (
+            self.enabled
+            and not self._na_flops
+            and not self._checked
+            and first_shape in self._counted_first
+        )
+
     def take(self, step: int) -> tuple[Any, ...] | None:
         """The step's raw facts (None when no forward was seen in it), and a fresh step."""
         flops: tuple[float, int] | None = None
         counter, self._counter = self._counter, None
+        checking, self._checking = self._checking, False
         key = tuple(self._shapes)
         if counter is not None:
             try:
@@ -232,16 +257,18 @@ class WorkMeter:
                     )
                 else:
                     flops = (float(counter.total), step)
+                    if checking:
+                        self._compare(self._counted.get(key), flops)
                     self._counted[key] = flops
             except Exception:
                 self.errors += 1
         if not self._shapes:
             return None
-        if flops is None:
+        if flops is None and not self._varies:
             flops = self._counted.get(key)
         why = self._na
-        if flops is None and self._na_flops:
-            why = why or self._na_flops
+        if flops is None and (self._na_flops or self._varies):
+            why = why or self._na_flops or self._varies
         if flops is None:
             why = why or (
                 "FLOPs not counted: the count is off (ZEROSCOPE_FLOPS=0)"
@@ -253,6 +280,16 @@ class WorkMeter:
         facts = (self._positions if not self._na else None, self._seq, masks, flops, why)
         self._positions, self._seq, self._masks, self._shapes, self._na = 0, None, [], [], ""
         return (*facts, peak, source, self._shape)
+
+    def _compare(self, before: tuple[float, int] | None, now: tuple[float, int]) -> None:
+        """The check's count against the earlier count of the same shapes."""
+        self._checked = True
+        if before is not None and before[0] != now[0]:
+            self._varies = (
+                "FLOPs not counted: this model's work changes with its data at equal input "
+                f"shapes (step {before[1]} counted {before[0]:.4g}, step {now[1]} {now[0]:.4g}), "
+                "so no count is reused"
+            )
 
 
 def work_report(facts: tuple[Any, ...]) -> Work:

@@ -157,12 +157,48 @@ def test_meter_counts_once_per_shape_and_again_when_shapes_change() -> None:
     model, meter = KnownGPT(seq=16), WorkMeter()
     idx = torch.randint(0, 64, (2, 16))
     first = _step(meter, model, 1, idx, idx)
-    again = _step(meter, model, 2, idx, idx)
-    assert first.flops == again.flops == sum(closed_form(32, seq=16)) and again.flops_step == 1
+    again = _step(meter, model, 2, idx, idx)  # the shape is back: counted again, once
+    assert first.flops == again.flops == sum(closed_form(32, seq=16)) and again.flops_step == 2
+    reused = _step(meter, model, 3, idx, idx)
+    assert reused.flops == first.flops and reused.flops_step == 2
     short = torch.randint(0, 64, (2, 8))
-    recounted = _step(meter, model, 3, short, short)
-    assert recounted.flops_step == 3 and recounted.flops == sum(closed_form(16, seq=8))
+    recounted = _step(meter, model, 4, short, short)
+    assert recounted.flops_step == 4 and recounted.flops == sum(closed_form(16, seq=8))
     assert recounted.tokens == 16
+
+
+class _MaskedHead(torch.nn.Module):
+    """Work that follows the data, not the shapes: the head runs over the even ids only (a
+    masked-LM head over the masked positions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        return self.head(h[ids % 2 == 0]).pow(2).mean() + h.mean()
+
+
+def test_a_model_whose_work_follows_its_data_reuses_no_count() -> None:
+    torch.manual_seed(0)
+    model, meter = _MaskedHead(), WorkMeter()
+
+    def ids(even: int) -> torch.Tensor:  # 2 x 8 positions, ``even`` of them even ids
+        flat = torch.tensor([2] * even + [1] * (16 - even))
+        return flat.reshape(2, 8)
+
+    def head(n: int) -> float:  # the head's matmuls: forward, input and weight gradients
+        return 3 * 2.0 * n * 16 * 32
+
+    first = _step(meter, model, 1, ids(12))
+    second = _step(meter, model, 2, ids(4))  # same shape: the check counts it, and differs
+    assert (first.flops, second.flops) == (head(12), head(4)), (first, second)
+    assert second.flops_step == 2
+    third = _step(meter, model, 3, ids(12))
+    assert third.flops is None and third.tokens == 16
+    assert "changes with its data" in third.na and "step 1" in third.na and "step 2" in third.na
 
 
 def test_meter_counts_up_to_its_budget_then_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
