@@ -96,6 +96,24 @@ def test_summary_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "busbw GB/s" in table and "all" in table and "NA" in table
 
 
+def test_the_step_range_is_the_steps_reported_not_the_one_a_crash_was_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "crash.zst"
+    build(path)  # steps 1 and 2 reported by both ranks
+    w = TraceWriter(path, job_id="synthetic")
+    # Rank 1 then crashed in step 3: its error and Bye carry the step it was in.
+    for m in (
+        Event(rank=1, step=3, wall_ns=3 * 10**9, event="error", message="RuntimeError: boom"),
+        schema.Bye(rank=1, step=3, wall_ns=3 * 10**9, exit_code=1),
+    ):
+        w.append(m, schema.encode(m))
+    w.close()
+    assert main(["summary", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_range"] == [1, 2] and out["total"]["steps"] == 2
+
+
 def test_export_chrome_is_loadable_trace_event_json(tmp_path: Path) -> None:
     path = tmp_path / "s.zst"
     build(path)

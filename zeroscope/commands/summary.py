@@ -36,7 +36,7 @@ def state_of(path: Path) -> tuple[Any, dict[str, Any]]:
 
     with TraceReader(path) as reader:
         state = state_of_trace(reader)
-        steps = reader.steps()
+        steps = reader.steps("step")  # the steps reported, not the one a crash was in
         facts = {
             "trace": str(path),
             "job_id": reader.job_id or state.job_id,

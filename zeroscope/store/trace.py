@@ -374,9 +374,16 @@ class TraceReader:
         except (sqlite3.DatabaseError, ValueError) as exc:
             raise TraceError(f"{self.path}: corrupt trace ({exc})") from None
 
-    def steps(self) -> tuple[int, int] | None:
-        """(first, last) step recorded, or None when no step-bearing message exists."""
-        (row,) = self._fetch("SELECT MIN(step), MAX(step) FROM messages WHERE step IS NOT NULL")
+    def steps(self, kind: str | None = None) -> tuple[int, int] | None:
+        """(first, last) step recorded, or None when no step-bearing message exists; ``kind``
+        (``"step"``): of that kind of message only. Without it the range holds the events and
+        byes of the step a rank was in when it stopped (replay shows them), which no rank
+        finished: a run whose ranks crashed in step 11 reported steps 1-10."""
+        where = "step IS NOT NULL" + ("" if kind is None else " AND kind = ?")
+        (row,) = self._fetch(
+            f"SELECT MIN(step), MAX(step) FROM messages WHERE {where}",
+            () if kind is None else (kind,),
+        )
         return None if row[0] is None else (int(row[0]), int(row[1]))
 
     def count(self, kind: str | None = None) -> int:
