@@ -103,6 +103,17 @@ def read_trace(path: Path) -> dict[int, RankTrace]:
     return ranks
 
 
+def write_configs(folder: Path, configs: dict[str, dict[str, Any]]) -> list[str]:
+    """Each ds_config as ``folder/<name>.json``; their paths, in order (a sweep script's
+    ``--configs``)."""
+    paths = []
+    for name, config in configs.items():
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps(config))
+        paths.append(str(path))
+    return paths
+
+
 def read_outputs(prefix: Path) -> list[dict[str, Any]]:
     return [json.loads(Path(f"{prefix}.{rank}").read_text()) for rank in range(2)]
 

@@ -16,7 +16,6 @@ steps; what it cannot show is fp16 *speed*, and bf16 has no loss scaler to check
 from __future__ import annotations
 
 import itertools
-import json
 import math
 
 import pytest
@@ -32,6 +31,7 @@ from tests.attach_support import (
     run_plain,
     run_zeroscope,
     segments,
+    write_configs,
 )
 
 # DeepSpeed takes tens of seconds to start each engine; two launches of four engines.
@@ -99,11 +99,7 @@ MICRO = {name: c.get("gradient_accumulation_steps", 1) for name, c in CONFIGS.it
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("ds-attach")
-    paths = []
-    for name, config in CONFIGS.items():
-        path = tmp / f"{name}.json"
-        path.write_text(json.dumps(config))
-        paths.append(str(path))
+    paths = write_configs(tmp, CONFIGS)
     env = job_env(FP16_ON_CPU)
     args = ["--configs", ",".join(paths), "--steps", str(STEPS)]
     run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=1500)

@@ -12,8 +12,6 @@ its ``global_steps`` and the exact loss of each step.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.attach_support import (
@@ -24,6 +22,7 @@ from tests.attach_support import (
     read_trace,
     run_zeroscope,
     segments,
+    write_configs,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -49,11 +48,7 @@ CONFIGS: dict[str, dict] = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("ds-stage0")
-    paths = []
-    for name, config in CONFIGS.items():
-        path = tmp / f"{name}.json"
-        path.write_text(json.dumps(config))
-        paths.append(str(path))
+    paths = write_configs(tmp, CONFIGS)
     args = ["--configs", ",".join(paths), "--steps", str(STEPS), "--out", str(tmp / "zs")]
     run_zeroscope(JOBS / "deepspeed_train.py", args, job_env(FP16_ON_CPU), tmp / "t.zstrace", 800)
     own = read_outputs(tmp / "zs")
