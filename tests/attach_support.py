@@ -39,14 +39,18 @@ that end through tests/jobs/teardown.py are past it; the rerun below stays for t
 DeepSpeed jobs leave their group to the interpreter) and for a torch that frees works otherwise."""
 
 
-def _run_job(
-    argv: list[str], env: dict[str, str], timeout: float, trace: Path | None = None
+def run_job(
+    argv: list[str],
+    env: dict[str, str],
+    timeout: float,
+    trace: Path | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a job; a run that failed only of torch's teardown abort (:data:`TEARDOWN_ABORT` in
     its output, or in the job's log next to ``trace`` under zeroscope) is run once more, and
     only that: any other failure, or the abort twice, is returned as it is."""
     log = trace.with_suffix(".log") if trace is not None else None
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     said = done.stdout + done.stderr + (log.read_text() if log and log.exists() else "")
     if done.returncode == 0 or TEARDOWN_ABORT not in said:
         return done
@@ -54,13 +58,13 @@ def _run_job(
     if trace is not None and log is not None:  # zeroscope never overwrites a trace
         for name in (trace.name, f"{trace.name}-wal", f"{trace.name}-shm", log.name):
             (trace.parent / name).unlink(missing_ok=True)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def run_plain(script: Path, args: list[str], env: dict[str, str], timeout: float) -> None:
     """The script under torchrun alone: the reference run."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
-    done = _run_job([*argv, *args], env, timeout)
+    done = run_job([*argv, *args], env, timeout)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -69,7 +73,7 @@ def run_zeroscope(
 ) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "2"]
     argv += ["--record", str(trace), str(script), *args]
-    done = _run_job(argv, env, timeout, trace)
+    done = run_job(argv, env, timeout, trace)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 

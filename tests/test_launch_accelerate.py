@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.attach_support import read_trace
+from tests.attach_support import read_trace, run_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -54,7 +54,9 @@ def _launch(plugin: str) -> list[str]:
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900)
+    # A finished run ended by torch's gloo teardown abort (and only that) is run again
+    # (tests/attach_support.py).
+    done = run_job(argv, _env(), 900, cwd=cwd)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
