@@ -162,15 +162,6 @@ class Publisher:
         """Encode and send ``messages`` in order, as few ZeroMQ messages as possible (at most
         ``MAX_BATCH`` each), without blocking; returns how many went (the rest are counted as
         dropped). The drop count rides on the first StepReport or Heartbeat of the batch."""
-        # The connection events first: a reconnection already made (a restarted collector)
-        # sends the Hello ahead of these reports. The sampler thread reads them on its own
-        # turn, after its drain; a job that ended before that turn (its last reports in the
-        # final drain) never re-announced itself to the new collector.
-        try:
-            with self._monitor_lock:
-                self._read_monitor_locked(0.0)
-        except Exception:
-            self.errors += 1
         sent = 0
         for start in range(0, len(messages), MAX_BATCH):
             sent += self._send_chunk(messages[start : start + MAX_BATCH])

@@ -181,38 +181,6 @@ def test_publisher_survives_a_collector_restart_on_the_same_port() -> None:
     assert col2.dropped_by_agents == pub.dropped
 
 
-def test_reports_after_an_unseen_reconnection_follow_the_hello() -> None:
-    """A collector restarted while the rank sent nothing (a job held, or between two drains):
-    the first reports after the reconnection go with the Hello ahead of them, though no
-    connection check ran in between (the sampler thread's turn comes after its drain, and a
-    job's final drain may be its last send)."""
-    import psutil
-
-    col = Collector().start()
-    port = int(col.ingest_address.rsplit(":", 1)[1])
-    pub = Publisher(col.ingest_address)
-    pub.set_sticky(hello(0))
-    send_until(pub, report(1))
-    col.stop()
-    col2 = Collector(port=port)
-    got: list[Message] = []
-    col2.add_listener(got.append)
-
-    def reconnected() -> bool:  # the old connection's end precedes a new one in the events
-        return any(
-            c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
-            for c in psutil.Process().net_connections(kind="tcp")
-        )
-
-    with col2:
-        assert wait_for(reconnected, 10)
-        assert pub.send_batch([report(2), report(3)]) == 2
-        assert wait_for(lambda: len(got) >= 3)
-    pub.close()
-    assert got[0] == hello(0)
-    assert [m.step for m in got[1:] if isinstance(m, StepReport)] == [2, 3]
-
-
 @pytest.mark.parametrize("extra", [0, 3])
 def test_reports_sent_before_the_collector_answers_arrive_after_the_hello(extra: int) -> None:
     """Start-up: the collector is not there yet. The first EARLY_HOLD messages are held and
