@@ -415,11 +415,12 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self.sampler.stop(0.2 if hurry else 2.0)
             pub = self.publisher
             pub.poll_connection()  # the sampler may not have seen the last events yet
-            if not hurry and pub.reached and not pub.connected and not pub.refused:
+            if not hurry and pub.reached and not pub.refused:
                 # The collector went away mid-run (restarted, or its host rebooted): its
                 # successor may be up already, ZeroMQ redialling on its backoff. The last
-                # reports and the Bye go only over a live connection, so give it a moment.
-                pub.wait_connected(RECONNECT_WAIT_S)
+                # reports and the Bye go only over a live connection, so give it a moment
+                # (at once when one is up: the socket is writable).
+                pub.wait_live(RECONNECT_WAIT_S)
             with contextlib.suppress(Exception):
                 if hurry:
                     self._outbox.drain(block=False, wait_s=0.2)

@@ -294,6 +294,24 @@ class Publisher:
             self.poll_connection(min(left, 0.05))
         return self.connected
 
+    def wait_live(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` s for a connection a message can go out on (end of run only,
+        the sampler thread stopped). With ``IMMEDIATE`` the socket is writable exactly when one
+        is up; ``connected`` alone can be stale: the events of a collector that died and came
+        back while the process was held (SIGSTOP) may not have been read, or not yet made."""
+        deadline = time.monotonic() + timeout
+        while not self.closed and not self.refused:
+            with self._lock:
+                sock = self._socket
+                live = sock is not None and bool(sock.poll(0, zmq.POLLOUT))
+            if live:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.poll_connection(min(left, 0.05))
+        return False
+
     @property
     def hello_pending(self) -> bool:
         return self._sticky_pending

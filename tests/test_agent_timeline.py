@@ -49,6 +49,9 @@ class Sink:
     def poll_connection(self) -> None:
         pass
 
+    def wait_live(self, timeout: float) -> bool:
+        return True  # always up
+
     def close(self) -> None:
         pass
 

@@ -181,6 +181,33 @@ def test_publisher_survives_a_collector_restart_on_the_same_port() -> None:
     assert col2.dropped_by_agents == pub.dropped
 
 
+def test_the_last_reports_wait_for_a_restarted_collectors_connection() -> None:
+    """A collector killed and restarted while the rank was held (SIGSTOP in the demo's fault
+    test): the rank's connection state still says "connected" (the events of the loss and
+    the redial not read, or not made yet), so the end of its run, which waited only for a
+    rank it knew had lost its collector, sent its last reports and Bye into no connection
+    (the restarted collector got nothing from that rank). ``wait_live`` waits until a message
+    can go: with ZeroMQ's IMMEDIATE, until the socket is writable."""
+    col = Collector().start()
+    port = int(col.ingest_address.rsplit(":", 1)[1])
+    pub = Publisher(col.ingest_address)
+    pub.set_sticky(hello(0))
+    send_until(pub, report(1))
+    pub.poll_connection()
+    assert pub.connected
+    col.stop()  # no event read from here on: what the rank knows is stale
+    col2 = Collector(port=port)
+    got: list[Message] = []
+    col2.add_listener(got.append)
+    with col2:
+        assert pub.wait_live(10)
+        assert pub.send(report(2))
+        assert wait_for(lambda: len(got) >= 2)
+    pub.close()
+    assert got[0] == hello(0)
+    assert isinstance(got[1], StepReport) and got[1].step == 2
+
+
 @pytest.mark.parametrize("extra", [0, 3])
 def test_reports_sent_before_the_collector_answers_arrive_after_the_hello(extra: int) -> None:
     """Start-up: the collector is not there yet. The first EARLY_HOLD messages are held and
