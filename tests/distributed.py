@@ -25,12 +25,14 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import random
 import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing import forkserver, popen_forkserver
+from pathlib import Path
 from typing import Any
 
 _CTX = mp.get_context("forkserver")
@@ -98,11 +100,40 @@ class RankFailed(AssertionError):
     """A rank raised or died; the message carries its rank and traceback."""
 
 
+_PICK = random.SystemRandom()  # not the global generator: tests seed that one
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago on 127.0.0.1, drawn below the kernel's ephemeral
+    range. A port the kernel hands out for ``bind(0)`` comes from that range, which every
+    outgoing connection on the machine also draws its local port from (the suite's TCPStore
+    clients, ZeroMQ sockets, ssh): between this check and the job's own bind, a busy suite's
+    connection could take it, and a rank that dials a port its own connection holds can wait
+    on it for the store's whole timeout (a fresh-check saw rank 1 wait 115 s in
+    ``init_process_group``). Below the range only another listener can take it."""
+    low, _ = _ephemeral_range()
+    if low < 3072:  # no room below a range that starts this low: the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    for _ in range(200):
+        port = _PICK.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port below {low} after 200 tries")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """Linux's ephemeral port range (its default where the file cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def connected_publisher(address: str) -> Any:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.distributed import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -33,12 +35,6 @@ def sshd_available() -> bool:
         and shutil.which("ssh") is not None
         and shutil.which("ssh-keygen") is not None
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _keygen(path: Path) -> None:
@@ -157,7 +153,7 @@ def start_sshd(tmp: Path, *, allow_forwarding: bool = True) -> Sshd:
     _keygen(wrong)
     server = Sshd(
         dir=tmp,
-        port=_free_port(),
+        port=free_port(),
         key=key,
         wrong_key=wrong,
         user=getpass.getuser(),

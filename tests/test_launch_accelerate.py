@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import read_trace, run_job
+from tests.distributed import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -43,9 +43,7 @@ DS_CONFIG = {
 
 
 def _launch(plugin: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     return [
         *(sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"),
         *("--num_machines", "1", "--main_process_port", port, *PLUGINS[plugin]),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import read_trace
+from tests.distributed import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -40,9 +40,7 @@ def _env() -> dict[str, str]:
 
 
 def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return str(free_port())
 
 
 def _losses(stdout: str) -> list[str]:

@@ -12,13 +12,13 @@ is installed without moving torch, transformers or DeepSpeed)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.attach_support import read_trace
+from tests.distributed import free_port
 from tests.llama_factory_support import build_inputs, environment, interpreter, sft_yaml
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -28,9 +28,7 @@ STEPS = 3
 
 
 def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return str(free_port())
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ the recipe does. The independent answer: every task's rank is in the trace with 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import read_trace
+from tests.distributed import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -31,9 +31,7 @@ SERVE = [sys.executable, "-m", "zeroscope", "serve", "--record", "t.zstrace", "-
 
 
 def _serve_srun(tmp_path: Path, export: str) -> subprocess.CompletedProcess[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     task = TASK.format(port=port, python=sys.executable, train=TRAIN, steps=STEPS)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run(

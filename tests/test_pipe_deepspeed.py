@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+
+from tests.attach_support import run_job
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipe_tutorial.py"
 REWRITES = {
@@ -42,7 +43,7 @@ def _torchrun(script: Path, out: Path, ranks: int = 2, *args: str) -> dict:
     env.pop("ZEROSCOPE_COLLECTOR", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
     cmd += ["--master-port", str(_free_port()), str(script), "--steps", "4", "--out", str(out)]
-    proc = subprocess.run(cmd + list(args), env=env, capture_output=True, text=True, timeout=900)
+    proc = run_job(cmd + list(args), env, 900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(json.loads(out.read_text()))
 
