@@ -120,6 +120,45 @@ def test_a_run_divides_steps_reported_before_the_probe_ended_by_the_peak_found_l
     assert [r["mfu"] for r in out["ranks"]] == pytest.approx([4e12 * 2 / (4.0 * 1e14)] * 2)
 
 
+def test_a_runs_figures_rest_on_the_steps_that_measured_them_and_say_so() -> None:
+    # Variable-length batches: step 3's shape was past the agent's counts (FLOPs NA, tokens
+    # known), step 5's rank said no tokens either. The run's TFLOP/s and MFU are the counted
+    # steps' (2 and 4: 8e12 FLOPs in 4 s), tokens/s every step's that had tokens (2, 3, 4),
+    # each with how many steps it rests on and why the rest are out; none is NA.
+    state = _state(1)
+    uncounted = _work(flops=None, na="FLOPs not counted: a sixth input shape")
+    silent = _work(tokens=None, flops=None, positions=None, na="not a batch of sequences")
+    for step, seconds, work in (
+        (1, 9.0, _work()),
+        (2, 1.0, _work()),
+        (3, 5.0, uncounted),
+        (4, 3.0, _work()),
+        (5, 7.0, silent),
+    ):
+        state.ingest(_report(0, step, seconds, work))
+    out = run_report(state)
+    assert out["tflops_per_s"] == pytest.approx(8e12 / 4.0 / 1e12)
+    assert out["mfu"] == pytest.approx(8e12 / (4.0 * 1e14))
+    assert out["tokens_per_s"] == pytest.approx(300 / 9.0)
+    assert out["throughput_na"] == ""
+    over = out["throughput_over"]
+    assert "tokens/s over 3 of 4 steps (the rest: not a batch of sequences)" in over
+    assert "TFLOP/s and MFU over 2 of 4 steps (the rest: FLOPs not counted: a sixth" in over
+    line = next(x for x in summary_lines(state) if x.startswith("model throughput"))
+    assert "MFU 2.0%" in line and "TFLOP/s and MFU over 2 of 4 steps" in line
+    # Every step measured: nothing said; no step measured: NA with the reason, as before.
+    whole = _state(1)
+    for step in (1, 2, 3):
+        whole.ingest(_report(0, step, 1.0, _work()))
+    assert run_report(whole)["throughput_over"] == ""
+    none = _state(1)
+    for step in (1, 2, 3):
+        none.ingest(_report(0, step, 1.0, uncounted))
+    out = run_report(none)
+    assert out["mfu"] is None and out["tflops_per_s"] is None and out["throughput_over"] == ""
+    assert "sixth input shape" in out["throughput_na"]
+
+
 @pytest.mark.parametrize(
     ("works", "reason"),
     [

@@ -121,6 +121,7 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"model throughput {units.count(w.tokens_per_s)} tokens/s, "
             f"{units.flop_rate(w.tflops_per_s)}, MFU {units.fine_percent(w.mfu)}"
             + peak_text
+            + (f"; {w.over}" if w.over else "")
             + (f"; NA: {w.na}" if w.na else "")
         )
         peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total or 0)

@@ -127,7 +127,8 @@ def missing_rows(state: ClusterState) -> list[dict[str, Any]]:
 
 def throughput_fields(t: Throughput) -> dict[str, Any]:
     """Tokens/s, TFLOP/s and MFU with what they rest on (zeroscope.state.throughput); None is
-    NA and ``throughput_na`` says why."""
+    NA and ``throughput_na`` says why; ``throughput_over`` names a figure over a run that rests
+    on some of its steps, and why the rest are out."""
     return {
         "tokens_per_s": t.tokens_per_s,
         "tflops_per_s": t.tflops_per_s,
@@ -139,6 +140,7 @@ def throughput_fields(t: Throughput) -> dict[str, Any]:
         "flops_per_step": t.flops_per_step,
         "predicted_flops_per_step": t.predicted_flops_per_step,
         "throughput_na": t.na,
+        "throughput_over": t.over,
     }
 
 

@@ -52,6 +52,9 @@ class Throughput:
     """The closed form's (:func:`predicted_flops`)."""
     tokens_per_step: int | None = None
     na: str = ""
+    over: str = ""
+    """Figures over several steps: which rest on only some of them, and why the rest are out
+    (empty when each rests on every step, or is NA)."""
 
     @property
     def mfu_percent(self) -> float | None:
@@ -158,41 +161,74 @@ def reported_step(agg: StepAggregate) -> Throughput | None:
 
 
 def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
-    """Figures over several steps: each step's work summed, over the summed times."""
+    """Figures over several steps: each step's work summed, over the summed times of the steps
+    that measured it. A step whose FLOPs were not counted (a shape past the agent's counts, a
+    rank that said nothing) is left out of TFLOP/s and MFU, and one without tokens out of
+    tokens/s, rather than making the run's figure NA: a job with variable-length batches
+    counts most of its steps, not all. ``over`` then says how many steps each figure rests on
+    and why the rest are out; a figure no step measured stays NA with the reason."""
     if not points:
         return Throughput(na="no steady step yet")
-    steps = [of_step(works, seconds) for seconds, works in points]
-    seconds = sum(s for s, _ in points)
-    na = next((s.na for s in steps if s.na), "")
+    steps = [(of_step(works, seconds), seconds) for seconds, works in points if seconds > 0]
+    if not steps:
+        return Throughput(na="no step time")
+    tokens = [(s, t) for s, t in steps if s.tokens_per_step is not None]
+    counted = [(s, t) for s, t in steps if s.flops_per_step is not None]
+    peaked = [(s, t) for s, t in counted if s.peak_tflops is not None]
 
-    def total(values: list[float | int | None]) -> float | None:
-        return None if None in values or not values else float(sum(v for v in values if v))
+    def rate(part: list[tuple[Throughput, float]], value: str) -> float | None:
+        seconds = sum(t for _, t in part)
+        return sum(getattr(s, value) for s, _ in part) / seconds if part else None
 
-    tokens = total([s.tokens_per_step for s in steps])
-    flops = total([s.flops_per_step for s in steps])
-    peak_time = total(
-        [
-            None if s.peak_tflops is None else s.peak_tflops * 1e12 * t
-            for s, (t, _) in zip(steps, points, strict=True)
-        ]
-    )
-    last = steps[-1]
-    # flops / peak_time is MFU; as a rate: flops per second over the time-weighted peak.
-    mfu, na = _mfu(
-        None if flops is None or seconds <= 0 else flops / seconds,
-        None if peak_time is None or seconds <= 0 else peak_time / seconds,
-        na,
-    )
+    flops_per_s = rate(counted, "flops_per_step")
+    peak_s = sum(s.peak_tflops * 1e12 * t for s, t in peaked if s.peak_tflops is not None)
+    peak = peak_s / sum(t for _, t in peaked) if peaked else None
+    # flops / peak_time is MFU; as a rate: the counted steps' FLOP/s over their time-weighted peak.
+    mfu, mfu_na = _mfu(rate(peaked, "flops_per_step"), peak, _why(steps, peaked))
+    tokens_per_s = rate(tokens, "tokens_per_step")
+    reasons = [
+        _why(steps, tokens) if tokens_per_s is None else "",
+        _why(steps, counted) if flops_per_s is None else "",
+        mfu_na if mfu is None else "",
+    ]
+    last = steps[-1][0]
     return Throughput(
-        tokens_per_s=None if tokens is None or seconds <= 0 else tokens / seconds,
-        tflops_per_s=None if flops is None or seconds <= 0 else flops / seconds / 1e12,
+        tokens_per_s=tokens_per_s,
+        tflops_per_s=None if flops_per_s is None else flops_per_s / 1e12,
         mfu=mfu,
         peak_tflops=last.peak_tflops,
         peak_source=last.peak_source,
         flops_per_step=last.flops_per_step,
         predicted_flops_per_step=last.predicted_flops_per_step,
         tokens_per_step=last.tokens_per_step,
-        na=na,
+        na=next((r for r in reasons if r), ""),
+        over=_coverage(steps, tokens, counted, peaked),
+    )
+
+
+def _why(steps: list[tuple[Throughput, float]], part: list[tuple[Throughput, float]]) -> str:
+    """Why the steps outside ``part`` are out of its figure (the first one's reason)."""
+    used = {id(s) for s, _ in part}
+    return next((s.na for s, _ in steps if id(s) not in used and s.na), "not measured")
+
+
+def _coverage(
+    steps: list[tuple[Throughput, float]],
+    tokens: list[tuple[Throughput, float]],
+    counted: list[tuple[Throughput, float]],
+    peaked: list[tuple[Throughput, float]],
+) -> str:
+    """What the run's figures leave out, when they rest on some of the steps but not all (one
+    clause a figure; empty when each rests on every step or on none)."""
+    n = len(steps)
+    named: dict[tuple[int, ...], tuple[list[str], list[tuple[Throughput, float]]]] = {}
+    for name, part in (("tokens/s", tokens), ("TFLOP/s", counted), ("MFU", peaked)):
+        if 0 < len(part) < n:  # figures over the same steps share one clause
+            key = tuple(id(s) for s, _ in part)
+            named.setdefault(key, ([], part))[0].append(name)
+    return "; ".join(
+        f"{' and '.join(names)} over {len(part)} of {n} steps (the rest: {_why(steps, part)})"
+        for names, part in named.values()
     )
 
 

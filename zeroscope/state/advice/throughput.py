@@ -36,6 +36,8 @@ def throughput_evidence(advice: Advice, run: Throughput, step_s: float | None) -
     now = f"the run: {units.count(tokens)} tokens/s, MFU {units.fine_percent(mfu)}"
     if mfu is None:
         now += f" ({run.na or 'not measured'})"
+    if run.over:
+        now += f" ({run.over})"
     if not step_s or step_s * 1e3 <= advice.saves_ms:
         return now + " (steady steps)"
     scale = step_s / (step_s - advice.saves_ms / 1e3)
