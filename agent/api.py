@@ -125,6 +125,10 @@ class Telemetry:
         ``end_ns - start_ns`` (a host instant would be when the copy was queued, not when it
         ran; the live agent reads the event on its sender thread)."""
 
+    def number_steps_from(self, first: int) -> None:
+        """The job resumed from a checkpoint and its next step is ``first`` by its own count
+        (call it before that step ends): the reports number the steps as the job does."""
+
     def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """One micro-batch is about to enter ``module``'s forward (call it at each forward):
         the live agent takes the step's tokens from it and counts model FLOPs on one step

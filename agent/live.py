@@ -86,6 +86,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self.engine = engine
         self.errors = 0
         self.step = 1
+        self._base = 0  # the job's own number of its step 0 (a resumed run: number_steps_from)
         """The step in progress (the first StepReport is step 1)."""
         self.cuda = False
         self.device_index: int | None = None
@@ -124,7 +125,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self._layout: ParallelLayout | None = None
         self._hello: tuple[ConfigSummary | None, ParamCounts | None, str] = (None, None, "cpu")
         self._pipeline: PipelineStep | None = None
-        self._outbox = Outbox(publisher, lambda: self.step, rank, self._observe_step)
+        self._outbox = Outbox(publisher, lambda: self.step + self._base, rank, self._observe_step)
         self._host: HostSample | None = None
         self.sampler = Sampler(
             self._on_sample,
@@ -277,6 +278,15 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self._begin(start_ns)
         self.cost.ns += now_ns() - t0
 
+    def number_steps_from(self, first: int) -> None:
+        """The job resumed from a checkpoint: its next step is ``first`` by its own count
+        (DeepSpeed's ``global_steps + 1`` after ``load_checkpoint``), and every report, event,
+        heartbeat and Bye says the job's numbers from here. Only before the run's first step
+        ends, so a run's steps never go back or skip; the agent's own schedule (the first
+        steps counted, then every Nth) keeps counting this run's steps from 1."""
+        if self.step == 1 and first >= 1:
+            self._base = first - 1
+
     def model_inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         t0 = now_ns()
         self.work.inputs(module, args, kwargs, self.step)
@@ -288,7 +298,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self._outbox.put(
                 Event(
                     rank=self.rank,
-                    step=self.step,
+                    step=self.step + self._base,
                     wall_ns=time.time_ns(),
                     event=kind,
                     message=message,
@@ -323,7 +333,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
             counted = self._counted_this_step
             if counted:
                 self._counted_this_step = False
-                self._last_activations = (self._activations.take_peak(), self.step)
+                self._last_activations = (self._activations.take_peak(), self.step + self._base)
                 self._last_blocks = self._activations.take_blocks()
             make = self._device_event
             end_event = None if make is None else make()
@@ -341,7 +351,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self._outbox.put(
                 StepFacts(
                     rank=self.rank,
-                    step=self.step,
+                    step=self.step + self._base,
                     wall_ns=time.time_ns(),
                     end_ns=now,
                     end_event=end_event,
@@ -365,7 +375,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
                         host=self._host,
                     ),
                     overhead_ns=share,
-                    work=self.work.take(self.step),
+                    work=self.work.take(self.step + self._base),
                 ),
                 now,
             )
@@ -401,7 +411,9 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self._host = sample
         self._outbox.add(
             # A heartbeat belongs to the last completed step (0 before the first), like Bye.
-            Heartbeat(rank=self.rank, step=self.step - 1, wall_ns=time.time_ns(), host=sample)
+            Heartbeat(
+                rank=self.rank, step=self.step - 1 + self._base, wall_ns=time.time_ns(), host=sample
+            )
         )
 
     def close(self, exit_code: int = 0, message: str = "", *, hurry: bool = False) -> None:
@@ -430,7 +442,7 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self.publisher.send(
                 Bye(
                     rank=self.rank,
-                    step=self.step - 1,
+                    step=self.step - 1 + self._base,
                     wall_ns=time.time_ns(),
                     exit_code=exit_code,
                     message=message,

@@ -341,5 +341,7 @@ def load_checkpoint(
         engine.global_samples = model["global_samples"]
         engine.skipped_steps = model["skipped_steps"]
         engine.micro_steps = model["micro_steps"]
+        # The resumed run's steps are numbered on from the checkpoint's, as DeepSpeed's are.
+        engine.reporter.tel.number_steps_from(engine.global_steps + 1)
     engine.reporter.tel.event("checkpoint", f"loaded {path}")
     return str(path), model["client_state"]

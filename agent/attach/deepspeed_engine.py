@@ -245,6 +245,7 @@ def install(module: ModuleType) -> None:
         engine_cls.backward,
         engine_cls.step,
     )
+    load: Any = getattr(engine_cls, "load_checkpoint", None)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         s = SESSION
@@ -289,6 +290,18 @@ def install(module: ModuleType) -> None:
             _step_end(self, skipped, scale)
         return out
 
+    def load_checkpoint_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = load(self, *args, **kwargs)
+        s = SESSION
+        if s.drives("deepspeed"):
+            # A resumed run: its steps are numbered as DeepSpeed numbers them (global_steps
+            # 21, 22, ... after a checkpoint of step 20), not from 1 again.
+            try:
+                s.number_steps_from(int(self.global_steps) + 1)
+            except Exception:
+                s.errors += 1
+        return out
+
     __init__.__doc__ = init.__doc__
     forward_.__doc__ = forward.__doc__
     backward_.__doc__ = backward.__doc__
@@ -297,6 +310,9 @@ def install(module: ModuleType) -> None:
     patches.replace(engine_cls, "forward", forward_)
     patches.replace(engine_cls, "backward", backward_)
     patches.replace(engine_cls, "step", step_)
+    if load is not None:
+        load_checkpoint_.__doc__ = load.__doc__
+        patches.replace(engine_cls, "load_checkpoint", load_checkpoint_)
 
 
 def _step_end(engine: Any, skipped_before: int, scale_before: float | None) -> None:

@@ -39,6 +39,13 @@ def install(module: ModuleType) -> None:
     class ZeroscopeCallback(TrainerCallback):
         """Added by zeroscope's attach: reports each optimizer step (see zeroscope.agent.attach)."""
 
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            # resume_from_checkpoint: the state was loaded; the steps go on from its count
+            # (under DeepSpeed, the engine's load_checkpoint says the same).
+            steps = getattr(state, "global_step", 0)
+            if SESSION.drives("hf-trainer") and isinstance(steps, int) and steps > 0:
+                SESSION.number_steps_from(steps + 1)
+
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             _events.add("pre")
             SESSION.before_step("hf-trainer")

@@ -131,6 +131,8 @@ class AttachSession:
         """The training thread's CPU in this step's census so far."""
         self._phases = 0
         """Phases timed in this step so far (at most :data:`MAX_PHASES_PER_STEP`)."""
+        self._first_step = 0
+        """A resumed job's own number of its next step, said before the agent started."""
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -148,6 +150,20 @@ class AttachSession:
                 collectives.LOG.clear()
         self._check_private(reader)
         self._start()
+
+    def number_steps_from(self, first: int) -> None:
+        """The job resumed from a checkpoint and numbers its next step ``first`` (DeepSpeed's
+        ``global_steps + 1`` after ``load_checkpoint``, the HF Trainer's ``global_step + 1``
+        at ``on_train_begin``): the reports number the steps as the job's own log does."""
+        if self.passive:
+            return
+        if self.tel is None:
+            self._first_step = first
+            return
+        try:
+            self.tel.number_steps_from(first)
+        except Exception:
+            self.errors += 1
 
     def _check_private(self, reader: EngineReader) -> None:
         try:
@@ -186,6 +202,8 @@ class AttachSession:
             tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
         api.set_telemetry(tel)
         self.tel = tel
+        if self._first_step:
+            self.number_steps_from(self._first_step)
         for part, reason in self._lost.items():
             tel.event("info", f"zeroscope lost {part}: {reason}")
 

@@ -31,13 +31,15 @@ def build_model() -> torch.nn.Module:
     )
 
 
-def train(config_path: str, steps: int) -> dict:
+def train(config_path: str, steps: int, save: str = "", load: str = "") -> dict:
     with open(config_path) as f:
         config = json.load(f)
     model = build_model()
     engine, _, _, _ = deepspeed.initialize(
         model=model, config=config, model_parameters=model.parameters()
     )
+    if load:  # a resumed run: DeepSpeed's own checkpoint of an earlier launch
+        engine.load_checkpoint(load)
     dtype = (
         torch.bfloat16
         if engine.bfloat16_enabled()
@@ -69,6 +71,8 @@ def train(config_path: str, steps: int) -> dict:
         if (g := getattr(opt, name, None))
     )
     record["groups"] = [[int(getattr(p, "ds_numel", p.numel())) for p in g] for g in groups]
+    if save:
+        engine.save_checkpoint(save)
     engine.destroy()
     return record
 
@@ -78,10 +82,14 @@ def main() -> None:
     parser.add_argument("--configs", required=True, help="comma-separated ds_config paths")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True, help="JSON file prefix (.RANK is appended)")
+    parser.add_argument("--save", default="", help="a checkpoint directory, written at the end")
+    parser.add_argument("--load", default="", help="a checkpoint directory to resume from")
     args = parser.parse_args()
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    results = {path: train(path, args.steps) for path in args.configs.split(",")}
+    paths = args.configs.split(",")
+    assert len(paths) == 1 or not (args.save or args.load), "--save/--load take one config"
+    results = {path: train(path, args.steps, args.save, args.load) for path in paths}
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
         json.dump(results, f)
 
