@@ -3,7 +3,7 @@ saying so where theirs would have been (zeroscope/state/lines.py ``step_lines``)
 
 from __future__ import annotations
 
-from zeroscope.agent.schema import StepReport
+from zeroscope.agent.schema import StepReport, Work
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_lines
 
@@ -52,3 +52,27 @@ def test_contiguous_steps_get_only_their_own_lines() -> None:
     msgs = [report(r, s) for s in range(1, 6) for r in (0, 1)]
     lines = lines_of(state, msgs)
     assert [int(ln.split()[1]) for ln in lines] == [1, 2, 3, 4, 5]
+
+
+def test_why_a_steps_throughput_is_na_is_said_once_a_reason_under_its_first_line() -> None:
+    """The peak probe still running (steps 1-2), then counted steps, then a shape past the FLOP
+    counts (step 4, 5): each reason once, under the first step it explains."""
+    measuring = Work(tokens=8, flops=1e9, peak_source="peak being measured")
+    known = Work(tokens=8, flops=1e9, peak_flops=1e12, peak_source="measured")
+    uncounted = Work(tokens=8, peak_flops=1e12, peak_source="measured", na="FLOPs not counted")
+    state = ClusterState()
+    msgs = [
+        StepReport(rank=r, step=s, wall_ns=s, duration_s=0.01, work=w)
+        for s, w in ((1, measuring), (2, measuring), (3, known), (4, uncounted), (5, uncounted))
+        for r in (0, 1)
+    ]
+    lines = [ln.strip() for ln in lines_of(state, msgs)]
+    assert [ln.split(":")[0].split()[:2] if ln.startswith("step") else ln for ln in lines] == [
+        ["step", "1"],
+        "NA from step 1: MFU: peak being measured",
+        ["step", "2"],
+        ["step", "3"],
+        ["step", "4"],
+        "NA from step 4: FLOPs not counted",
+        ["step", "5"],
+    ]

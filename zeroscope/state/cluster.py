@@ -198,6 +198,9 @@ class ClusterState:
         """Steps whose ranks issued different collective sequences (state/sequences.py)."""
         self.series = StepSeries(history_steps)
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
+        self.throughput_na_said: set[str] = set()
+        """Why a step line's tokens/s, FLOP/s or MFU read NA: each reason is said once under
+        its first step line (zeroscope.state.lines.step_lines)."""
         self.nodes = NodeBook()
         """Ranks by node and each node's figures, for the node table (state/nodes.py)."""
         self.conditions = RankConditions(self.rules.headroom_min, self.rules.host_available_min)

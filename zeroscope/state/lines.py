@@ -64,13 +64,20 @@ def step_lines(state: ClusterState, closed: list[StepAggregate], before: int | N
     """The lines of the steps ``closed`` by one message, ``before`` being the newest step closed
     until then: a step no report of which ever arrived (every rank's was dropped on its way:
     counted, never silent) gets a line saying so where its own would have been, so a reader
-    of the step lines never mistakes a hole for a run that skipped steps."""
+    of the step lines never mistakes a hole for a run that skipped steps. Where a step's
+    tokens/s, FLOP/s or MFU read NA for a reason not said yet in the run, a line under it says
+    the reason (the peak still being measured, shapes past the FLOP counts), once."""
     lines = []
     last = before or 0
     for agg in closed:
         if agg.step > last + 1:
             lines.append(missing_steps_line(state, last + 1, agg.step - 1))
         lines.append(step_line(agg))
+        reported = reported_step(agg)  # None: no rank reports work (no figures to explain)
+        why = reported.na if reported is not None else ""
+        if why and why not in state.throughput_na_said:  # once a reason: a line says it
+            state.throughput_na_said.add(why)
+            lines.append(f"{'':11}NA from step {agg.step}: {why}")
         last = agg.step
     return lines
 
