@@ -278,6 +278,11 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self._begin(start_ns)
         self.cost.ns += now_ns() - t0
 
+    @property
+    def current_step(self) -> int:
+        """The step under way, by the number its report will carry."""
+        return self.step + self._base
+
     def number_steps_from(self, first: int) -> None:
         """The job resumed from a checkpoint: its next step is ``first`` by its own count
         (DeepSpeed's ``global_steps + 1`` after ``load_checkpoint``), and every report, event,

@@ -187,6 +187,11 @@ class MemoryBytes(msgspec.Struct, omit_defaults=True):
     activations_step: int = 0
     """The step whose forward/backward ``activations`` was counted on (the agent samples every
     N-th step, see agent/live.py); 0 = not said."""
+    census_step: int = 0
+    """The step P/G/O (and the host parts) were counted on, when not this one: the attach
+    counts an engine's tensors on its first steps, then every N-th (agent/attach/session.py)
+    and repeats the latest count between; 0 = counted on this step (the bundled engine's, every
+    step) or not said."""
     gathered_params: int = 0
     """Stage 3: full parameters currently gathered (transient; also counted apart from P)."""
     persistent_params: int = 0

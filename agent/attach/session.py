@@ -16,7 +16,8 @@ CPU step); ``ZEROSCOPE_MEMORY_EVERY=N`` counts exactly every N-th step instead. 
 counted after the optimizer step, G just before it (most engines free their gradients in
 ``step()``). Steps in between repeat the latest count: engine state has the same size step after
 step, and walking thousands of parameters every step would cost more than the agent's whole
-overhead budget (agent/cost.py).
+overhead budget (agent/cost.py). A repeated count says the step it was made on
+(``MemoryBytes.census_step``), so no view shows it as that step's own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import torch
 
 from zeroscope.agent.cadence import ActivationCadence
@@ -133,6 +135,8 @@ class AttachSession:
         """Phases timed in this step so far (at most :data:`MAX_PHASES_PER_STEP`)."""
         self._first_step = 0
         """A resumed job's own number of its next step, said before the agent started."""
+        self._census_at = 0
+        """The step (its report's number) whose census ``_memory`` holds; 0: none yet."""
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -372,6 +376,7 @@ class AttachSession:
             tel.hello(config=config, params=params, device=device)
         if id(reader) in self._drifted:
             self._memory = MemoryBytes()  # NA: see _check_private
+            self._census_at = 0
         elif self._memory_due():
             t0 = time.thread_time_ns()
             census = Census()
@@ -389,12 +394,16 @@ class AttachSession:
             )
             reader.memory_extras(memory)
             self._memory = memory
+            self._census_at = getattr(tel, "current_step", 0)
             self._layout = (id(reader), reader.layout())
             self.memory_cadence.spent((self._census_ns + time.thread_time_ns() - t0) / 1e9)
         self._census_ns = 0
         if "loss" not in figures:
             figures["loss"] = mean_loss(self._losses)
-        tel.step_end(memory=self._memory, **figures)
+        memory = self._memory
+        if self._census_at and self._census_at != getattr(tel, "current_step", 0):
+            memory = msgspec.structs.replace(memory, census_step=self._census_at)  # repeated
+        tel.step_end(memory=memory, **figures)
 
 
 def mean_loss(losses: list[tuple[Any, float]]) -> Any:

@@ -43,6 +43,8 @@ def _cells(rs: RankState) -> list[tuple[str, list[tuple[str, str]]]]:
         ("dev reserved", units.size(m.device_reserved if m else None)),
         ("dev peak", units.size(m.device_peak if m else None)),
     ]
+    if m and m.census_step:  # the attach's P/G/O repeat an earlier count between counts
+        memory.insert(3, ("P/G/O from", f"step {m.census_step}"))
     comm = [
         ("collectives", str(s.collectives) if s else "NA"),
         ("prefetched", str(s.prefetched) if s else "NA"),
