@@ -91,6 +91,10 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     grad_buckets_separate: bool = False
     """The engine reduces gradients through bucket buffers of its own, beside the ``.grad``
     tensors (DDP without ``gradient_as_bucket_view``): G holds the trainable gradients twice."""
+    grad_bucket_bytes: int = 0
+    """Bytes of reduce buckets the engine holds on the device for the whole run, beside the
+    gradients (DeepSpeed ZeRO-3 allocates its ``reduce_bucket_size``-element bucket when the
+    engine is built): part of G however small the model. The prediction adds them."""
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):

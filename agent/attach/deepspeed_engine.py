@@ -97,6 +97,7 @@ class DeepSpeedReader(EngineReader):
             optimizer=type(inner).__name__,
             loss_scale_window=int(fp16.loss_scale_window),
             min_loss_scale=float(fp16.min_loss_scale),
+            grad_bucket_bytes=_held_buckets(opt) if stage == 3 else 0,
         )
         params = list(engine.module.parameters())
 
@@ -218,6 +219,18 @@ class DeepSpeedReader(EngineReader):
                 gathered += p.data.nbytes
         memory.persistent_params = persistent
         memory.gathered_params = gathered
+
+
+def _held_buckets(opt: Any) -> int:
+    """Bytes of ZeRO-3's reduce buckets (``ipg_buckets``: one ``reduce_bucket_size``-element
+    buffer per gradient dtype, allocated with the optimizer and kept; stages 1 and 2 make
+    theirs during each backward and free them at its end)."""
+    total = 0
+    for bucket in (getattr(opt, "ipg_buckets", None) or {}).values():
+        buffer = getattr(bucket, "buffer", None)
+        if buffer is not None:
+            total += int(buffer.numel() * buffer.element_size())
+    return total
 
 
 def _loss_scale(engine: Any) -> float | None:

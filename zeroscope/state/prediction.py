@@ -35,6 +35,8 @@ from zeroscope.state.formulas import (
     param_bytes,
 )
 
+from . import units
+
 if TYPE_CHECKING:
     from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
@@ -63,6 +65,12 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
     if c.grad_buckets_separate:  # the reducer's buckets: one more copy of every trainable grad
         m = replace(m, grads=2 * m.grads)
         buckets = ", gradients and their reduce buckets"
+    if c.grad_bucket_bytes:  # held for the whole run, whatever the model's size
+        m = replace(m, grads=m.grads + c.grad_bucket_bytes)
+        buckets += (
+            f", G with the engine's reduce bucket {units.size(c.grad_bucket_bytes)}"
+            f" (reduce_bucket_size {c.reduce_bucket_size:,})"
+        )
     trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
     return m, (
         f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters{trainable}, "
