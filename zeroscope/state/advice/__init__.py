@@ -8,7 +8,7 @@ or nothing. docs/advisor.md lists every rule, its evidence, formula and sources.
 | rule | module |
 |---|---|
 | 1 stage too high | rules_memory.lower_stage |
-| 2 bucket sizes | rules_comm.buckets |
+| 2 bucket sizes | rules_comm.buckets, rules_comm.held_bucket |
 | 3 stage-3 prefetch | rules_comm.prefetch |
 | 4 overlap_comm | rules_comm.overlap |
 | 5 fp16 overflow storms | rules_run.fp16 |
@@ -46,6 +46,7 @@ Rule = Callable[[Facts, Thresholds], "Finding | list[Finding] | None"]
 RULES: tuple[tuple[str, Rule], ...] = (
     ("stage", rules_memory.lower_stage),
     ("buckets", rules_comm.buckets),
+    ("buckets", rules_comm.held_bucket),
     ("prefetch", rules_comm.prefetch),
     ("overlap", rules_comm.overlap),
     ("fp16", rules_run.fp16),

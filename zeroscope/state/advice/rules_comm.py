@@ -1,4 +1,5 @@
-"""Rules about collectives: bucket sizes (2), stage-3 prefetch (3) and overlap_comm (4).
+"""Rules about collectives: bucket sizes (2; 2b: ZeRO-3's held reduce bucket), stage-3 prefetch
+(3) and overlap_comm (4).
 
 Collective times follow Hockney's model t = alpha + S / beta, with alpha the median message time
 of the op; beta is the op's best bus bandwidth for bucket sizes, the bus bandwidth of the step's
@@ -108,6 +109,42 @@ def buckets(f: Facts, t: Thresholds) -> list[Finding]:
             )
         )
     return out
+
+
+def held_bucket(f: Facts, t: Thresholds) -> Finding | None:
+    """Rule 2b: ZeRO-3's reduce bucket, held for the whole run, larger than every gradient the
+    model has. DeepSpeed fills it with the full gradients of one backward and flushes it when
+    the next would overflow it or when the backward ends, so a bucket of the trainable element
+    count is never flushed early either: the same reduce-scatters, for less memory. Its bytes
+    come from the engine (``ConfigSummary.grad_bucket_bytes``, the Hello)."""
+    c, p = f.config, f.params
+    if c is None or p is None or c.stage != 3 or not c.grad_bucket_bytes:
+        return None
+    if "muon" in c.optimizer.lower():  # DeepSpeed's Muon also chunks its updates by the size
+        return None
+    need = min(p.trainable, p.total) or p.total
+    if c.reduce_bucket_size <= need:
+        return None
+    held = c.grad_bucket_bytes
+    saves = held * (1 - need / c.reduce_bucket_size)
+    return Advice(
+        rule="buckets",
+        title=f"the reduce bucket holds {nbytes(held)} for {need:,} gradient elements: "
+        "size it to the model",
+        evidence=(
+            f"ZeRO-3 holds its reduce bucket for the whole run: {nbytes(held)} per rank "
+            f"(reduce_bucket_size = {c.reduce_bucket_size:,} elements)",
+            f"the model's trainable gradients are {need:,} elements: one backward never fills "
+            "a bucket that size, so it is flushed at the backward's end either way",
+        ),
+        change=Change({"zero_optimization.reduce_bucket_size": need}),
+        formula=f"saves_bytes = held * (1 - trainable / reduce_bucket_size) = {nbytes(held)} * "
+        f"(1 - {need:,} / {c.reduce_bucket_size:,}) = {nbytes(saves)}; the reduce-scatters "
+        "stay the same",
+        confidence="high",
+        saves_bytes=saves,
+        bytes_metric="device_peak_bytes",
+    )
 
 
 def _median_of(rows: list[tuple[OpTotals | None, float]], figure: str) -> float:
