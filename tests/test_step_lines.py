@@ -76,3 +76,20 @@ def test_why_a_steps_throughput_is_na_is_said_once_a_reason_under_its_first_line
         "NA from step 4: FLOPs not counted",
         ["step", "5"],
     ]
+
+
+def test_each_of_several_reasons_is_said_once() -> None:
+    """Inputs that are no token batches (tokens/s NA all run) while the peak is measured (MFU
+    NA on the first steps): both said under step 1, neither again when the peak arrives."""
+    first = Work(flops=1e9, peak_source="peak being measured", na="not a batch of sequences")
+    later = Work(flops=1e9, peak_flops=1e12, peak_source="measured", na="not a batch of sequences")
+    msgs = [
+        StepReport(rank=r, step=s, wall_ns=s, duration_s=0.01, work=w)
+        for s, w in ((1, first), (2, first), (3, later))
+        for r in (0, 1)
+    ]
+    said = [ln.strip() for ln in lines_of(ClusterState(), msgs) if not ln.startswith("step")]
+    assert said == [
+        "NA from step 1: not a batch of sequences",
+        "NA from step 1: MFU: peak being measured",
+    ]

@@ -10,7 +10,7 @@ from . import units
 from .alerts import interrupted, ranks_text
 from .cluster import ClusterState, StepAggregate
 from .roster import headcount
-from .throughput import cluster_run, cluster_step, reported_step
+from .throughput import cluster_run, cluster_step, reasons_of, reported_step
 
 
 def step_line(agg: StepAggregate) -> str:
@@ -74,10 +74,10 @@ def step_lines(state: ClusterState, closed: list[StepAggregate], before: int | N
             lines.append(missing_steps_line(state, last + 1, agg.step - 1))
         lines.append(step_line(agg))
         reported = reported_step(agg)  # None: no rank reports work (no figures to explain)
-        why = reported.na if reported is not None else ""
-        if why and why not in state.throughput_na_said:  # once a reason: a line says it
-            state.throughput_na_said.add(why)
-            lines.append(f"{'':11}NA from step {agg.step}: {why}")
+        for why in reasons_of(reported.na) if reported is not None else []:
+            if why not in state.throughput_na_said:  # once a reason: a line says it
+                state.throughput_na_said.add(why)
+                lines.append(f"{'':11}NA from step {agg.step}: {why}")
         last = agg.step
     return lines
 

@@ -89,18 +89,31 @@ def _mfu(flops_per_s: float | None, peak: float | None, na: str) -> tuple[float 
 
 
 def _reason(work: Work | None) -> str:
+    """Why a rank's figures are NA: each reason that holds, joined by "; " (tokens or FLOPs
+    not measured, and the peak MFU needs not known yet)."""
     if work is None:
         return NOT_REPORTED
+    reasons = []
     if work.tokens is None or work.flops is None:
-        return work.na or "not measured"
-    if work.peak_flops is None:
-        return f"MFU: {work.peak_source or 'no peak known'}"
-    return ""
+        reasons.append(work.na or "not measured")
+    if work.peak_flops is None and work.flops is not None:
+        reasons.append(f"MFU: {work.peak_source or 'no peak known'}")
+    return "; ".join(reasons)
+
+
+def reasons_of(na: str) -> list[str]:
+    """The distinct reasons a joined ``na`` holds, in order."""
+    return list(dict.fromkeys(r for r in na.split("; ") if r))
+
+
+def _joined(*nas: str) -> str:
+    return "; ".join(reasons_of("; ".join(nas)))
 
 
 def of_step(works: list[Work | None], seconds: float) -> Throughput:
     """The figures of one step done by ``works`` (one rank's, or every rank's) in ``seconds``."""
-    reasons = [r for r in (_reason(w) for w in works) if r]
+    reasons = [_joined(*(_reason(w) for w in works))]
+    reasons = [r for r in reasons if r]
     known = [w for w in works if w is not None]
     if not works or not known or seconds <= 0:
         return Throughput(na=reasons[0] if reasons else "no step time")
@@ -201,7 +214,7 @@ def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
         flops_per_step=last.flops_per_step,
         predicted_flops_per_step=last.predicted_flops_per_step,
         tokens_per_step=last.tokens_per_step,
-        na=next((r for r in reasons if r), ""),
+        na=_joined(*reasons),
         over=_coverage(steps, tokens, counted, peaked),
     )
 
