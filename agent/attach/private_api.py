@@ -40,6 +40,7 @@ CLASS_MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
             "forward",
             "backward",
             "step",
+            "load_checkpoint",
             "_get_optimizer_loss_scale",
             "is_gradient_accumulation_boundary",
             "get_global_grad_norm",
@@ -122,6 +123,7 @@ OPTIONAL: frozenset[str] = frozenset(
         "state",  # a torch optimizer's per-parameter state
         "param_dtype",  # FSDP2's MixedPrecisionPolicy (public): None = the parameters' dtype
         "model",  # the HF Trainer's (public): None until it has one
+        "global_step",  # the HF TrainerState's (public): its count, resumed or 0
         "_dynamo_disable",  # FSDP2's hooks' Dynamo opt-out: the wrappers copy it where it exists
     }
 )
