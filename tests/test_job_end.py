@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,28 @@ def test_a_ranks_traceback_is_hidden_and_its_last_exception_kept(
     assert shown == []
     assert scanner.error_of(0) == ERROR  # the raised one, not the KeyError it chains
     assert [e.rank for e in scanner.errors()] == [0]
+
+
+def test_torchs_own_rank_prefixed_warnings_pass(tmp_path: Path) -> None:
+    """torch prefixes its C++ warnings with the rank too once the group is up; a headless run
+    hid them all (a new user's DDP with find_unused_parameters=True lost torch's advice)."""
+    script = tmp_path / "ddp_warns.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', "
+        "rank=0, world_size=1)\n"
+        "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), "
+        "find_unused_parameters=True)\n"
+        "for _ in range(2):\n"
+        "    m(torch.ones(2, 4)).sum().backward()\n"
+        "dist.destroy_process_group()\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    warned = [line for line in run.stderr.splitlines() if "find_unused_parameters" in line]
+    assert warned and all(line.startswith("[rank0]:[W") for line in warned), run.stderr
+    scanner = ErrorScanner()
+    assert [line for line in warned if scanner.feed(line)] == warned
+    assert scanner.errors() == []
 
 
 def test_a_traceback_before_the_process_group_is_read_too() -> None:

@@ -1,7 +1,8 @@
 """The ranks' own error lines, read from the job's output as it streams by.
 
 A failing job prints a traceback per rank (torch prefixes every line of an uncaught exception
-with ``[rankN]: ``, distributed_c10d's excepthook, once the process group exists), and torchrun
+with ``[rankN]: ``, distributed_c10d's excepthook, once the process group exists; its C++
+warnings get ``[rankN]:`` too, and pass), and torchrun
 adds its shutdown chatter. What a person needs is one line: the exception the first failing
 rank raised (``ConfigError: ... did you mean 'reduce_bucket_size'?``). :class:`ErrorScanner`
 reads the output line by line, keeps each rank's last exception line in arrival order, and says
@@ -77,8 +78,10 @@ class ErrorScanner:
     def _judge(self, line: str) -> bool:
         match = RANK_PREFIX.match(line)
         if match:
-            self._read(int(match.group(1)), match.group(2))
-            return False  # only uncaught exceptions carry the prefix
+            # Uncaught exceptions carry the prefix, and so do torch's own C++ warnings once the
+            # group is up ("[rank0]:[W... reducer.cpp:1529] Warning: find_unused_parameters
+            # ..."): only a traceback's lines are hidden.
+            return not self._read(int(match.group(1)), match.group(2))
         if not line.strip() and self._hid_last:
             return False  # torch leaves a traceback's blank lines without the prefix
         if ELASTIC_LOG.match(line):
