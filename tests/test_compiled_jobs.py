@@ -19,6 +19,8 @@ from tests.attach_support import (
     run_zeroscope,
     segments,
 )
+from tests.jobs.hf_trainer_train import SEQ
+from zeroscope.agent.work import COMPILED_NA
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -98,3 +100,8 @@ def test_an_hf_trainer_with_torch_compile_runs_as_compiled(tmp_path: Path) -> No
         assert (z["frames"], z["graphs"]) == (p["frames"], p["graphs"])
     steps = read_trace(tmp_path / "t")[0].steps
     assert len(steps) == STEPS and all(s.phases.forward is not None for s in steps)
+    # Tokens from the compiled DDP model's inputs (a new user's compiled DDP job read tok/s
+    # NA, "no model forward seen"); FLOPs NA, as documented: counting would change the graph.
+    for s in steps:
+        assert s.work is not None and s.work.tokens == 2 * SEQ, s.work  # 2 per device
+        assert s.work.flops is None and s.work.na == COMPILED_NA

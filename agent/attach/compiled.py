@@ -45,6 +45,11 @@ OWNERS: list[Callable[[Any], bool]] = []
 """Predicates: is this compiled module's forward the step's forward (registered by the DDP and
 FSDP2 parts of the attach)."""
 
+INPUTS: list[Callable[[Any], bool]] = []
+"""Predicates: the compiled wrapper hands this owned module's micro-batches to the agent (tokens;
+FLOPs are NA under compile, agent/work.py). A DDP model's own wrapper would, but runs inside
+the compiled region; an FSDP2 root's pre-forward hook runs outside it and does it itself."""
+
 BEFORE_FORWARD: list[Callable[[Any], None]] = []
 """Called with the compiled module before an owned forward (FSDP2 finds its root here)."""
 
@@ -75,6 +80,14 @@ def _owned(module: Any) -> bool:
         except Exception:
             SESSION.errors += 1
     return False
+
+
+def _hands_inputs(module: Any) -> bool:
+    try:
+        return any(hands(module) for hands in INPUTS)
+    except Exception:
+        SESSION.errors += 1
+        return False
 
 
 ORIGINAL_FORWARD: list[Callable[[Any], Any]] = []
@@ -123,6 +136,8 @@ def install_optimized(module: ModuleType) -> None:
                 s.errors += 1
         OUTER[0] += 1
         s.enter("forward")
+        if _hands_inputs(inner):
+            s.model_inputs(self, args, kwargs)  # the compiled module: its FLOPs are NA
         try:
             out = call(self, *args, **kwargs)
         finally:

@@ -148,6 +148,7 @@ def install() -> None:
         return out
 
     compiled.register(compiled.OWNERS, lambda module: isinstance(module, DistributedDataParallel))
+    compiled.register(compiled.INPUTS, lambda module: isinstance(module, DistributedDataParallel))
     compiled.register(
         compiled.ORIGINAL_FORWARD,
         lambda module: forward if isinstance(module, DistributedDataParallel) else None,
