@@ -34,6 +34,11 @@ CONFIG = {
     "train_micro_batch_size_per_gpu": 4,
     "zero_optimization": {"stage": 2},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+    # A schedule that moves every step: the lr shown for a step is the one its update used.
+    "scheduler": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10},
+    },
 }
 
 
@@ -69,6 +74,7 @@ def test_the_steps_carry_deepspeeds_global_steps(resumed: dict) -> None:
         steps = resumed["trace"][rank].steps
         assert [s.step for s in steps] == own["global_steps"]
         assert [s.loss for s in steps] == [float.fromhex(h) for h in own["losses"]]
+        assert [s.lr for s in steps] == own["lr"] and len(set(own["lr"])) == THEN
 
 
 def test_the_bye_says_the_last_step_by_deepspeeds_count(resumed: dict) -> None:
@@ -96,3 +102,7 @@ def test_an_hf_trainer_resumed_over_ddp_numbers_its_steps_by_its_global_step(
     for rank in range(2):
         assert own[rank]["global_steps"] == list(range(FIRST + 1, FIRST + THEN + 1))
         assert [s.step for s in steps[rank].steps] == own[rank]["global_steps"]
+        # The lr of each step as the Trainer logs it (its linear decay moves every step): the
+        # one the update used, read before the Trainer moves its scheduler on.
+        lrs = [s.lr for s in steps[rank].steps]
+        assert lrs == pytest.approx(own[rank]["lr"], rel=1e-12) and len(set(lrs)) == THEN

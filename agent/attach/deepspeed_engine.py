@@ -289,10 +289,14 @@ def install(module: ModuleType) -> None:
         s = SESSION
         if not s.drives("deepspeed"):
             return step(self, *args, **kwargs)
+        lr = None
         try:
             steps, skipped = self.global_steps, self.skipped_steps
             scale = _loss_scale(self)
             if self.is_gradient_accumulation_boundary():
+                # The lr this step's update uses: step() moves DeepSpeed's scheduler on after
+                # it (the bundled engine reports the same: the step's own lr).
+                lr = self.get_lr()
                 s.before_step("deepspeed")
         except Exception:
             s.errors += 1
@@ -300,7 +304,7 @@ def install(module: ModuleType) -> None:
         with s.phase("optimizer"):
             out = step(self, *args, **kwargs)
         if self.global_steps != steps:
-            _step_end(self, skipped, scale)
+            _step_end(self, skipped, scale, lr)
         return out
 
     def load_checkpoint_(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -328,7 +332,9 @@ def install(module: ModuleType) -> None:
         patches.replace(engine_cls, "load_checkpoint", load_checkpoint_)
 
 
-def _step_end(engine: Any, skipped_before: int, scale_before: float | None) -> None:
+def _step_end(
+    engine: Any, skipped_before: int, scale_before: float | None, lr: list[float] | None
+) -> None:
     s = SESSION
     try:
         skipped = engine.skipped_steps != skipped_before
@@ -341,7 +347,6 @@ def _step_end(engine: Any, skipped_before: int, scale_before: float | None) -> N
                 s.event("scale_at_minimum", f"overflow with the loss scale at {scale:g}", scale)
         if scale is not None and scale_before is not None and scale != scale_before:
             s.event("scale_change", f"loss scale {scale_before:g} -> {scale:g}", scale)
-        lr = engine.get_lr()
         s.end_step(
             "deepspeed",
             lr=float(lr[0]) if lr else None,

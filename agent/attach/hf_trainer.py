@@ -20,6 +20,9 @@ from .session import SESSION, mean_loss
 from .torch_loop import learning_rate
 
 _losses: list[Any] = []
+_lr: list[float | None] = [None]
+"""The lr of the step under way, read before its optimizer step (the Trainer moves its
+scheduler on between the optimizer step and ``on_step_end``)."""
 _events: set[str] = set()
 """The Trainer events seen since the last step end (each step must call them all)."""
 
@@ -48,6 +51,7 @@ def install(module: ModuleType) -> None:
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             _events.add("pre")
+            _lr[0] = learning_rate(kw.get("optimizer"))
             SESSION.before_step("hf-trainer")
             if SESSION.drives("hf-trainer"):
                 SESSION.enter("optimizer")
@@ -64,12 +68,13 @@ def install(module: ModuleType) -> None:
                     "the HF Trainer's optimizer phase",
                     "the Trainer ended a step without calling on_pre_optimizer_step",
                 )
+            seen = set(_events)
             _events.clear()
             if s.drives("hf-trainer"):
                 s.end_step(
                     "hf-trainer",
                     loss=loss,
-                    lr=learning_rate(kw.get("optimizer")),
+                    lr=_lr[0] if "pre" in seen else learning_rate(kw.get("optimizer")),
                     samples=int(args.per_device_train_batch_size)
                     * int(args.gradient_accumulation_steps),
                 )

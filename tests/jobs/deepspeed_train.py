@@ -3,7 +3,8 @@ same model under each ds_config given, one after the other, in one process (one 
 several configs: DeepSpeed takes tens of seconds to start).
 
 For each config it writes, per rank, what DeepSpeed itself says after every step: the loss (the
-exact float, hex), ``skipped_steps``, the loss scale, ``global_steps``; the attach tests compare
+exact float, hex), ``skipped_steps``, the loss scale, ``global_steps``, the lr each update used (read before
+``step()``, which moves a DeepSpeed scheduler on); the attach tests compare
 those with the trace ``zeroscope run`` recorded, and with the same script under bare torchrun.
 """
 
@@ -48,7 +49,7 @@ def train(config_path: str, steps: int, save: str = "", load: str = "") -> dict:
         else torch.float32
     )
     data = torch.Generator().manual_seed(1000 + dist.get_rank())
-    record: dict = {"losses": [], "skipped": [], "scale": [], "global_steps": []}
+    record: dict = {"losses": [], "skipped": [], "scale": [], "global_steps": [], "lr": []}
     micro = engine.gradient_accumulation_steps()
     for _ in range(steps * micro):
         x = torch.randn(engine.train_micro_batch_size_per_gpu(), 32, generator=data)
@@ -56,6 +57,8 @@ def train(config_path: str, steps: int, save: str = "", load: str = "") -> dict:
         out = engine(x.to(dtype))
         loss = torch.nn.functional.mse_loss(out.float(), y)
         engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():  # the lr this update uses
+            record["lr"].append(float(engine.get_lr()[0]))
         engine.step()
         record["losses"].append(loss.item().hex())
         record["skipped"].append(engine.skipped_steps)

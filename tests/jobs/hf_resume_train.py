@@ -2,8 +2,9 @@
 run twice: ``--steps N`` trains and saves a checkpoint at step N; ``--resume`` then trains on
 to ``--steps M`` from the newest checkpoint in ``--workdir`` (``resume_from_checkpoint=True``).
 
-Per rank it writes the Trainer's own ``state.global_step`` at the end of each optimizer step
-to ``--out``.RANK: the oracle for the step numbers zeroscope reports.
+Per rank it writes the Trainer's own ``state.global_step`` at the end of each optimizer step,
+and the learning rate it logged for the step, to ``--out``.RANK: the oracles for the step
+numbers and the lr zeroscope reports.
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ from tests.jobs.teardown import end_process_group
 class GlobalSteps(TrainerCallback):
     def __init__(self) -> None:
         self.steps: list[int] = []
+        self.lrs: list[float] = []
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps.append(int(state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "learning_rate" in logs:  # the lr the step's update used, as logged
+            self.lrs.append(float(logs["learning_rate"]))
 
 
 def main() -> None:
@@ -55,7 +61,7 @@ def main() -> None:
     )
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     with open(f"{args.out}.{dist.get_rank()}", "w") as f:
-        json.dump({"global_steps": steps.steps}, f)
+        json.dump({"global_steps": steps.steps, "lr": steps.lrs}, f)
     end_process_group()  # a barrier kept past torch's gloo teardown abort
 
 
