@@ -99,6 +99,13 @@ def test_an_hf_trainer_resumed_over_ddp_numbers_its_steps_by_its_global_step(
     )
     own = read_outputs(tmp_path / "own")
     steps = read_trace(trace)
+    # The Trainer's batch and clipping in the Hello (DDP itself knows neither): 2 per device,
+    # no accumulation, 2 ranks, max_grad_norm's default 1.0.
+    for rank in range(2):
+        (hello,) = steps[rank].hellos
+        c = hello.config
+        assert (c.micro_batch_size, c.gradient_accumulation_steps) == (2, 1)
+        assert (c.train_batch_size, c.gradient_clipping) == (4, 1.0)
     for rank in range(2):
         assert own[rank]["global_steps"] == list(range(FIRST + 1, FIRST + THEN + 1))
         assert [s.step for s in steps[rank].steps] == own[rank]["global_steps"]

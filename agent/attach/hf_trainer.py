@@ -90,6 +90,12 @@ def install(module: ModuleType) -> None:
         try:
             s.frontend = "hf-trainer"
             s.claim_source("hf-trainer")
+            training = self.args
+            s.frontend_config = {
+                "micro_batch_size": int(training.per_device_train_batch_size),
+                "gradient_accumulation_steps": int(training.gradient_accumulation_steps),
+                "gradient_clipping": float(training.max_grad_norm or 0.0),
+            }
             self.add_callback(ZeroscopeCallback())
             if getattr(self, "model", None) is not None:
                 s.model = weakref.ref(self.model)

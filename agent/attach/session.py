@@ -103,6 +103,10 @@ class AttachSession:
         self.source = -1
         self.frontend = ""
         """A wrapper around the engine (``hf-trainer``), named before it in the header."""
+        self.frontend_config: dict[str, Any] = {}
+        """What the frontend knows of the batch and clipping (the HF Trainer's arguments), put
+        in the Hello of an engine that does not (DDP, FSDP2, a plain optimizer): without it
+        they read as the schema's defaults (micro-batch 1, no clipping)."""
         self.errors = 0
         self.steps = 0
         self.building = 0
@@ -372,6 +376,14 @@ class AttachSession:
         if self._hello_for != (id(reader), engine):
             self._hello_for = (id(reader), engine)
             config, params, device = reader.hello()
+            if self.frontend_config and reader.kind != "deepspeed":  # DeepSpeed says its own
+                config = msgspec.structs.replace(config, **self.frontend_config)
+                config = msgspec.structs.replace(
+                    config,
+                    train_batch_size=config.micro_batch_size
+                    * config.gradient_accumulation_steps
+                    * config.dp_world_size,
+                )
             tel.engine = engine
             tel.hello(config=config, params=params, device=device)
         if id(reader) in self._drifted:
