@@ -115,7 +115,18 @@ def test_the_first_failure_decides_the_code_and_the_line() -> None:
     end = classify(
         1, Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-15))), [r0, r1]
     )
-    assert end == JobEnd(1, rank=0, error=ERROR, followers=(1,))
+    assert end == JobEnd(1, rank=0, error=ERROR, followers=(1,))  # its error: a consequence
+    # Every rank failed the same config check: the later one is not said to be merely stopped
+    # (a new user's ZeRO-3 run read "torchrun then stopped rank 0" over rank 0's own error).
+    end = classify(
+        1,
+        Outcome(exits=(RankExit(rank=0, exitcode=-15), RankExit(rank=1, exitcode=1))),
+        [RankError(1, ERROR, seq=2), RankError(0, ERROR, seq=5)],
+    )
+    assert end.sentences() == [
+        f"rank 1 failed first (exit code 1): {ERROR}",
+        "rank 0 raised the same error too; torchrun then stopped it",
+    ]
     # A rank killed by a signal failed first, whatever its peers printed afterwards.
     end = classify(
         1, Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-9))), [r0]

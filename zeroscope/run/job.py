@@ -258,17 +258,17 @@ def end_alerts(end: JobEnd) -> list[Alert]:
             (end.rank,),
         )
     ]
-    if end.followers:
-        shown = ",".join(f"r{r}" for r in end.followers[:6])
-        more = f" +{len(end.followers) - 6}" if len(end.followers) > 6 else ""
-        out.append(
-            Alert(
-                "killed",
-                "critical",
-                f"{shown}{more} stopped by torchrun after r{end.rank} failed",
-                end.followers,
-            )
-        )
+    for ranks, what in (
+        (end.raised, f"raised the same error, then stopped by torchrun after r{end.rank}"),
+        (
+            tuple(r for r in end.followers if r not in end.raised),
+            f"stopped by torchrun after r{end.rank} failed",
+        ),
+    ):
+        if ranks:
+            shown = ",".join(f"r{r}" for r in ranks[:6])
+            more = f" +{len(ranks) - 6}" if len(ranks) > 6 else ""
+            out.append(Alert("killed", "critical", f"{shown}{more} {what}", ranks))
     return out
 
 

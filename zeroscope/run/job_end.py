@@ -82,6 +82,10 @@ class JobEnd:
     """Its own error line, or how it died ("killed by SIGKILL")."""
     followers: tuple[int, ...] = field(default=())
     """Ranks torchrun stopped (SIGTERM) after the first failure."""
+    raised: tuple[int, ...] = field(default=())
+    """Of the followers, those that had raised the first failure's own error before torchrun
+    stopped them (a config check every rank runs fails on every rank). A follower's different
+    error (a peer gone: gloo's "Connection closed by peer") is a consequence: left to the log."""
 
     def sentences(self, log: str | None = None) -> list[str]:
         """What to print at the end (before ``job exit code N``)."""
@@ -92,10 +96,18 @@ class JobEnd:
         out = []
         if self.rank is not None:
             out.append(f"rank {self.rank} failed first (exit code {self.code}): {self.error}")
-            if self.followers:
-                ranks = ", ".join(str(r) for r in self.followers[:8])
-                more = f" and {len(self.followers) - 8} more" if len(self.followers) > 8 else ""
-                s = "s" if len(self.followers) > 1 else ""
+            if self.raised:
+                said = ", ".join(str(r) for r in self.raised[:8])
+                more = f" and {len(self.raised) - 8} more" if len(self.raised) > 8 else ""
+                s, them = ("s", "them") if len(self.raised) > 1 else ("", "it")
+                out.append(
+                    f"rank{s} {said}{more} raised the same error too; torchrun then stopped {them}"
+                )
+            quiet = [r for r in self.followers if r not in self.raised]
+            if quiet:
+                ranks = ", ".join(str(r) for r in quiet[:8])
+                more = f" and {len(quiet) - 8} more" if len(quiet) > 8 else ""
+                s = "s" if len(quiet) > 1 else ""
                 out.append(f"torchrun then stopped rank{s} {ranks}{more}")
         elif self.error:
             out.append(f"the job failed (exit code {self.code}): {self.error}")
@@ -173,9 +185,12 @@ def classify(
         for e in (outcome.exits if outcome else ())
         if e.rank != failed.rank and e.exitcode == sigterm
     )
+    lines = {e.rank: e.line for e in errors if e.rank is not None}
+    first = lines.get(failed.rank)
     return JobEnd(
         failed.code,
         rank=failed.rank,
         error=how_it_ended(failed, errors, reported),
         followers=followers,
+        raised=tuple(r for r in followers if first is not None and lines.get(r) == first),
     )
