@@ -246,3 +246,24 @@ def test_scale_events_are_newest_step_first_whatever_their_arrival() -> None:
         (2, 0, "overflow"),
     ]
     assert len(state.scale_events(limit=2)) == 2
+
+
+def test_a_job_that_never_communicates_has_no_exposed_share() -> None:
+    """Ranks with no collective at all (accelerate on CPU built no process group: two
+    independent processes) have NA exposed comm each; the run's was 0 %, a figure of nothing.
+    One step with a collective makes the share real again, with 0 on the quiet steps."""
+    state = ClusterState()
+    for step in range(3):
+        for rank in range(2):
+            state.ingest(_report(rank, step))
+    state.flush()
+    assert state.ranks[0].totals.exposed_share is None and state.steps[2].exposed_share is None
+    assert state.totals.exposed_share is None
+    assert "exposed comm NA" in "\n".join(summary_lines(state))
+    timed = Collective("all_reduce", 10**6, 2, 0.2, 0.5, 0.1)
+    mixed = ClusterState()
+    for step in range(4):
+        for rank in range(2):
+            mixed.ingest(_report(rank, step, collectives=[timed] if step == 3 else []))
+    mixed.flush()
+    assert mixed.totals.exposed_share == pytest.approx(0.1 / mixed.totals.step_time_s)

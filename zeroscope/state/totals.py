@@ -156,6 +156,9 @@ class ClusterTotals:
     overflows: int = 0
     unexposed_steps: int = 0
     """Steady steps whose exposed time was not measured on some rank (the share is NA)."""
+    comm_steps: int = 0
+    """Steady steps in which some rank reported a collective: with none, the exposed share is
+    NA (as each rank's is), not 0 % of nothing."""
 
     first_step_time_s: float = 0.0
     last_step: int | None = None
@@ -186,6 +189,7 @@ class ClusterTotals:
             self.step_time_s += step_time
             self.exposed_s += exposed or 0.0
             self.unexposed_steps += exposed_unmeasured
+            self.comm_steps += exposed is not None or exposed_unmeasured
             self.samples += samples
         self.last_wall_ns = wall_ns
         self.last_step = step
@@ -240,7 +244,8 @@ class ClusterTotals:
     @property
     def exposed_share(self) -> float | None:
         """The cluster's exposed % over steady steps: sum of each step's least-exposed rank's
-        wait / sum of step times [fraction]; NA when a steady step's wait was not measured."""
-        if self.unexposed_steps or self.step_time_s <= 0:
+        wait / sum of step times [fraction]; NA when a steady step's wait was not measured, or
+        when no steady step had a collective (a job whose ranks never communicate)."""
+        if self.unexposed_steps or not self.comm_steps or self.step_time_s <= 0:
             return None
         return self.exposed_s / self.step_time_s
