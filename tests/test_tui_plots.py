@@ -13,7 +13,7 @@ from tests.test_tui import fixture_state, screen_text, sync
 from zeroscope.state import ClusterState
 from zeroscope.tui.app import ZeroscopeApp
 from zeroscope.tui.feed import ReplayFeed
-from zeroscope.tui.history_plot import HistoryPlot, nice_ticks
+from zeroscope.tui.history_plot import HistoryPlot, nice_ticks, tick_labels
 from zeroscope.tui.history_plots import HistoryPlots
 from zeroscope.tui.plots import cluster_charts, rank_charts
 from zeroscope.tui.rank_screen import RankScreen
@@ -132,6 +132,17 @@ def test_nice_ticks() -> None:
     assert nice_ticks(0, 220, 3) == [0, 100, 200]
     assert nice_ticks(1.35, 4.3, 3) == [2, 3, 4]
     assert nice_ticks(0, 39, 8) == [0, 5, 10, 15, 20, 25, 30, 35]
+
+
+def test_tick_labels_never_read_alike() -> None:
+    """A replay's loss chart labelled two ticks "5.55" (a new user's run: its loss moved by
+    0.004); such ticks get the digits that tell them apart, other charts keep their format."""
+    ticks = nice_ticks(5.548, 5.556, 3)
+    three = [f"{v:.3g}" for v in ticks]
+    assert len(set(three)) < len(three)  # the case: three digits read alike
+    labels = tick_labels(ticks, lambda v: f"{v:.3g}")
+    assert len(set(labels)) == len(labels) and [float(x) for x in labels] == ticks
+    assert tick_labels([0, 100, 200], lambda v: f"{v:.3g}") == ["0", "100", "200"]
 
 
 def test_replay_overview_reads_the_trace_in_slices() -> None:

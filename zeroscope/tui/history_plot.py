@@ -80,6 +80,17 @@ def nice_ticks(lo: float, hi: float, most: int) -> list[float]:
     return [lo]  # pragma: no cover
 
 
+def tick_labels(ticks: Sequence[float], fmt: Callable[[float], str]) -> list[str]:
+    """The ticks in the chart's format; where two would read alike (a loss moving between
+    5.548 and 5.552 in three digits: "5.55" twice), with as many digits as tell them apart."""
+    labels = [fmt(v) for v in ticks]
+    digits = 4
+    while len(set(labels)) < len(labels) and digits <= 12:
+        labels = [f"{v:.{digits}g}" for v in ticks]
+        digits += 1
+    return labels
+
+
 def _runs(xs: Sequence[int], ys: Values) -> list[tuple[list[int], list[float]]]:
     """Contiguous runs of known values: a None splits the line (a gap, not a zero)."""
     runs: list[tuple[list[int], list[float]]] = []
@@ -222,7 +233,7 @@ def build(plt: Plot, chart: Chart, width: int, height: int) -> Text:
         plt.yticks(list(chart.y_ticks[0]), list(chart.y_ticks[1]))
     else:
         yt = nice_ticks(y_lo, y_hi, max(2, min(5, plot_rows // 2 + 1)))
-        plt.yticks(yt, [chart.y_format(v) for v in yt])
+        plt.yticks(yt, tick_labels(yt, chart.y_format))
     xt = [t for t in nice_ticks(x_lo, x_hi, max(2, width // 10)) if t == int(t)]
     plt.xticks(xt, [str(int(t)) for t in xt])
     return Text.from_ansi(plt.build(), no_wrap=True, overflow="crop")
