@@ -84,10 +84,10 @@ def tick_labels(ticks: Sequence[float], fmt: Callable[[float], str]) -> list[str
     """The ticks in the chart's format; where two would read alike (a loss moving between
     5.548 and 5.552 in three digits: "5.55" twice), with as many digits as tell them apart."""
     labels = [fmt(v) for v in ticks]
-    digits = 4
-    while len(set(labels)) < len(labels) and digits <= 12:
+    for digits in range(4, 13):
+        if len(set(labels)) == len(labels):
+            break
         labels = [f"{v:.{digits}g}" for v in ticks]
-        digits += 1
     return labels
 
 
