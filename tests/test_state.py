@@ -267,3 +267,30 @@ def test_a_job_that_never_communicates_has_no_exposed_share() -> None:
             mixed.ingest(_report(rank, step, collectives=[timed] if step == 3 else []))
     mixed.flush()
     assert mixed.totals.exposed_share == pytest.approx(0.1 / mixed.totals.step_time_s)
+
+
+def test_pipeline_stages_are_not_compared_with_each_other() -> None:
+    """A 2-stage pipeline x 2 replicas: stage 0 sends activations, stage 1 receives them, by
+    design (the bundled pipeline demo's advise read 'rank 1's collectives diverge ... ERROR').
+    Only a stage's replicas must match: rank 3 off its stage-1 peer rank 1 is the divergence."""
+    from zeroscope.agent.schema import SCHEMA_VERSION, Hello, ParallelLayout
+
+    send = Collective("send", 4096, 2, 0.0, 0.001, 0.001, label="fwd_send")
+    recv = Collective("recv", 4096, 2, 0.0, 0.001, 0.001, label="fwd_recv")
+    other = Collective("recv", 8192, 2, 0.0, 0.001, 0.001, label="fwd_recv")
+    state = ClusterState()
+    for rank in range(4):
+        layout = ParallelLayout(dp=rank // 2, pp=rank % 2, dp_size=2, pp_size=2)
+        state.ingest(
+            Hello(
+                schema_version=SCHEMA_VERSION, job_id="j", rank=rank, world_size=4, parallel=layout
+            )
+        )
+    for step in (1, 2):
+        for rank in range(4):
+            ops = [send] if rank % 2 == 0 else [other if (rank, step) == (3, 2) else recv]
+            state.ingest(_report(rank, step, collectives=ops))
+    state.flush()
+    book = state.sequences
+    assert [(d.step, d.ranks, d.reference) for d in book.divergences] == [(2, (3,), (1,))]
+    assert book.count == 1

@@ -2,7 +2,8 @@
 differs, found when a step closes and before any hang it leads to.
 
 Every rank of a data-parallel group must issue the same collectives in the same order (ops,
-sizes; the engine's labels name the parameters too). Data-dependent control flow (a branch that
+sizes; the engine's labels name the parameters too): the ranks of one pipeline stage and tensor
+slice (Hello.parallel), every rank in plain data parallelism. Data-dependent control flow (a branch that
 skips or reorders a module on one rank, uneven batches) breaks that: when sizes differ the job
 hangs or fails in a collective; when they happen to agree it silently mixes up data. Each
 StepSummary carries a fingerprint of its sequence (zeroscope.state.rank.fingerprint); a closed
@@ -42,6 +43,15 @@ def _describe(c: Collective | None) -> str:
     return f"{c.op} of {c.nbytes} B" + (f" '{c.label}'" if c.label else "")
 
 
+def _peers(rank: RankState | None) -> tuple[int, int]:
+    """Which ranks must issue this rank's sequence: those of its pipeline stage and tensor
+    slice (its data-parallel replicas). Stages of a pipeline send and receive different
+    messages by design (stage 0 sends activations forward, stage 1 receives them), and tensor
+    slices may differ too; plain data parallelism is one group."""
+    layout = rank.hello.parallel if rank is not None and rank.hello is not None else None
+    return (0, 0) if layout is None else (layout.pp, layout.tp)
+
+
 def first_difference(mine: list[Collective], theirs: list[Collective]) -> tuple[int, str] | None:
     """(index, text) of the first collective where two sequences differ; None if equal."""
     for i in range(max(len(mine), len(theirs))):
@@ -63,9 +73,18 @@ class SequenceBook:
         """Divergent steps seen in all."""
 
     def add(self, agg: StepAggregate, ranks: dict[int, RankState]) -> None:
-        prints = {r: s.sequence for r, s in agg.summaries.items() if s.sequence}
-        if len(set(prints.values())) <= 1:
-            return
+        groups: dict[tuple[int, int], dict[int, int]] = {}
+        for r, s in agg.summaries.items():
+            if s.sequence:
+                groups.setdefault(_peers(ranks.get(r)), {})[r] = s.sequence
+        for prints in groups.values():
+            if len(set(prints.values())) > 1:
+                self._diverged(agg, prints, ranks)
+                return  # one record a step: the first group off its reference
+
+    def _diverged(
+        self, agg: StepAggregate, prints: dict[int, int], ranks: dict[int, RankState]
+    ) -> None:
         tally = Counter(prints.values())
         best = max(tally.values())
         lowest = {v: min(r for r, p in prints.items() if p == v) for v in tally}
