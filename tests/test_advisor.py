@@ -479,3 +479,23 @@ def test_the_prefetch_rule_prices_the_typical_step_not_the_newest() -> None:
         bucket = advice.change.ds_config["zero_optimization.stage3_prefetch_bucket_size"]
         assert bucket == layers * 10_000
         assert advice.saves_ms == pytest.approx(saves_ms), quick
+
+
+def test_the_batch_triad_is_judged_only_for_engines_that_have_one() -> None:
+    """A plain DDP job reports no batch sizes (the schema's defaults: 1, 1, 1): the rule read
+    them as a ds_config and gave an ERROR on a new user's compiled DDP trace."""
+    from zeroscope.agent import schema
+    from zeroscope.state.advice.rules_run import batch_triad
+
+    config = schema.ConfigSummary(stage=0, precision="fp32", dp_world_size=2)
+    for engine, judged in (("ddp", False), ("fsdp2", False), ("deepspeed", True), ("", True)):
+        state = ClusterState()
+        for rank in (0, 1):
+            state.ingest(
+                schema.Hello(
+                    schema_version=schema.SCHEMA_VERSION, job_id="j", rank=rank, world_size=2,
+                    config=config, engine=engine,
+                )
+            )  # fmt: skip
+        found = batch_triad(Facts(state), Thresholds())
+        assert (found is not None) == judged, engine

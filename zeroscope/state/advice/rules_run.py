@@ -165,10 +165,19 @@ def divergence(f: Facts, t: Thresholds) -> Finding | None:
     )
 
 
+def _has_batch_triad(engine: str) -> bool:
+    """The engine reads train_batch_size, micro-batch and accumulation from a ds_config (or
+    the HF Trainer's arguments): "" is a trace from before Hellos named the engine (the bundled
+    engine's)."""
+    return not engine or engine == "zeroscope" or "deepspeed" in engine or "hf-trainer" in engine
+
+
 def batch_triad(f: Facts, t: Thresholds) -> Finding | None:
-    """Rule 8 on a trace: the batch sizes the ranks reported must multiply out."""
+    """Rule 8 on a trace: the batch sizes the ranks reported must multiply out. Only for the
+    engines that have the triad (DeepSpeed, the bundled engine): a DDP or FSDP2 loop reports no
+    batch sizes, and the schema's defaults are no reading of it."""
     c = f.config
-    if c is None or not c.train_batch_size:
+    if c is None or not c.train_batch_size or not _has_batch_triad(f.state.engine):
         return None
     product = c.micro_batch_size * c.gradient_accumulation_steps * c.dp_world_size
     if product == c.train_batch_size:
