@@ -91,6 +91,10 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     grad_buckets_separate: bool = False
     """The engine reduces gradients through bucket buffers of its own, beside the ``.grad``
     tensors (DDP without ``gradient_as_bucket_view``): G holds the trainable gradients twice."""
+    fp32_master_copy: bool = False
+    """The engine's optimizer keeps an fp32 copy of its partition even when the model is fp32
+    (DeepSpeed's ZeRO optimizers clone it): O is 12 bytes a trainable parameter, not the 8 of
+    Adam's moments beside parameters that are their own master."""
     grad_bucket_bytes: int = 0
     """Bytes of reduce buckets the engine holds on the device for the whole run, beside the
     gradients (DeepSpeed ZeRO-3 allocates its ``reduce_bucket_size``-element bucket when the

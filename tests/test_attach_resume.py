@@ -26,6 +26,8 @@ from tests.attach_support import (
     write_configs,
 )
 from zeroscope.agent.schema import Bye, decode
+from zeroscope.state import ClusterState
+from zeroscope.state.prediction import predicted_memory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -75,6 +77,15 @@ def test_the_steps_carry_deepspeeds_global_steps(resumed: dict) -> None:
         assert [s.step for s in steps] == own["global_steps"]
         assert [s.loss for s in steps] == [float.fromhex(h) for h in own["losses"]]
         assert [s.lr for s in steps] == own["lr"] and len(set(own["lr"])) == THEN
+        # fp32 ZeRO-2: DeepSpeed clones its fp32 partition for the optimizer, so O is 12 bytes
+        # a parameter over N, as the prediction now says (it read 8: +50 %, flagged red).
+        (hello,) = resumed["trace"][rank].hellos
+        state = ClusterState()
+        state.ingest(hello)
+        m, basis = predicted_memory(state)
+        assert m is not None and "fp32 copy" in basis
+        assert m.optim == 12 * hello.params.total / 2
+        assert steps[-1].memory.optim == pytest.approx(m.optim, rel=0.01)  # padding apart
 
 
 def test_the_bye_says_the_last_step_by_deepspeeds_count(resumed: dict) -> None:
