@@ -294,3 +294,30 @@ def test_pipeline_stages_are_not_compared_with_each_other() -> None:
     book = state.sequences
     assert [(d.step, d.ranks, d.reference) for d in book.divergences] == [(2, (3,), (1,))]
     assert book.count == 1
+
+
+def test_a_pipeline_stage_is_a_straggler_only_against_its_own_replicas() -> None:
+    """Stages compute different layers: stage 1 taking 1.7x stage 0 is the pipeline's balance
+    (its screen weighs it), not a straggler (the bundled pipeline demo's alert strip named
+    one). Within a stage a slow replica still is: rank 3 against its stage-1 peer rank 1."""
+    from zeroscope.agent.schema import SCHEMA_VERSION, Hello, ParallelLayout
+
+    def run(slow: int | None) -> list[tuple[str, int]]:
+        state = ClusterState()
+        for rank in range(4):
+            layout = ParallelLayout(dp=rank // 2, pp=rank % 2, dp_size=2, pp_size=2)
+            state.ingest(
+                Hello(
+                    schema_version=SCHEMA_VERSION, job_id="j", rank=rank, world_size=4,
+                    parallel=layout,
+                )
+            )  # fmt: skip
+        for step in range(1, 13):
+            for rank in range(4):
+                seconds = 0.1 * (1.7 if rank % 2 else 1.0) * (1.5 if rank == slow else 1.0)
+                state.ingest(_report(rank, step, duration_s=seconds))
+        state.flush()
+        return [(f.kind, f.rank) for f in state.lags.findings()]
+
+    assert run(None) == []
+    assert run(3) == [("straggler", 3)]

@@ -34,7 +34,7 @@ from .nodes import NodeBook
 from .rank import HISTORY_STEPS, RankState, StepSummary
 from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
-from .stragglers import Finding, LagBook, Standing, judge
+from .stragglers import Finding, LagBook, Standing, judge, judge_by_stage
 from .totals import ClusterTotals
 
 if TYPE_CHECKING:
@@ -198,6 +198,9 @@ class ClusterState:
         """Steps whose ranks issued different collective sequences (state/sequences.py)."""
         self.series = StepSeries(history_steps)
         """The cluster's figures per closed step, for the history plots (state/history.py)."""
+        self.staged = False
+        """Some rank runs a pipeline stage or a tensor slice (Hello.parallel): ranks are then
+        compared (stragglers, collective sequences) with their own stage's replicas only."""
         self.throughput_na_said: set[str] = set()
         """Why a step line's tokens/s, FLOP/s or MFU read NA: each reason is said once under
         its first step line (zeroscope.state.lines.step_lines)."""
@@ -250,6 +253,9 @@ class ClusterState:
         if isinstance(message, Hello):
             rank.hello = message
             self.hellos_version += 1
+            layout = message.parallel
+            if layout is not None and (layout.pp_size > 1 or layout.tp_size > 1):
+                self.staged = True
             self.nodes.place(message.rank, message)
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
@@ -332,8 +338,10 @@ class ClusterState:
 
     def _judge(self, agg: StepAggregate) -> None:
         """A step closed: rank standings (stragglers, slow links) and the run's totals."""
-        agg.standings = judge(agg.summaries)
-        self.sequences.add(agg, self.ranks)
+        agg.standings = (
+            judge_by_stage(agg.summaries, self.ranks) if self.staged else judge(agg.summaries)
+        )
+        self.sequences.add(agg, self.ranks, self.staged)
         for r, st in agg.standings.items():
             rs = self.ranks[r]
             if rs.summary is not None and rs.summary.step == agg.step:

@@ -43,7 +43,7 @@ def _describe(c: Collective | None) -> str:
     return f"{c.op} of {c.nbytes} B" + (f" '{c.label}'" if c.label else "")
 
 
-def _peers(rank: RankState | None) -> tuple[int, int]:
+def peers(rank: RankState | None) -> tuple[int, int]:
     """Which ranks must issue this rank's sequence: those of its pipeline stage and tensor
     slice (its data-parallel replicas). Stages of a pipeline send and receive different
     messages by design (stage 0 sends activations forward, stage 1 receives them), and tensor
@@ -72,11 +72,13 @@ class SequenceBook:
         self.count = 0
         """Divergent steps seen in all."""
 
-    def add(self, agg: StepAggregate, ranks: dict[int, RankState]) -> None:
+    def add(self, agg: StepAggregate, ranks: dict[int, RankState], staged: bool = True) -> None:
+        """``staged``: some rank runs a pipeline stage or tensor slice (else one group, no
+        per-rank lookup: the 16,384-rank close stays as cheap as it was)."""
         groups: dict[tuple[int, int], dict[int, int]] = {}
         for r, s in agg.summaries.items():
             if s.sequence:
-                groups.setdefault(_peers(ranks.get(r)), {})[r] = s.sequence
+                groups.setdefault(peers(ranks.get(r)) if staged else (0, 0), {})[r] = s.sequence
         for prints in groups.values():
             if len(set(prints.values())) > 1:
                 self._diverged(agg, prints, ranks)

@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from .sequences import peers
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .alerts import AlertRules
-    from .rank import StepSummary
+    from .rank import RankState, StepSummary
 
 LagKind = Literal["straggler", "slow_link"]
 
@@ -99,6 +101,21 @@ def _thresholds(values: list[float]) -> tuple[float, float, float, float, float]
         (values[mid - 1] + values[mid + 1]) / 2,
         (values[mid] + values[mid + 1]) / 2,
     )
+
+
+def judge_by_stage(
+    summaries: dict[int, StepSummary], ranks: dict[int, RankState]
+) -> dict[int, Standing]:
+    """:func:`judge` within each pipeline stage and tensor slice (its data-parallel replicas):
+    stages compute different layers by design, which the Pipeline screen weighs (a 2-stage
+    demo's stage 1 was called a straggler at 1.68x while its stage imbalance was 1.02x)."""
+    groups: dict[tuple[int, int], dict[int, StepSummary]] = {}
+    for r, s in summaries.items():
+        groups.setdefault(peers(ranks.get(r)), {})[r] = s
+    out: dict[int, Standing] = {}
+    for group in groups.values():
+        out.update(judge(group))
+    return out
 
 
 def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
