@@ -21,6 +21,12 @@ from .scalars import DeferredScalar
 from .schema import Event
 
 
+def scale_text(value: float) -> str:
+    """A loss scale in an event's words, exact: powers of two whole (2097152, not Python's
+    2.09715e+06, which a narrow screen cut to "2.0971"), a scale below 1 as it is."""
+    return f"{value:.0f}" if value >= 1 and value == int(value) else f"{value:g}"
+
+
 class LossScaleReading:
     """See the module docstring. The scales are taken as :class:`DeferredScalar` when they were
     current (a CUDA tensor's copy is queued behind the kernels that wrote it, before the
@@ -66,10 +72,10 @@ class LossScaleReading:
             )
 
         if self.overflow:
-            at = f"{before:g}" if before is not None else "NA"
+            at = scale_text(before) if before is not None else "NA"
             add("overflow", f"gradient overflow at loss scale {at}: step skipped", before)
             if before is not None and after == before:
                 add("scale_at_minimum", f"overflow with the loss scale at {after:g}", after)
         if before is not None and after is not None and after != before:
-            add("scale_change", f"loss scale {before:g} -> {after:g}", after)
+            add("scale_change", f"loss scale {scale_text(before)} -> {scale_text(after)}", after)
         return out

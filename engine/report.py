@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from zeroscope.agent.api import PhaseName, Telemetry
+from zeroscope.agent.loss_scale import scale_text
 from zeroscope.agent.schema import (
     ConfigSummary,
     MemoryBytes,
@@ -187,17 +188,20 @@ class Reporter:
 
     def overflow(self, scale: float) -> None:
         self.tel.event(
-            "overflow", f"fp16 gradient overflow at loss scale {scale:g}: step skipped", value=scale
+            "overflow",
+            f"fp16 gradient overflow at loss scale {scale_text(scale)}: step skipped",
+            value=scale,
         )
 
     def scale_change(self, old: float, new: float) -> None:
         if new != old:
-            self.tel.event("scale_change", f"loss scale {old:g} -> {new:g}", value=new)
+            change = f"{scale_text(old)} -> {scale_text(new)}"
+            self.tel.event("scale_change", f"loss scale {change}", value=new)
 
     def scale_at_minimum(self, scale: float) -> None:
         self.tel.event(
             "scale_at_minimum",
-            f"overflow with the loss scale at its minimum {scale:g}",
+            f"overflow with the loss scale at its minimum {scale_text(scale)}",
             value=scale,
         )
 

@@ -78,3 +78,21 @@ def test_the_headless_line_shows_what_offload_moved_to_host_memory() -> None:
         plain.ingest_all(synthetic_run(RunShape(ranks=2, steps=2, offload_optimizer="none")))[-1]
     )
     assert " host " not in line
+
+
+def test_a_large_loss_scale_fits_its_column_and_events_say_it_exactly() -> None:
+    """2^20 = 1048576 filled the rank table's scale column and ran into the offload one; the
+    event log's "2.09715e+06" was cut to "2.0971" on a narrow screen."""
+    from zeroscope.agent.loss_scale import scale_text
+    from zeroscope.state import units
+
+    assert [units.scale_short(v) for v in (65536.0, 999999.0, 2.0**20, 2.0**40, 3e6)] == [
+        "65536",
+        "999999",
+        "2^20",
+        "2^40",
+        "3M",
+    ]
+    assert units.scale_short(None) == "NA" and units.scale_short(0.5) == "0.5"
+    assert scale_text(2.0**21) == "2097152" and scale_text(0.25) == "0.25"
+    assert scale_text(65536.0) == f"{65536.0:g}"  # unchanged where :g was already exact

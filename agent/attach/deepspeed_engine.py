@@ -35,6 +35,7 @@ import weakref
 from types import ModuleType
 from typing import Any
 
+from zeroscope.agent.loss_scale import scale_text
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, OffloadDevice, ParamCounts
 
 from . import patches
@@ -344,12 +345,15 @@ def _step_end(
         scale = _loss_scale(engine)
         if skipped:
             at = scale_before if scale_before is not None else 0.0
-            s.event("overflow", f"gradient overflow at loss scale {at:g}: step skipped", at)
+            said = scale_text(at)
+            s.event("overflow", f"gradient overflow at loss scale {said}: step skipped", at)
             minimum = _min_scale(engine)
             if scale is not None and minimum is not None and scale_before == scale == minimum:
-                s.event("scale_at_minimum", f"overflow with the loss scale at {scale:g}", scale)
+                said = scale_text(scale)
+                s.event("scale_at_minimum", f"overflow with the loss scale at {said}", scale)
         if scale is not None and scale_before is not None and scale != scale_before:
-            s.event("scale_change", f"loss scale {scale_before:g} -> {scale:g}", scale)
+            change = f"{scale_text(scale_before)} -> {scale_text(scale)}"
+            s.event("scale_change", f"loss scale {change}", scale)
         s.end_step(
             "deepspeed",
             lr=float(lr[0]) if lr else None,

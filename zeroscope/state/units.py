@@ -3,6 +3,7 @@ plot axes), so a size reads the same everywhere. ``None`` always prints as NA, n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 NA = "NA"
@@ -86,6 +87,16 @@ def scale(value: float | None) -> str:
     if value is None:
         return NA
     return f"{value:.0f}" if value >= 1 else f"{value:g}"
+
+
+def scale_short(value: float | None) -> str:
+    """A loss scale in a six-wide column: whole up to 999999, a larger power of two as 2^N
+    (GradScaler's and DeepSpeed's scales are powers of two: 2^20 = 1048576 ran into the next
+    column, 2^40 would take thirteen)."""
+    if value is None or value < 1e6:
+        return scale(value)
+    exponent = round(math.log2(value))
+    return f"2^{exponent}" if 2.0**exponent == value else count(value)
 
 
 def count(value: float | None) -> str:

@@ -169,7 +169,7 @@ class RankTable(CursorTable):
             line.append(f"{units.size(row.total):>7}{units.seconds(row.step_time):>7}")
             line.append(f"{'NA' if slow is None else f'{slow:.2f}x':>6}", style=slow_style)
             line.append(f"{units.percent(row.exposed):>5}{units.short_rate(row.offload_bw):>9}")
-            line.append(f"{units.scale(row.loss_scale):>7}")
+            line.append(f" {units.scale_short(row.loss_scale):>6}")
             t = row.throughput
             if mfu:
                 line.append(f"{units.fine_percent(t.mfu if t else None):>7}")
