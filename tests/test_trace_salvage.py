@@ -161,3 +161,37 @@ def test_a_trace_filled_to_a_full_disk_reads_every_committed_step(tmp_path: Path
         assert r.damage is None
         assert r.steps() is not None and r.steps()[1] >= committed  # type: ignore[index]
         assert r.count("step") >= 2 * committed
+
+
+def test_replay_says_on_screen_that_the_trace_was_damaged(tmp_path: Path) -> None:
+    """summary, export and headless replay said it (stderr); the TUI showed "no alerts" (a new
+    user's trial with a trace cut in half). The note stays through a seek's rebuild."""
+    import asyncio
+
+    from tests.test_tui import screen_text
+    from zeroscope.commands.replay import replay_state
+    from zeroscope.tui.app import ZeroscopeApp
+    from zeroscope.tui.feed import Batch, ReplayFeed
+
+    path = tmp_path / "t.zstrace"
+    write_closed(path, 400)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.zstrace"
+    cut.write_bytes(data[: (len(data) // PAGE // 2) * PAGE])
+
+    async def look() -> tuple[str, str]:
+        with TraceReader(cut) as reader:
+            state = replay_state(reader)
+            assert state.recording_error == reader.damage
+            app = ZeroscopeApp(state, ReplayFeed(reader, start_step=5, paused=True))
+            async with app.run_test(size=(120, 30)) as pilot:
+                await pilot.pause(0.5)
+                first = screen_text(app)
+                app.apply_batch(Batch([], reset=True))  # what a seek does: state rebuilt
+                assert app.state.recording_error == reader.damage
+                app.state.version += 1
+                await pilot.pause(0.5)
+                return first, screen_text(app)
+
+    for text in asyncio.run(look()):
+        assert "is damaged" in text, text

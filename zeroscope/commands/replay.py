@@ -12,7 +12,9 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from zeroscope.state.viewmodel import ClusterState
     from zeroscope.store.sources import TraceSource
+    from zeroscope.store.trace import TraceReader
 
 HELP = "open the live view on a recorded trace"
 
@@ -58,8 +60,22 @@ def replay_headless(source: TraceSource) -> int:
     return 0
 
 
-def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
+def replay_state(reader: TraceReader) -> ClusterState:
+    """The viewer's state before the trace's messages: what the trace says of itself."""
     from zeroscope.state.viewmodel import ClusterState
+
+    state = ClusterState()
+    state.job_id = reader.job_id
+    if reader.thinned_note:
+        # The header says the history is thinned; the rates count step numbers.
+        state.thinned = reader.thinned_note
+        state.totals.thinned = True
+    if reader.damage:  # read from a salvaged copy: said on screen too, not only on stderr
+        state.recording_error = reader.damage
+    return state
+
+
+def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
     from zeroscope.tui.app import ZeroscopeApp
     from zeroscope.tui.feed import SPEEDS, ReplayFeed
 
@@ -69,11 +85,6 @@ def replay_live(source: TraceSource, step: int | None, speed: float) -> int:
 
         raise CliError(f"--speed must be one of {', '.join(f'{s:g}' for s in SPEEDS)}")
     feed = ReplayFeed(reader, start_step=step, paused=step is not None, speed=speed)
-    state = ClusterState()
-    state.job_id = reader.job_id
-    if reader.thinned_note:
-        # The header says the history is thinned; the rates count step numbers.
-        state.thinned = reader.thinned_note
-        state.totals.thinned = True
+    state = replay_state(reader)
     ZeroscopeApp(state, feed, trace=str(reader.path)).run()
     return 0

@@ -179,7 +179,10 @@ class ZeroscopeApp(App[str]):
         if batch.reset:
             old = self.state
             self.state = ClusterState(history_steps=old.history_steps, rules=old.rules)
+            # What the trace says of itself, not its messages: kept through a seek.
             self.state.job_id = old.job_id
+            self.state.thinned, self.state.totals.thinned = old.thinned, old.totals.thinned
+            self.state.recording_error = old.recording_error
         now = time.time() if self.live_clock else None
         for message in batch.messages:
             self.state.ingest(message, now)
