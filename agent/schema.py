@@ -91,6 +91,9 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     grad_buckets_separate: bool = False
     """The engine reduces gradients through bucket buffers of its own, beside the ``.grad``
     tensors (DDP without ``gradient_as_bucket_view``): G holds the trainable gradients twice."""
+    grads_all_reduced: bool = False
+    """Stages 1-2 reduce gradients with all-reduces of the whole flat buffer (DeepSpeed's
+    ZeRO-1/2 optimizer), not reduce-scatters of it (the bundled engine): 2Ψ a reduction."""
     fp32_master_copy: bool = False
     """The engine's optimizer keeps an fp32 copy of its partition even when the model is fp32
     (DeepSpeed's ZeRO optimizers clone it): O is 12 bytes a trainable parameter, not the 8 of

@@ -99,6 +99,7 @@ class DeepSpeedReader(EngineReader):
             loss_scale_window=int(fp16.loss_scale_window),
             min_loss_scale=float(fp16.min_loss_scale),
             grad_bucket_bytes=_held_buckets(opt) if stage == 3 else 0,
+            grads_all_reduced=stage in (1, 2),
             fp32_master_copy=stage >= 1
             and not engine.bfloat16_enabled()
             and not engine.fp16_enabled(),

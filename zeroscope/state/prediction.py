@@ -126,10 +126,13 @@ def traffic_elements(config: ConfigSummary, params: ParamCounts) -> tuple[float,
         return 0.0, "one rank: no collectives"
     if config.stage == 0:
         return 2 * psi, "gradient all-reduce"
+    # DeepSpeed's ZeRO-1/2 all-reduce the whole flat gradients (2Ψ each), the bundled engine
+    # reduce-scatters them (Ψ); stage 2 reduces every micro-batch, stage 1 once a step.
+    reduce, op = (2, "all-reduce") if config.grads_all_reduced else (1, "reduce-scatter")
     if config.stage == 1:
-        return 2 * psi, "reduce-scatter + all-gather"
+        return (reduce + 1) * psi, f"gradient {op} + all-gather"
     if config.stage == 2:
-        return (g + 1) * psi, f"{g} reduce-scatter{'s' if g > 1 else ''} + all-gather"
+        return (g * reduce + 1) * psi, f"{g} gradient {op}{'s' if g > 1 else ''} + all-gather"
     persistent = float(params.persistent)
     nonpersistent = max(psi - persistent, 0.0)
     k = reuse_fraction(config, nonpersistent)
