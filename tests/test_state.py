@@ -321,3 +321,22 @@ def test_a_pipeline_stage_is_a_straggler_only_against_its_own_replicas() -> None
 
     assert run(None) == []
     assert run(3) == [("straggler", 3)]
+
+
+def test_ddps_predicted_traffic_counts_only_the_trainable_gradients() -> None:
+    """DDP all-reduces the gradients of the parameters that have one: a LoRA'd model's frozen
+    base moves nothing (a new user's LoRA run over DDP read 28.8KB against a predicted 883KB,
+    the whole model's all-reduce)."""
+    from zeroscope.agent.schema import SCHEMA_VERSION, ConfigSummary, Hello, ParamCounts
+    from zeroscope.state.prediction import predicted_traffic
+
+    state = ClusterState()
+    state.ingest(
+        Hello(
+            schema_version=SCHEMA_VERSION, job_id="j", rank=0, world_size=2,
+            config=ConfigSummary(stage=0, precision="fp32", dp_world_size=2),
+            params=ParamCounts(total=110_400, trainable=3_584),
+        )
+    )  # fmt: skip
+    prediction = predicted_traffic(state)
+    assert prediction is not None and prediction.volume == 2 * 3_584 * 4

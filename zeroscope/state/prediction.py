@@ -124,8 +124,9 @@ def traffic_elements(config: ConfigSummary, params: ParamCounts) -> tuple[float,
     g = max(1, config.gradient_accumulation_steps)
     if config.dp_world_size <= 1:
         return 0.0, "one rank: no collectives"
-    if config.stage == 0:
-        return 2 * psi, "gradient all-reduce"
+    if config.stage == 0:  # frozen parameters have no gradient to all-reduce (DDP, LoRA)
+        trainable = float(min(params.trainable, params.total))
+        return 2 * trainable, "gradient all-reduce"
     # DeepSpeed's ZeRO-1/2 all-reduce the whole flat gradients (2Ψ each), the bundled engine
     # reduce-scatters them (Ψ); stage 2 reduces every micro-batch, stage 1 once a step.
     reduce, op = (2, "all-reduce") if config.grads_all_reduced else (1, "reduce-scatter")
