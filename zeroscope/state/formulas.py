@@ -124,7 +124,9 @@ def model_state_bytes(
         host_grads = 4 * t / ranks
         grads = 0.0 if stage >= 2 else grads
     if offload_param != "none":
-        host_params, params = params, 0.0
+        # The shards go to the host; the persistent parameters stay whole on the device (as
+        # DeepSpeed keeps them: only their ds_tensor shard is offloaded with the others).
+        host_params, params = p * psi / ranks, p * persistent
     return ModelStateBytes(
         params=params,
         grads=grads,
