@@ -121,7 +121,7 @@ def test_odd_trace_paths_end_in_one_line_errors(good_trace: bytes, tmp_path: Pat
     for path, words in [
         (empty, "not a zeroscope trace"),
         (header, str(header)),
-        (folder, "no such trace file"),
+        (folder, "is a directory, not a trace file"),
         (version, "schema_version 99"),
         (fmt, "not a zeroscope trace"),
         (payload, "corrupt row"),
@@ -130,6 +130,15 @@ def test_odd_trace_paths_end_in_one_line_errors(good_trace: bytes, tmp_path: Pat
             code, _, err = run_cli(*verb, str(path))
             assert code != 0 and words in err, (verb, path, err)
             assert_clean(code, err, path)
+    # advise takes a trace or a ds_config: what is neither is named as such, not read as a
+    # ds_config ("a ds_config needs --world-size N" on a folder or an empty .zstrace).
+    for path, words in [
+        (folder, "is a directory, not a trace or a ds_config"),
+        (empty, "not a zeroscope trace"),
+    ]:
+        code, _, err = run_cli("advise", str(path))
+        assert code != 0 and words in err, (path, err)
+        assert_clean(code, err, path)
 
 
 # -- ds_config -------------------------------------------------------------------------------

@@ -144,7 +144,11 @@ def main(args: argparse.Namespace) -> int:
         )
     if not args.target.exists():
         raise CliError(f"no such trace or ds_config: {args.target}")
+    if args.target.is_dir():
+        raise CliError(f"{args.target} is a directory, not a trace or a ds_config")
     if not _is_trace(args.target):
+        if args.target.suffix == ".zstrace":  # named as a trace, but no SQLite file
+            raise CliError(f"{args.target}: not a zeroscope trace (no SQLite header)")
         return _preflight(args)
     from zeroscope.state.viewmodel import advise
     from zeroscope.store.feed import state_of_file

@@ -292,6 +292,8 @@ class TraceReader:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise TraceError(f"{self.path} is a directory, not a trace file")
         if not self.path.is_file():
             raise TraceError(f"{self.path}: no such trace file")
         with open(self.path, "rb") as f:
