@@ -64,6 +64,22 @@ def _cpu_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_zeroscope_home_for_the_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """The same for module- and session-scoped fixtures, which run before any function's
+    monkeypatch: their ``zeroscope run`` jobs had left ~110 discovery records in the user's
+    ~/.cache/zeroscope/jobs (``zeroscope jobs --all`` listed pytest's temporary traces)."""
+    before = os.environ.get("ZEROSCOPE_HOME")
+    os.environ["ZEROSCOPE_HOME"] = str(tmp_path_factory.getbasetemp() / "zeroscope-home")
+    yield
+    if before is None:
+        os.environ.pop("ZEROSCOPE_HOME", None)
+    else:
+        os.environ["ZEROSCOPE_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def _private_zeroscope_home(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
