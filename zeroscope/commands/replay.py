@@ -22,7 +22,13 @@ HELP = "open the live view on a recorded trace"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", help="a .zstrace file written by zeroscope run / serve")
     parser.add_argument("--step", type=int, help="open paused at this step")
-    parser.add_argument("--speed", type=float, default=1.0, help="playback speed (0.25 .. 64)")
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="playback speed: 0.25, 0.5, 1 (4 steps a second, not the run's own pace), 2, 4, 8, "
+        "16 or 64",
+    )
     parser.add_argument("--headless", action="store_true", help="print the per-step lines")
 
 
@@ -38,6 +44,9 @@ def main(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise CliError(str(exc)) from None
     try:
+        if args.step is not None:  # open at a step the trace has (a step before the first
+            # opened an empty view, every figure NA)
+            args.step = min(max(args.step, source.first_step), source.last_step)
         if args.headless or not sys.stdout.isatty():
             return replay_headless(source)
         return replay_live(source, args.step, args.speed)
