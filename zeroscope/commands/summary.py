@@ -157,8 +157,9 @@ def format_table(summary: dict[str, Any]) -> str:
             lines.append("  ".join("-" * w for w in widths))
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
     lines.append(
-        "all: steps, step ms, exposed% and overflows of the cluster; P/G/O/A peak = max over "
-        "ranks"
+        "all: steps, step ms (1 / steps per second: below the slowest rank's own mean when "
+        "ranks end their steps at different times), exposed% and overflows of the cluster; "
+        "P/G/O/A peak = max over ranks"
         + ("; host peak = offloaded P+G+O in host memory, max over ranks" if host else "")
         + "; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
         "! exposed above the alert's threshold"
