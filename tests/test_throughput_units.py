@@ -403,3 +403,19 @@ def test_a_16_bit_jobs_cpu_peak_is_the_best_of_its_dtype_and_fp32() -> None:
         assert peak > 2 * fp16
     else:
         assert peak >= 0.5 * max(fp16, fp32)
+
+
+def test_the_peak_a_run_shows_is_the_one_its_mfu_divides_by() -> None:
+    """A run's MFU divides by the counted steps' time-weighted peak; the summary printed the
+    last step's beside it. A last step with one rank's report lost read half the peak: "MFU
+    9.1% of 175GFLOP/s" next to 28.1 GFLOP/s (a new user's salvaged trace). Now MFU = the
+    TFLOP/s shown / the peak shown."""
+    state = _state(2)
+    for step, ranks in ((1, (0, 1)), (2, (0, 1)), (3, (0, 1)), (4, (0,))):
+        for rank in ranks:
+            state.ingest(_report(rank, step, 2.0, _work()))
+    state.flush()
+    out = run_report(state)
+    assert out["mfu"] == pytest.approx(out["tflops_per_s"] / out["peak_tflops"])
+    # steps 2-3 with both ranks' peaks (2e14), step 4 with one (1e14), each 2 s
+    assert out["peak_tflops"] == pytest.approx((2e14 * 4 + 1e14 * 2) / 6 / 1e12)

@@ -209,7 +209,9 @@ def _steady(points: list[tuple[float, list[Work | None]]]) -> Throughput:
         tokens_per_s=tokens_per_s,
         tflops_per_s=None if flops_per_s is None else flops_per_s / 1e12,
         mfu=mfu,
-        peak_tflops=last.peak_tflops,
+        # The peak MFU divides by (the counted steps' time-weighted peak), not the last step's:
+        # a last step one rank's report of which was lost read half of it beside the MFU.
+        peak_tflops=peak / 1e12 if peak else last.peak_tflops,
         peak_source=last.peak_source,
         flops_per_step=last.flops_per_step,
         predicted_flops_per_step=last.predicted_flops_per_step,
