@@ -134,7 +134,7 @@ class PeakProbe:
                 name, found = "this GPU", None
             if found is None:
                 self._source = (
-                    f"{name} ({precision}) is not in agent/peak.py's datasheet table; "
+                    f"{name} ({precision}) is not in agent/peak.py's datasheet table, and "
                     f"{PEAK_TFLOPS_ENV}=<dense peak> gives it (the GPU is never probed: "
                     "that would take device memory from the job)"
                 )
