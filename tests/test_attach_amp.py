@@ -21,6 +21,7 @@ from tests.attach_support import (
     run_zeroscope,
     segments,
 )
+from zeroscope.agent.loss_scale import scale_text
 from zeroscope.state import ClusterState
 from zeroscope.store.trace import TraceReader
 
@@ -153,7 +154,7 @@ def test_the_loss_scale_screen_shows_the_scalers_history(runs: dict) -> None:
     text = asyncio.run(look())
     assert f"{skipped} of {total} steps skipped" in text
     assert "no loss scaling" not in text
-    assert f"gradient overflow at loss scale {own[-2]['scale']:g}: step skipped" in text
+    assert f"gradient overflow at loss scale {scale_text(own[-2]['scale'])}: step skipped" in text
 
 
 def test_summary_and_export_carry_every_overflow(runs: dict) -> None:
