@@ -86,8 +86,10 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self.engine = engine
         self.errors = 0
         self.step = 1
-        self._base = 0  # the job's own number of its step 0 (a resumed run: number_steps_from)
         """The step in progress (the first StepReport is step 1)."""
+        self._base = 0
+        """The job's own number of the step before this run's first (a resumed run:
+        :meth:`number_steps_from`); reports carry ``step + _base``."""
         self.cuda = False
         self.device_index: int | None = None
         """The GPU named in Hello: allocator figures are read for it, not the current device
