@@ -376,12 +376,13 @@ class AttachSession:
         if self._hello_for != (id(reader), engine):
             self._hello_for = (id(reader), engine)
             config, params, device = reader.hello()
-            if self.frontend_config and reader.kind != "deepspeed":  # DeepSpeed says its own
-                config = msgspec.structs.replace(config, **self.frontend_config)
+            known = self.frontend_config
+            if known and reader.kind != "deepspeed":  # DeepSpeed says its own
                 config = msgspec.structs.replace(
                     config,
-                    train_batch_size=config.micro_batch_size
-                    * config.gradient_accumulation_steps
+                    **known,
+                    train_batch_size=known["micro_batch_size"]
+                    * known["gradient_accumulation_steps"]
                     * config.dp_world_size,
                 )
             tel.engine = engine
