@@ -23,7 +23,7 @@ import msgspec
 from . import capture
 from .activations import ActivationCounter, BlockSplit
 from .api import PhaseName, Telemetry, Waitable
-from .cadence import ActivationCadence
+from .cadence import MAX_COUNTED_FORWARDS, ActivationCadence
 from .comm import CollectiveTracker
 from .cost import SeamCost, now_ns
 from .device_memory import DevicePeaks
@@ -115,7 +115,9 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self._plain = False
         """Whether this step's phases take the lean path (agent/phase_scope.py): on CPU, in a
         step whose activations cannot be counted."""
-        self._counted_this_step = False
+        self._counted_this_step = 0
+        """Forwards of this step whose saved tensors were counted (at most
+        :data:`~zeroscope.agent.cadence.MAX_COUNTED_FORWARDS`)."""
         self._counting = False
         """Inside a forward whose saved tensors are being counted (block marks count then)."""
         self._last_activations: tuple[int, int] | None = None  # (bytes, step measured)
@@ -196,10 +198,17 @@ class LiveTelemetry(RankIdentity, Telemetry):
         """The full path of a phase's entry (a counted forward, a CUDA step)."""
         t0 = now_ns()
         try:
-            if scope.name == "forward" and self._cadence.due(self.step, self._counted_this_step):
-                if not self._counted_this_step:  # the step's window starts at its first forward
-                    self._counted_this_step = True
+            counted = self._counted_this_step
+            if (
+                scope.name == "forward"
+                and counted < MAX_COUNTED_FORWARDS
+                and self._cadence.due(self.step, counted > 0)
+            ):
+                if not counted:  # the step's window starts at its first forward
                     self._activations.take_peak()
+                counted = self._counted_this_step = counted + 1
+                if counted == MAX_COUNTED_FORWARDS and self._device_event is None:
+                    self._plain = self._peaks is None  # its later phases: the lean path
                 hooks = scope.hooks = self._activations.hooks()
                 hooks.__enter__()
                 self._activations.take_blocks()  # each forward's own split (the last is kept)
@@ -337,9 +346,9 @@ class LiveTelemetry(RankIdentity, Telemetry):
         try:
             if not self._hello_sent:
                 self._send_hello(None, None, "cpu")
-            counted = self._counted_this_step
+            counted = self._counted_this_step > 0
             if counted:
-                self._counted_this_step = False
+                self._counted_this_step = 0
                 self._last_activations = (self._activations.take_peak(), self.step + self._base)
                 self._last_blocks = self._activations.take_blocks()
             make = self._device_event

@@ -46,6 +46,12 @@ COMPILED_NA = (
     "change what it compiles)"
 )
 MAX_COUNTS = 4
+MAX_FORWARDS_COUNTED = 256
+"""A count still running at this many forwards of one step is given up, and no count is made
+again: FLOPs NA with the reason. The count lasts until the step's end, so a loop whose end
+zeroscope never sees (no hooked optimizer: a manual SGD update) kept every op of the run
+under the counter's Python dispatch: a DDP MLP ran 60 % slower. 256 micro-batches is more
+gradient accumulation than real configs use."""
 
 
 def _sequence(x: Any) -> tuple[int, int] | str:
@@ -200,6 +206,8 @@ class WorkMeter:
                     self._masks.append(DeferredScalar(mask.detach().sum()))
             first = not self._shapes
             self._shapes.append(shape)
+            if self._counter is not None and len(self._shapes) > MAX_FORWARDS_COUNTED:
+                self._give_up(step)
             if first and self._counter is None:
                 due, check = self._due(shape), self._check_due(shape)
                 if (due or check) and not self._compiled(module):
@@ -209,6 +217,17 @@ class WorkMeter:
                     self._counted_first.add(shape)
         except Exception:
             self.errors += 1
+
+    def _give_up(self, step: int) -> None:
+        """The count has run past :data:`MAX_FORWARDS_COUNTED` forwards of ``step``: off."""
+        counter, self._counter = self._counter, None
+        self._checking = False
+        self._na_flops = (
+            f"FLOPs not counted: step {step} ran {MAX_FORWARDS_COUNTED:,} forwards without a "
+            "step end seen (a loop whose optimizer zeroscope does not hook?), so counting "
+            "stopped rather than slow the job"
+        )
+        counter.__exit__(None, None, None)
 
     def _compiled(self, module: Any) -> bool:
         """torch.compile is in play: a dispatch mode around a compiled call changes what

@@ -24,7 +24,10 @@ DRIFTS = {
     "fr_dump": "collectives run below Python (DDP's reducer): not seen",
     "group_sequence": "collectives run below Python (DDP's reducer): not seen",
     "ddp_logging": "DDP's bucket buffers in G: not seen",
-    "queue_callback": "the backward phase: not seen",
+    # Backward is timed around ``Tensor.backward`` (agent/attach/torch_loop.py): autograd's
+    # queue_callback is needed only by a job calling ``torch.autograd.backward`` itself
+    # (tests/test_attach_backward_timing.py), so a job losing it loses nothing.
+    "queue_callback": "",
 }
 
 
@@ -36,7 +39,8 @@ every rank's trace names its own loss (an event), and not the other's where the 
 
 
 def _part(drift: str) -> str:
-    """What the drift makes zeroscope lose, as its console line and trace event name it."""
+    """What the drift makes zeroscope lose, as its console line and trace event name it
+    ("" where it loses nothing)."""
     return DRIFTS[drift].split(": not seen")[0]
 
 
@@ -65,6 +69,7 @@ def test_a_vanished_private_api_changes_nothing_and_is_said(
     console = done.stdout + done.stderr
     for drift in pair:
         assert DRIFTS[drift] in console, (drift, console[-3000:])
+    assert "the backward phase" not in console  # see DRIFTS
     trace = read_trace(tmp_path / "t")
     for rank, drift in enumerate(pair):
         steps = trace[rank].steps
@@ -75,8 +80,9 @@ def test_a_vanished_private_api_changes_nothing_and_is_said(
         # one at close: its event still leaves with that last batch).
         events = [e.message for e in trace[rank].events]
         for other in pair:
-            said = any(f"zeroscope lost {_part(other)}" in m for m in events)
-            assert said == (_part(other) == _part(drift)), (drift, other, events)
+            said = _part(other) and any(f"zeroscope lost {_part(other)}" in m for m in events)
+            assert bool(said) == (_part(other) == _part(drift) != ""), (drift, other, events)
+        assert all(s.phases.backward is not None for s in steps), drift  # timed all the same
         if drift in ("fr_dump", "group_sequence"):  # what it lost is not shown as measured
             assert all(c.op != "all_reduce" for s in steps for c in s.collectives), drift
 

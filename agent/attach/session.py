@@ -312,8 +312,10 @@ class AttachSession:
                     return
                 loss = loss.detach()
             losses = self._losses
-            if len(losses) >= 4096:  # backward() without any step ending (no engine found)
-                del losses[:2048]
+            if len(losses) >= LOSSES_HELD and len(losses) % LOSSES_HELD == 0:
+                _read_host_losses(losses)
+                if len(losses) >= 4096:  # backward() without any step ending (no engine found)
+                    del losses[:2048]
             losses.append((loss, weight))
         except Exception:
             self.errors += 1
@@ -417,6 +419,20 @@ class AttachSession:
         if self._census_at and self._census_at != getattr(tel, "current_step", 0):
             memory = msgspec.structs.replace(memory, census_step=self._census_at)  # repeated
         tel.step_end(memory=memory, **figures)
+
+
+LOSSES_HELD = 64
+"""Micro-batch losses a step holds as tensors before the CPU ones are read into floats. Each
+held tensor pins its small block in the allocator's heap between the step's large freed
+buffers: a loop whose step end is never seen (no hooked optimizer) grew ~0.4 MB of RSS an
+iteration on a DDP MLP (8 x 512, batch 32) until the step's end would have freed them."""
+
+
+def _read_host_losses(losses: list[tuple[Any, float]]) -> None:
+    """Read the held CPU losses now (a float each: no device sync); device ones stay tensors."""
+    for i, (loss, weight) in enumerate(losses):
+        if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
+            losses[i] = (float(loss), weight)
 
 
 def mean_loss(losses: list[tuple[Any, float]]) -> Any:
