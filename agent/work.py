@@ -173,7 +173,11 @@ class WorkMeter:
         self.errors = 0
 
     def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
-        """One micro-batch about to enter ``module``'s forward."""
+        """One micro-batch about to enter ``module``'s forward. A forward with autograd off
+        (``torch.no_grad()``, ``inference_mode()``: an evaluation between training steps
+        through the same model) trains nothing: its tokens are not the step's."""
+        if not torch.is_grad_enabled():
+            return
         try:
             if self._module() is not module:  # a new model (a script may train several)
                 # A weak reference, not id(): a later model may reuse a freed one's id (an
