@@ -37,6 +37,7 @@ from zeroscope.agent.cadence import ActivationCadence
 from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamCounts, Precision
 
 from . import collectives, patches
+from .accumulation import unscaled
 from .census import Census
 
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
@@ -119,6 +120,9 @@ class AttachSession:
         """A weakref to the model a frontend (the HF Trainer) trains: a plain optimizer's
         reader counts its parameters that the optimizer does not step (frozen) in P."""
         self._losses: list[Any] = []
+        self._divisor: float | None = None
+        """The divisor every micro-batch loss of the step was handed in with (None: no loss
+        yet; 0: they differ)."""
         self._depth: dict[str, int] = {}
         self._open: dict[str, Any] = {}
         self._grads: tuple[int, int] = (0, 0)
@@ -302,11 +306,14 @@ class AttachSession:
             except Exception:
                 self.errors += 1
 
-    def add_loss(self, loss: Any, weight: float = 1.0) -> None:
+    def add_loss(self, loss: Any, weight: float = 1.0, divisor: float = 1.0) -> None:
         """A micro-batch's loss (a tensor, detached here; read at the step end without a sync).
         ``weight`` undoes a scaling the caller applied (a loss already divided by the
-        accumulation steps)."""
+        accumulation steps); ``divisor``: the number the script divided the loss by, undone
+        at the step's end when it is the step's accumulation (agent/attach/accumulation.py)."""
         try:
+            seen = self._divisor
+            self._divisor = divisor if seen is None or seen == divisor else 0.0
             if isinstance(loss, torch.Tensor):
                 if loss.numel() != 1:
                     return
@@ -371,6 +378,7 @@ class AttachSession:
             self.errors += 1
         self.steps += 1
         self._losses = []
+        self._divisor = None
         self._phases = 0
 
     def _send(self, tel: Any, reader: EngineReader, figures: dict[str, Any]) -> None:
@@ -414,7 +422,7 @@ class AttachSession:
             self.memory_cadence.spent((self._census_ns + time.thread_time_ns() - t0) / 1e9)
         self._census_ns = 0
         if "loss" not in figures:
-            figures["loss"] = mean_loss(self._losses)
+            figures["loss"] = mean_loss(unscaled(self._losses, self._divisor or 1.0))
         memory = self._memory
         if self._census_at and self._census_at != getattr(tel, "current_step", 0):
             memory = msgspec.structs.replace(memory, census_step=self._census_at)  # repeated

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
 from . import patches
+from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
 from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
 
@@ -237,7 +238,7 @@ def install() -> None:
     def backward_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         s = SESSION
         if s.source <= plain_loop and not s.passive:  # before the first step too
-            s.add_loss(self)
+            s.add_loss(self, divisor=divisor_of(self))
         if not state.armed or state.mode == "hook":
             return backward(self, *args, **kwargs)
         state.armed = False
