@@ -37,7 +37,7 @@ def _accumulate(rank: int, world: int, dead: str, k: int, how: str) -> dict:
         end(**figures)
 
     SESSION.tel.step_end = step_end
-    for step in range(STEPS):
+    for _ in range(STEPS):
         logged.append([])
         for _ in range(k):
             x, y = torch.randn(4, 8), torch.randn(4, 1)
