@@ -28,6 +28,7 @@ counted).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable
@@ -170,6 +171,8 @@ class WorkMeter:
         self._varies = ""
         """Why no count is reused: the check found the model's work changed with its data."""
         self._kinds: dict[Any, tuple[int, int] | str] = {}
+        self._models: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+        """Each model trained before the current one: its counts, kept for when it is back."""
         self.errors = 0
 
     def inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
@@ -179,19 +182,10 @@ class WorkMeter:
         if not torch.is_grad_enabled():
             return
         try:
-            if self._module() is not module:  # a new model (a script may train several)
-                # A weak reference, not id(): a later model may reuse a freed one's id (an
-                # FSDP2 GPT after a DDP Llama got the Llama's cached count that way).
-                self._module = weakref.ref(module)
-                self._shape = model_shape(module)
-                self._counted.clear()
-                self._counted_first.clear()
-                self._checked, self._varies = False, ""
-                self._na_flops = ""
-                if self.enabled:  # the peak only divides counted FLOPs: no probe without them
-                    p = next(module.parameters(), None)
-                    device = p.device if p is not None else torch.device("cpu")
-                    self.peak.start(torch, device, precision_of(module, device))
+            if self._module() is not module:  # another model (a script may train several)
+                if self._shapes:  # the step is its first model's (a GAN's D after its G)
+                    return
+                self._switch(module)
             x, mask = first_input(args, kwargs)
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
             kind = (x.dtype, shape) if shape else None
@@ -221,6 +215,44 @@ class WorkMeter:
                     self._counted_first.add(shape)
         except Exception:
             self.errors += 1
+
+    def _switch(self, module: Any) -> None:
+        """The step's model is ``module``: its counts come back if it was seen before, so two
+        models trained in turn (a GAN, two tasks) are not each counted anew every step, which
+        ran every op of every step under the counter (a DDP GAN 2.5x slower). Kept by a weak
+        reference, not id(): a later model may reuse a freed one's id (an FSDP2 GPT after a DDP
+        Llama got the Llama's cached count that way)."""
+        old = self._module()
+        if old is not None:
+            with contextlib.suppress(TypeError):  # a module that cannot be weakly keyed
+                self._models[old] = (
+                    self._shape,
+                    self._counted,
+                    self._counted_first,
+                    self._checked,
+                    self._varies,
+                    self._na_flops,
+                )
+        self._module = weakref.ref(module)
+        kept = self._models.pop(module, None)
+        if kept is not None:
+            (
+                self._shape,
+                self._counted,
+                self._counted_first,
+                self._checked,
+                self._varies,
+                self._na_flops,
+            ) = kept
+            return
+        self._shape = model_shape(module)
+        self._counted, self._counted_first = {}, set()
+        self._checked, self._varies = False, ""
+        self._na_flops = ""
+        if self.enabled:  # the peak only divides counted FLOPs: no probe without them
+            p = next(module.parameters(), None)
+            device = p.device if p is not None else torch.device("cpu")
+            self.peak.start(torch, device, precision_of(module, device))
 
     def _give_up(self, step: int) -> None:
         """The count has run past :data:`MAX_FORWARDS_COUNTED` forwards of ``step``: off."""

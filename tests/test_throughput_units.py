@@ -224,6 +224,32 @@ def test_an_evaluation_forward_between_steps_is_not_the_steps_work() -> None:
     assert evaluated.flops == plain.flops
 
 
+def test_two_models_trained_in_turn_keep_their_counts() -> None:
+    """Two models in turn, by step (two tasks) or within a step (a GAN's G then D): each model's
+    counts are kept for when it is back, so steps reuse them; before, each change of model
+    cleared them and every step ran under the counter (a DDP GAN 2.5x slower)."""
+    torch.manual_seed(0)
+    a, b, meter = KnownGPT(seq=16), KnownGPT(seq=8), WorkMeter()
+    ids = {a: torch.randint(0, 64, (2, 16)), b: torch.randint(0, 64, (2, 8))}
+    by_step = [_step(meter, m, step, ids[m], ids[m]) for step, m in enumerate([a, b] * 4, 1)]
+    # Counted once, checked once (its shape back), then reused: a's at steps 1 and 3, b's 2, 4.
+    assert [w.flops_step for w in by_step] == [1, 2, 3, 4, 3, 4, 3, 4]
+    assert [w.flops for w in by_step[4:]] == [by_step[2].flops, by_step[3].flops] * 2
+    assert [w.tokens for w in by_step] == [32, 16] * 4
+
+    meter = WorkMeter()
+    within = []
+    for step in range(1, 6):  # G's forward opens the step; D's forward runs inside it
+        meter.inputs(a, (ids[a], ids[a]), {}, step)
+        meter.inputs(b, (ids[b], ids[b]), {}, step)
+        (a(ids[a], ids[a]) + b(ids[b], ids[b])).backward()
+        facts = meter.take(step)
+        assert facts is not None
+        within.append(work_report(facts))
+    assert [w.flops_step for w in within] == [1, 2, 2, 2, 2]
+    assert [w.tokens for w in within] == [32] * 5  # the step's model's own micro-batches
+
+
 class _MaskedHead(torch.nn.Module):
     """Work that follows the data, not the shapes: the head runs over the even ids only (a
     masked-LM head over the masked positions)."""
