@@ -50,14 +50,16 @@ def rank_traceback() -> list[str]:
     return _stderr_of(init + RAISE)
 
 
-def test_a_ranks_traceback_is_hidden_and_its_last_exception_kept(
+def test_a_ranks_traceback_is_shown_and_its_last_exception_kept(
     rank_traceback: list[str],
 ) -> None:
+    """The traceback is the job's output, shown as torchrun shows it (hiding tracebacks also hid
+    the ones a script prints for errors it handles); the end of the run names the error."""
     assert any(line.startswith("[rank0]: Traceback") for line in rank_traceback)
     assert "" in rank_traceback  # the chained traceback's blank lines carry no prefix
     scanner = ErrorScanner()
     shown = [line for line in rank_traceback if scanner.feed(line)]
-    assert shown == []
+    assert shown == rank_traceback
     assert scanner.error_of(0) == ERROR  # the raised one, not the KeyError it chains
     assert [e.rank for e in scanner.errors()] == [0]
 
@@ -88,9 +90,30 @@ def test_a_traceback_before_the_process_group_is_read_too() -> None:
     lines = _stderr_of(RAISE)
     scanner = ErrorScanner()
     shown = [line for line in ["loss 0.5", *lines, "next"] if scanner.feed(line)]
-    assert shown == ["loss 0.5", "next"]  # the job's own lines pass
+    assert shown == ["loss 0.5", *lines, "next"]  # every line of the job's passes
     (error,) = scanner.errors()
     assert error.rank is None and error.line == ERROR
+
+
+def test_a_traceback_the_script_prints_for_a_handled_error_is_shown() -> None:
+    """A script that catches an error, prints its traceback and trains on (a checkpoint write
+    that failed): a new user's run under zeroscope lost both tracebacks from the console."""
+    printed = (
+        "import traceback\n"
+        "try:\n"
+        "    open('/nonexistent/dir/ckpt.pt', 'wb')\n"
+        "except OSError:\n"
+        "    traceback.print_exc()\n"
+        "print('training on')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", printed], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0 and run.stdout == "training on\n"
+    lines = run.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "FileNotFoundError" in lines[-1]
+    scanner = ErrorScanner()
+    assert [line for line in lines if scanner.feed(line)] == lines
 
 
 def test_torchruns_shutdown_chatter_is_hidden() -> None:

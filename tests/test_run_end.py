@@ -88,7 +88,7 @@ def _all_gone(procs: list[psutil.Process], timeout: float) -> bool:
     return not alive
 
 
-def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) -> None:
+def test_a_failed_rank_gives_its_traceback_its_error_and_its_exit_code(tmp_path: Path) -> None:
     run = _zeroscope("run", "--headless", "--nproc-per-node", "2", str(FAILING), cwd=tmp_path)
     terminal = run.stdout + run.stderr
     error = f"ConfigError: {MESSAGE}"
@@ -99,8 +99,10 @@ def test_a_failed_rank_gives_its_error_once_and_its_exit_code(tmp_path: Path) ->
     text = log.read_text()
     code, then = exit_of_rank_0(text)
     assert run.returncode == code, terminal
-    assert terminal.count(error) == 1
-    assert "Traceback" not in terminal and "[rank" not in terminal and "FAILED" not in terminal
+    # The rank's traceback is the job's output, shown as torchrun shows it; the summary names
+    # its error once more at the end; torchrun's own failure banner is not repeated.
+    assert run.stderr.count(f"[rank0]: {error}") == 1 and "[rank0]: Traceback" in run.stderr
+    assert terminal.count(error) == 2 and "FAILED" not in terminal
     job_id = trace.stem
     assert lines[0] == f"job {job_id}: no rank reported"  # named, though no rank ever reported
     # The failure is a diagnostic: on stderr, as plain torchrun puts it, and only there.
@@ -134,7 +136,9 @@ def test_an_error_raised_before_the_process_group_reaches_the_terminal(tmp_path:
     errors = run.stderr.splitlines()
     assert any(ln.startswith("rank ") and ln.endswith(f"(exit code 1): {error}") for ln in errors)
     lines = run.stdout.splitlines()
-    assert (run.stdout + run.stderr).count(error) == 1, run.stdout + run.stderr
+    # Its traceback as Python printed it, and its error once more in the run's end.
+    assert (run.stdout + run.stderr).count(error) == 2, run.stdout + run.stderr
+    assert "Traceback (most recent call last):" in run.stderr
     assert "without a traceback" not in run.stdout and "sitecustomize" not in run.stdout
     assert lines[-1] == "job exit code 1"
 

@@ -141,6 +141,7 @@ class Job:
         if self.process.poll() is not None:
             return
         if self._first_stop(reason, code):
+            self.scanner.stopping = True
             self._pending = (signal.SIGINT, time.monotonic() + READY_WAIT_S)
             self._deliver_pending()
         else:

@@ -3,10 +3,14 @@
 A failing job prints a traceback per rank (torch prefixes every line of an uncaught exception
 with ``[rankN]: ``, distributed_c10d's excepthook, once the process group exists; its C++
 warnings get ``[rankN]:`` too, and pass), and torchrun
-adds its shutdown chatter. What a person needs is one line: the exception the first failing
+adds its shutdown chatter. At the end a person needs one line: the exception the first failing
 rank raised (``ConfigError: ... did you mean 'reduce_bucket_size'?``). :class:`ErrorScanner`
-reads the output line by line, keeps each rank's last exception line in arrival order, and says
-which lines are traceback noise a terminal can do without (the log file keeps every line).
+reads the output line by line and keeps each rank's last exception line in arrival order. Every
+line of the job's own reaches the terminal as it would under torchrun, tracebacks included (a
+traceback the script prints for an error it handled, ``traceback.print_exc()``, is the job's
+output too: hiding tracebacks lost those); only torchrun's own shutdown chatter, which the end
+of the run tells again, and the tracebacks of a stop the user asked for (Ctrl-C) are kept to
+the log file.
 """
 
 from __future__ import annotations
@@ -66,9 +70,13 @@ class ErrorScanner:
         self._errors: dict[int | None, RankError] = {}
         self._seq = 0
         self._hid_last = False
+        self.stopping = False
+        """Set when the job is stopped on request (Ctrl-C): the tracebacks the interrupt makes
+        every rank print (``KeyboardInterrupt``) are then kept to the log: the user asked for
+        the stop, and the end of the run says it."""
 
     def feed(self, line: str) -> bool:
-        """Take one line; True when a terminal should show it (False: traceback noise)."""
+        """Take one line; True when a terminal should show it (False: torchrun's chatter)."""
         with self._lock:
             self._seq += 1
             show = self._judge(line)
@@ -80,13 +88,13 @@ class ErrorScanner:
         if match:
             # Uncaught exceptions carry the prefix, and so do torch's own C++ warnings once the
             # group is up ("[rank0]:[W... reducer.cpp:1529] Warning: find_unused_parameters
-            # ..."): only a traceback's lines are hidden.
-            return not self._read(int(match.group(1)), match.group(2))
-        if not line.strip() and self._hid_last:
+            # ...").
+            return not (self._read(int(match.group(1)), match.group(2)) and self.stopping)
+        if self.stopping and not line.strip() and self._hid_last:
             return False  # torch leaves a traceback's blank lines without the prefix
         if ELASTIC_LOG.match(line):
             return False
-        return not self._read(None, line)
+        return not (self._read(None, line) and self.stopping)
 
     def _read(self, rank: int | None, text: str) -> bool:
         """Follow a traceback; True while ``text`` belongs to one."""

@@ -1,4 +1,4 @@
-"""The job's output: all of it to the log file, the useful part to the terminal.
+"""The job's output: all of it to the log file, and all the job's own lines to the terminal.
 
 The job's stdout and stderr come to zeroscope through two pipes, read on two threads:
 
@@ -6,9 +6,9 @@ The job's stdout and stderr come to zeroscope through two pipes, read on two thr
   comes, so ``tail -f`` follows it and nothing the job printed is lost;
 - headless, stdout is passed to zeroscope's stdout in whole lines (a progress bar's ``\r``
   ends one; an unfinished line goes as it is after ``PARTIAL_WAIT_S``), and stderr line by line,
-  minus the ranks' tracebacks and torchrun's shutdown chatter
-  (:class:`~zeroscope.run.job_errors.ErrorScanner`): the end of the run prints the first failing
-  rank's own error line once, instead of one traceback per rank. Both go through
+  the ranks' tracebacks included, minus torchrun's shutdown chatter
+  (:class:`~zeroscope.run.job_errors.ErrorScanner`, which also reads each rank's error line: the
+  end of the run prints the first failing rank's once). Both go through
   :mod:`zeroscope.run.console`, which keeps zeroscope's own lines out of the job's lines;
 - under the TUI nothing is forwarded (the TUI owns the terminal) but the errors are still read,
   so the view can show the first one as soon as it appears.
