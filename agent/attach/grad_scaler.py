@@ -38,7 +38,7 @@ from zeroscope.agent.scalars import NO_SCALAR, DeferredScalar
 
 from . import patches
 from .session import SESSION
-from .torch_loop import OptimizerReader, learning_rate
+from .torch_loop import learning_rate, read_by
 
 
 class _Step:
@@ -110,8 +110,7 @@ def _begin(scaler: Any, optimizer: Any) -> _Step | None:
     if s.primary_optimizer(optimizer) is not optimizer:
         return None
     s.claim_source("grad-scaler")
-    if s.reader is None or not s.reader.alive():
-        s.found(OptimizerReader(optimizer), just_built=False)
+    read_by(optimizer)
     if not s.drives("grad-scaler"):
         return None
     s.before_step("grad-scaler")

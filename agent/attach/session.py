@@ -43,6 +43,10 @@ from .census import Census
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
 
+TAKE_OVER_AFTER = 8
+"""Steps another optimizer takes, with the primary idle, before it ends the steps (a GAN's two
+optimizers alternate and never reach it; a critic stepping five times per generator step, even
+counted twice under a GradScaler, does once and then keeps the steps)."""
 MAX_PHASES_PER_STEP = 16_384
 """Phases one step may time (4,096 micro-batches' forward, backward and more). Each phase is a
 raw mark held until the step ends, and each forward's inputs a shape: a loop whose step end the
@@ -120,6 +124,8 @@ class AttachSession:
         """A weakref to the model a frontend (the HF Trainer) trains: a plain optimizer's
         reader counts its parameters that the optimizer does not step (frozen) in P."""
         self._losses: list[Any] = []
+        self._others = 0
+        """Steps other optimizers took since the primary one last did."""
         self._divisor: float | None = None
         """The divisor every micro-batch loss of the step was handed in with (None: no loss
         yet; 0: they differ)."""
@@ -195,10 +201,18 @@ class AttachSession:
 
     def primary_optimizer(self, optimizer: Any = None) -> Any:
         """The optimizer whose ``step()`` ends a step of a plain torch loop: the first one seen
-        stepping (a later one takes over once the first is gone)."""
+        stepping; another takes over once the first is gone, or once it has stepped
+        :data:`TAKE_OVER_AFTER` times with the first idle (a script that swapped its optimizer
+        and still holds the old one: its steps were no longer reported at all). ``optimizer``:
+        the one about to step (its steps are counted), else None (a question only)."""
         current = self._optimizer() if self._optimizer is not None else None
-        if current is None and optimizer is not None:
+        if optimizer is None or optimizer is current:
+            self._others = 0 if optimizer is not None else self._others
+            return current
+        self._others += 1
+        if current is None or self._others >= TAKE_OVER_AFTER:
             self._optimizer = weakref.ref(optimizer)
+            self._others = 0
             return optimizer
         return current
 

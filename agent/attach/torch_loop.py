@@ -116,13 +116,25 @@ def optimizer_state(census: Census, optimizer: Any) -> None:
         census.add("optim", tensors_in(getattr(optimizer, "state", {})))
 
 
+def read_by(optimizer: Any) -> None:
+    """A loop with no other reader is read through the optimizer that ends its steps (a new
+    one when the script swapped optimizers: the old one's state is no longer the job's)."""
+    s = SESSION
+    reader = s.reader
+    if (
+        reader is None
+        or not reader.alive()
+        or (isinstance(reader, OptimizerReader) and reader._optimizer() is not optimizer)
+    ):
+        s.found(OptimizerReader(optimizer), just_built=False)
+
+
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s = SESSION
     if s.passive or s.building or s.primary_optimizer(optimizer) is not optimizer:
         return
     s.claim_source("optimizer")
-    if s.reader is None or not s.reader.alive():
-        s.found(OptimizerReader(optimizer), just_built=False)
+    read_by(optimizer)
     if s.drives("optimizer"):
         s.before_step("optimizer")
         s.enter("optimizer")

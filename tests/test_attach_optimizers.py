@@ -1,0 +1,65 @@
+"""Which optimizer's ``step()`` ends a step of a plain torch loop. Two optimizers stepping in
+turn (a GAN) keep the first as the step's end; a script that swaps its optimizer while still
+holding the old one has its steps reported again once the new one has stepped
+``TAKE_OVER_AFTER`` times (before, no step was reported for the rest of the run: a new user's
+SGD warm-up then Adam showed 30 steps of 300). Oracles: the loop's own count of each
+optimizer's steps, and the optimizer whose state the reader then counts."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _loop(rank: int, world: int, dead: str, how: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    from zeroscope.agent.attach import install
+    from zeroscope.agent.attach.session import SESSION, TAKE_OVER_AFTER
+
+    install.install()
+    torch.manual_seed(0)
+    g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    x = torch.randn(8, 4)
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    adam = torch.optim.Adam(g.parameters(), lr=1e-3)
+    reported = []
+    if how == "gan":
+        for _ in range(20):
+            d(g(x).detach()).mean().backward()
+            opt_d.step()
+            opt_d.zero_grad()
+            d(g(x)).mean().backward()
+            opt_g.step()
+            opt_g.zero_grad()
+            reported.append(SESSION.steps)
+    else:  # SGD warm-up, then Adam; the SGD object stays referenced
+        for i in range(25):
+            g(x).pow(2).mean().backward()
+            (opt_g if i < 5 else adam).step()
+            g.zero_grad()
+            reported.append(SESSION.steps)
+    reader = SESSION.reader
+    return {
+        "reported": reported,
+        "take_over": TAKE_OVER_AFTER,
+        "reads_adam": reader is not None and reader._optimizer() is adam,
+    }
+
+
+def test_two_optimizers_in_turn_keep_the_first_as_the_steps_end() -> None:
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_loop, 1, f"tcp://127.0.0.1:{free_port()}", "gan", timeout=120)
+    assert r["reported"] == list(range(1, 21))  # one step per iteration, at opt_d's step
+
+
+def test_a_swapped_optimizer_takes_over_the_steps() -> None:
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_loop, 1, f"tcp://127.0.0.1:{free_port()}", "swap", timeout=120)
+    k = r["take_over"]
+    # SGD's 5 steps, then nothing until Adam's k-th step, then every Adam step.
+    expected = list(range(1, 6)) + [5] * (k - 1) + list(range(6, 6 + 20 - (k - 1)))
+    assert r["reported"] == expected
+    assert r["reads_adam"]
