@@ -177,6 +177,11 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self._fast_collective(self._started)
         self._plain = self._plain_step(self.step)
 
+    def drop_marks(self, scope: PhaseScope) -> None:
+        """Take back a phase's marks: it was entered and will never be left (the attach's
+        :meth:`~zeroscope.agent.attach.session.AttachSession.drop_phase`)."""
+        self._marks = [mark for mark in self._marks if mark[0] is not scope]
+
     def _say_capture(self) -> None:
         self.event("info", capture.SAID)
 

@@ -63,3 +63,56 @@ def test_a_swapped_optimizer_takes_over_the_steps() -> None:
     expected = list(range(1, 6)) + [5] * (k - 1) + list(range(6, 6 + 20 - (k - 1)))
     assert r["reported"] == expected
     assert r["reads_adam"]
+
+
+class _Flaky(torch.optim.SGD):
+    """An SGD whose third ``step()`` raises (a script catches it and trains on)."""
+
+    calls = 0
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+        _Flaky.calls += 1
+        if _Flaky.calls == 3:
+            raise RuntimeError("a step that failed")
+        return super().step(closure)
+
+
+def _raising_step(rank: int, world: int, dead: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    from zeroscope.agent.attach import install
+    from zeroscope.agent.attach.session import SESSION
+
+    install.install()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = _Flaky(model.parameters(), lr=0.1)
+    phases: list[list[str]] = []
+    model(torch.randn(8, 4)).pow(2).mean().backward()  # the agent starts at the first step
+    opt.step()
+    opt.zero_grad()
+    end = SESSION.tel.step_end
+
+    def step_end(**figures: object) -> None:
+        phases.append([scope.name for scope, _, _ in SESSION.tel._marks])
+        end(**figures)
+
+    SESSION.tel.step_end = step_end
+    for _ in range(5):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        try:
+            opt.step()
+        except RuntimeError:
+            pass
+        opt.zero_grad()
+    return {"phases": phases, "steps": SESSION.steps, "errors": SESSION.errors}
+
+
+def test_a_step_that_raised_leaves_the_next_optimizer_phases_timed() -> None:
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_raising_step, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    assert r["steps"] == 5 and r["errors"] == 0  # six step() calls, one raised
+    assert len(r["phases"]) == 4
+    # Each reported step after the failure times its optimizer phase (enter and exit); the
+    # failed call's unfinished phase is taken back. Before, none was timed after it.
+    assert all(names.count("optimizer") == 2 for names in r["phases"]), r["phases"]

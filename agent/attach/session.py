@@ -293,6 +293,24 @@ class AttachSession:
                 self.errors += 1
         collectives.LOG.label = ""
 
+    def phase_depth(self, name: str) -> int:
+        """How many entries of phase ``name`` are open (0: none)."""
+        return self._depth.get(name, 0)
+
+    def drop_phase(self, name: str) -> None:
+        """A phase whose end never came (an ``optimizer.step()`` that raised runs no post
+        hook) is forgotten, so the next one is timed (before, every later optimizer phase
+        counted as nested in it and went unseen): its start mark is taken back, and its time
+        is left unattributed."""
+        self._depth[name] = 0
+        cm = self._open.pop(name, None)
+        drop = getattr(self.tel, "drop_marks", None)
+        if cm is not None and drop is not None:
+            try:
+                drop(cm)
+            except Exception:
+                self.errors += 1
+
     def _too_long(self) -> None:
         """This step timed :data:`MAX_PHASES_PER_STEP` phases and has not ended (said once)."""
         if self._phases == MAX_PHASES_PER_STEP + 1:

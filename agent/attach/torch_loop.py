@@ -136,6 +136,8 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s.claim_source("optimizer")
     read_by(optimizer)
     if s.drives("optimizer"):
+        if s.phase_depth("optimizer"):  # the last step() raised: it never ended
+            s.drop_phase("optimizer")
         s.before_step("optimizer")
         s.enter("optimizer")
 
