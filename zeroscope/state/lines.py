@@ -166,7 +166,8 @@ def exit_lines(state: ClusterState) -> list[str]:
     """How the ranks ended. A rank without a Bye while others said theirs died without a word
     (SIGKILL, the OOM killer, a segfault): it is the likely first failure, and the others'
     errors (a peer's connection reset) follow from it. Each lost rank is named with the last
-    step it completed."""
+    step it completed. A Bye leaves as the rank's Python exits: a crash after it (an abort in
+    torch's teardown) shows only in the job's exit code, so "cleanly" says what it rests on."""
     ranks = sorted(state.ranks.items())
     exits = {r: rs.bye.exit_code for r, rs in ranks if rs.bye}
     lost: dict[int, list[int]] = {}
@@ -181,7 +182,7 @@ def exit_lines(state: ClusterState) -> list[str]:
                 f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
             )
         bad = {r: c for r, c in exits.items() if c}
-        lines += _error_sentences(state, bad) if bad else ["all ranks exited cleanly"]
+        lines += _error_sentences(state, bad) if bad else ["all ranks exited cleanly (exit code 0 in every Bye)"]
     elif lost:
         last = max(lost)
         when = f"after step {last}" if last else "before step 1"
