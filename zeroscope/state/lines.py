@@ -182,7 +182,11 @@ def exit_lines(state: ClusterState) -> list[str]:
                 f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
             )
         bad = {r: c for r, c in exits.items() if c}
-        lines += _error_sentences(state, bad) if bad else ["all ranks exited cleanly (exit code 0 in every Bye)"]
+        lines += (
+            _error_sentences(state, bad)
+            if bad
+            else ["all ranks exited cleanly (exit code 0 in every Bye)"]
+        )
     elif lost:
         last = max(lost)
         when = f"after step {last}" if last else "before step 1"
