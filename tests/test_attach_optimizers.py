@@ -116,3 +116,46 @@ def test_a_step_that_raised_leaves_the_next_optimizer_phases_timed() -> None:
     # Each reported step after the failure times its optimizer phase (enter and exit); the
     # failed call's unfinished phase is taken back. Before, none was timed after it.
     assert all(names.count("optimizer") == 2 for names in r["phases"]), r["phases"]
+
+
+def _lbfgs(rank: int, world: int, dead: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    from zeroscope.agent.attach import install
+    from zeroscope.agent.attach.session import SESSION
+
+    install.install()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    evaluations = [0]
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        evaluations[0] += 1
+        return loss
+
+    returned = [float(opt.step(closure))]  # the agent starts at the first step
+    shown: list[float] = []
+    end = SESSION.tel.step_end
+
+    def step_end(**figures: object) -> None:
+        shown.append(float(figures["loss"]))  # type: ignore[arg-type]
+        end(**figures)
+
+    SESSION.tel.step_end = step_end
+    for _ in range(4):
+        returned.append(float(opt.step(closure)))
+    return {"shown": shown, "returned": returned[1:], "evaluations": evaluations[0]}
+
+
+def test_a_closure_step_shows_the_loss_step_returns() -> None:
+    """LBFGS evaluates its closure several times a step (a line search); the step shows the
+    loss ``step()`` returns, its first evaluation's, not the mean of every evaluation."""
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_lbfgs, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    assert r["evaluations"] > 5  # several evaluations a step: the mean would differ
+    assert r["shown"] == r["returned"]

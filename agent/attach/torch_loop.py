@@ -135,6 +135,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     s.claim_source("optimizer")
     read_by(optimizer)
+    _closure[0] = False  # this step() call's closure has not been evaluated yet
     if s.drives("optimizer"):
         if s.phase_depth("optimizer"):  # the last step() raised: it never ended
             s.drop_phase("optimizer")
@@ -234,6 +235,25 @@ def time_backward(output: Any) -> None:
         s.errors += 1
 
 
+_closure = [False]
+"""Whether a loss of this step was read inside ``optimizer.step(closure)`` already."""
+
+
+def _a_steps_loss(s: Any) -> bool:
+    """Whether the loss about to be backpropagated is one the step shows (before the first
+    step too). Inside ``optimizer.step(closure)`` (the optimizer phase open) only the first
+    closure evaluation's is, and only when none came before the step: it is the loss
+    ``step()`` returns (LBFGS evaluates its closure many times over a line search, whose mean
+    was shown), and a closure that repeats a loss already read (sharpness-aware steps) adds
+    none."""
+    if not s.phase_depth("optimizer"):
+        return True
+    if _closure[0] or s._losses:
+        return False
+    _closure[0] = True
+    return True
+
+
 def install() -> None:
     """Global optimizer hooks and ``Tensor.backward`` (the loss of a plain loop is the scalar
     the script calls ``backward()`` on); all undone if the job reports through the API."""
@@ -251,7 +271,7 @@ def install() -> None:
 
     def backward_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         s = SESSION
-        if s.source <= plain_loop and not s.passive:  # before the first step too
+        if s.source <= plain_loop and not s.passive and _a_steps_loss(s):
             s.add_loss(self, divisor=divisor_of(self))
         if not state.armed or state.mode == "hook":
             return backward(self, *args, **kwargs)
