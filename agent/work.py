@@ -55,6 +55,10 @@ under the counter's Python dispatch: a DDP MLP ran 60 % slower. 256 micro-batche
 gradient accumulation than real configs use."""
 
 
+_PER_MODEL = ("_shape", "_counted", "_counted_first", "_checked", "_varies", "_na_flops")
+"""The meter's state that belongs to one model (kept for it while another trains)."""
+
+
 def _sequence(x: Any) -> tuple[int, int] | str:
     """(batch, seq) of a forward input that is a batch of sequences, else why it is not."""
     if not isinstance(x, torch.Tensor):
@@ -225,25 +229,12 @@ class WorkMeter:
         old = self._module()
         if old is not None:
             with contextlib.suppress(TypeError):  # a module that cannot be weakly keyed
-                self._models[old] = (
-                    self._shape,
-                    self._counted,
-                    self._counted_first,
-                    self._checked,
-                    self._varies,
-                    self._na_flops,
-                )
+                self._models[old] = tuple(getattr(self, name) for name in _PER_MODEL)
         self._module = weakref.ref(module)
         kept = self._models.pop(module, None)
         if kept is not None:
-            (
-                self._shape,
-                self._counted,
-                self._counted_first,
-                self._checked,
-                self._varies,
-                self._na_flops,
-            ) = kept
+            for name, value in zip(_PER_MODEL, kept, strict=True):
+                setattr(self, name, value)
             return
         self._shape = model_shape(module)
         self._counted, self._counted_first = {}, set()

@@ -15,17 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.drift_hook import _EngineWithoutQueueCallback
+
 ITERATIONS = 5
-
-
-class _EngineWithoutQueueCallback:
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "queue_callback":
-            raise AttributeError(name)
-        return getattr(self._engine, name)
 
 
 def _train(rank: int, world: int, dead: str, how: str, attach: bool) -> dict:
