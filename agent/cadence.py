@@ -38,11 +38,11 @@ a count is at least its cost divided by this)."""
 PLAIN_KEPT = 9
 """Plain steps whose host time makes the baseline a counted step is compared with."""
 MAX_COUNTED_FORWARDS = 256
-"""A counted step counts the saved tensors of its first this many forwards (micro-batches); the
-rest of the step takes the lean path. Real steps stay under it (a GPipe schedule keeps every
-micro-batch's activations alive at once, so all of them must be counted for the peak); a step
-whose end is never seen (a loop with no hooked optimizer: a manual SGD update, an autograd
-probe) counted every forward while it lasted."""
+"""A counted step counts the saved tensors of its first this many forwards (micro-batches), and
+its FLOPs (agent/work.py) over as many; the rest of the step takes the lean path. Real steps
+stay under it (a GPipe schedule keeps every micro-batch's activations alive at once, so all of
+them must be counted for the peak); a step whose end is never seen (a loop with no hooked
+optimizer: a manual SGD update, an autograd probe) counted every forward while it lasted."""
 MAX_WAIT_S = 60.0
 """The longest wait a count's cost can set (a slow counted step may have been slowed by
 something else: a page-in, another process)."""

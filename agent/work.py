@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .cadence import MAX_COUNTED_FORWARDS
 from .flops import StepFlops
 from .peak import PeakProbe
 from .scalars import DeferredScalar
@@ -47,12 +48,6 @@ COMPILED_NA = (
     "change what it compiles)"
 )
 MAX_COUNTS = 4
-MAX_FORWARDS_COUNTED = 256
-"""A count still running at this many forwards of one step is given up, and no count is made
-again: FLOPs NA with the reason. The count lasts until the step's end, so a loop whose end
-zeroscope never sees (no hooked optimizer: a manual SGD update) kept every op of the run
-under the counter's Python dispatch: a DDP MLP ran 60 % slower. 256 micro-batches is more
-gradient accumulation than real configs use."""
 
 
 _PER_MODEL = ("_shape", "_counted", "_counted_first", "_checked", "_varies", "_na_flops")
@@ -208,7 +203,7 @@ class WorkMeter:
                     self._masks.append(DeferredScalar(mask.detach().sum()))
             first = not self._shapes
             self._shapes.append(shape)
-            if self._counter is not None and len(self._shapes) > MAX_FORWARDS_COUNTED:
+            if self._counter is not None and len(self._shapes) > MAX_COUNTED_FORWARDS:
                 self._give_up(step)
             if first and self._counter is None:
                 due, check = self._due(shape), self._check_due(shape)
@@ -231,7 +226,9 @@ class WorkMeter:
             with contextlib.suppress(TypeError):  # a module that cannot be weakly keyed
                 self._models[old] = tuple(getattr(self, name) for name in _PER_MODEL)
         self._module = weakref.ref(module)
-        kept = self._models.pop(module, None)
+        kept = None
+        with contextlib.suppress(TypeError):
+            kept = self._models.pop(module, None)
         if kept is not None:
             for name, value in zip(_PER_MODEL, kept, strict=True):
                 setattr(self, name, value)
@@ -246,11 +243,14 @@ class WorkMeter:
             self.peak.start(torch, device, precision_of(module, device))
 
     def _give_up(self, step: int) -> None:
-        """The count has run past :data:`MAX_FORWARDS_COUNTED` forwards of ``step``: off."""
+        """The count has run past :data:`MAX_COUNTED_FORWARDS` forwards of ``step``: off, and no
+        count is made again (FLOPs NA with the reason). A count lasts until its step's end, so a
+        loop whose end zeroscope never sees (no hooked optimizer: a manual SGD update) kept
+        every op of the run under the counter's Python dispatch: a DDP MLP ran 60 % slower."""
         counter, self._counter = self._counter, None
         self._checking = False
         self._na_flops = (
-            f"FLOPs not counted: step {step} ran {MAX_FORWARDS_COUNTED:,} forwards without a "
+            f"FLOPs not counted: step {step} ran {MAX_COUNTED_FORWARDS:,} forwards without a "
             "step end seen (a loop whose optimizer zeroscope does not hook?), so counting "
             "stopped rather than slow the job"
         )

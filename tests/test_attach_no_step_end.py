@@ -28,7 +28,7 @@ def _manual_sgd(rank: int, world: int, dead: str) -> dict:
     from zeroscope.agent.attach import install, session
 
     install.install()
-    work.MAX_FORWARDS_COUNTED = FLOP_BOUND
+    work.MAX_COUNTED_FORWARDS = FLOP_BOUND
     live.MAX_COUNTED_FORWARDS = COUNT_BOUND
     dist.init_process_group("gloo")
     torch.manual_seed(0)

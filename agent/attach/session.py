@@ -206,8 +206,10 @@ class AttachSession:
         and still holds the old one: its steps were no longer reported at all). ``optimizer``:
         the one about to step (its steps are counted), else None (a question only)."""
         current = self._optimizer() if self._optimizer is not None else None
-        if optimizer is None or optimizer is current:
-            self._others = 0 if optimizer is not None else self._others
+        if optimizer is None:
+            return current
+        if optimizer is current:
+            self._others = 0
             return current
         self._others += 1
         if current is None or self._others >= TAKE_OVER_AFTER:
