@@ -21,12 +21,11 @@ def example_code() -> str:
     return re.findall(r"```python\n(.*?)```", text, re.S)[0]
 
 
-def run_example(rank: int, world: int, address: str, code: str, path: str) -> None:
+def run_example(rank: int, world: int, address: str, path: str) -> None:
     from zeroscope.agent import api
 
     os.environ[api.COLLECTOR_ENV] = address
     api.set_telemetry(None)
-    Path(path).write_text(code)
     runpy.run_path(path, run_name="__main__")
     api.telemetry().close()
 
@@ -35,8 +34,13 @@ def test_the_documented_plain_loop_reports_every_step(tmp_path: Path) -> None:
     got: list[Any] = []
     col = Collector()
     col.add_listener(got.append)
+    # Written once, before the ranks start: each rank writing it in turn once let rank 0 read
+    # the file while rank 1 had just truncated it, run nothing, and leave rank 1 waiting in
+    # init_process_group for a peer that had gone (a 120 s hang in one CI run).
+    example = tmp_path / "ex.py"
+    example.write_text(example_code())
     with col:
-        run_ranks(run_example, 2, col.ingest_address, example_code(), str(tmp_path / "ex.py"))
+        run_ranks(run_example, 2, col.ingest_address, str(example))
         assert wait_for(lambda: sum(isinstance(m, Bye) for m in got) == 2)
     assert sorted(m.rank for m in got if isinstance(m, Hello)) == [0, 1]
     for rank in (0, 1):
