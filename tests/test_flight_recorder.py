@@ -175,12 +175,16 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
 
 
 def _urgent_reads(
-    per_step: int, steps: int, late: int, first: int | None = None
+    per_step: int,
+    steps: int,
+    late: int,
+    first: int | None = None,
+    pattern: tuple[int, ...] = (),
 ) -> tuple[int, int, int, int]:
     """One watched group issuing ``per_step`` entries per step into a ring of 64; the sender
     reads only when woken by an urgent mark, ``late`` steps after it (a loaded machine), every
-    mark handed over by then; the first step issues ``first`` entries if given (a burst).
-    Returns (dumps, entries taken, entries issued, lost)."""
+    mark handed over by then; the first step issues ``first`` entries if given (a burst), and
+    steps cycle through ``pattern``'s entry counts if given. Returns (dumps, entries taken, entries issued, lost)."""
     ring = _Ring(64)
     dumps = [0]
 
@@ -195,7 +199,8 @@ def _urgent_reads(
     taken = 0
     due: int | None = None
     for step in range(1, steps + 1):
-        for _ in range(first if first is not None and step == 1 else per_step):
+        count = pattern[(step - 1) % len(pattern)] if pattern else per_step
+        for _ in range(first if first is not None and step == 1 else count):
             ring.issue(group)
         mark = reader.mark()
         assert mark is not None
@@ -233,16 +238,28 @@ def test_a_sender_a_step_late_loses_nothing_when_steps_are_large(
     assert dumps == 10  # every 3 steps: urgent at step 2, read at 3
 
 
-def test_one_burst_widens_the_headroom_for_the_next_eight_steps_only(
+def test_one_burst_does_not_widen_the_headroom_of_the_steps_after_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A first step of 40 entries (then 4 per step): the headroom is 80 (more than the ring)
-    while that step is among the last eight, so the ring is read at steps 1-8; from step 9
-    the quarter-ring headroom is back: read every 12 steps (at 48 unread), at steps 20 and 32."""
+    """A first step of 40 entries (then 4 per step): that step alone sizes the headroom (80,
+    more than the ring), so the ring is read at step 1; from step 2 the second largest of the
+    recent steps (4) does, and the quarter-ring headroom is back: read every 12 steps (at 48
+    unread), at steps 13, 25 and 37. Sized on the largest recent step, the ring was read at each
+    of steps 1-8 and at 20 and 32 (10 dumps); with the largest step ever kept, at every step."""
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
-    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=32, late=0, first=40)
-    assert (taken, lost) == (issued, 0) and issued == 40 + 31 * 4
-    assert dumps == 8 + 2  # with the largest step ever kept: read at every one of 32 steps
+    dumps, taken, issued, lost = _urgent_reads(per_step=4, steps=37, late=0, first=40)
+    assert (taken, lost) == (issued, 0) and issued == 40 + 36 * 4
+    assert dumps == 1 + 3
+
+
+def test_two_large_steps_keep_the_headroom_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps alternating 20 and 2 entries into 64 with a sender one step late: the second
+    largest recent step is a large one, so the headroom stays 40 and nothing is lost (sized on
+    the newest step, a small one, the headroom would be a quarter ring and the late read would
+    find the ring turned over)."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    _dumps, taken, issued, lost = _urgent_reads(per_step=0, steps=40, late=1, pattern=(20, 2))
+    assert (taken, lost) == (issued, 0) and issued == 20 * 22
 
 
 def test_a_report_waits_for_a_due_read_not_for_each_batch(

@@ -38,8 +38,8 @@ also holds every other group's collectives: FSDP2's, a GradScaler's). So at each
 training thread compares the backlog (a watched group's sequence numbers issued since the last
 take, scaled by the share of all entries its group issued in the last dump, from the entries'
 process-wide ``record_id``) with the ring less a headroom: the larger of a quarter of the ring
-and two of the largest of the last steps (scaled alike), so that a sender one step late still reads
-before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
+and two of the second largest of the last steps (scaled alike; one burst, an evaluation's, does
+not size it), so that a sender one step late still reads before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
 sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
 times: 1.33 for a job of few collectives per step, where the former half-ring threshold dumped
 each twice. What no drain can save, a single step issuing more than the ring holds, is counted
@@ -94,7 +94,8 @@ little CPU the job gets (a live view's latency on a loaded machine)."""
 READ_LATEST_NS = int(READ_LATEST_S * 1e9)
 
 RECENT_STEPS = 8
-"""Step ends whose entries the headroom is sized on (the largest of them, twice)."""
+"""Step ends whose entries the headroom is sized on (the second largest of them, twice: one
+burst between two step ends, an evaluation's collectives, does not predict the next step)."""
 
 
 def configure_environment(env: Any = os.environ) -> None:
@@ -288,9 +289,12 @@ class FlightRecorderReader:
         return all(top.get(n, -1) >= t for n, t in marks.items())
 
     def _urgent(self, marks: dict[str, int]) -> bool:
-        """Training thread: whether the unread entries leave less than the headroom (the larger
-        of a quarter of the ring and two of the largest of the last eight steps) before the ring turns over;
-        integers and dict reads only."""
+        """Training thread: whether the unread entries leave less than the headroom before the
+        ring turns over: the larger of a quarter of the ring and two of the second largest of
+        the last eight steps (a step one burst made large, an evaluation's collectives or the
+        entries a paused attach left unread, does not predict the next: sized on the largest,
+        the headroom outgrew the ring and every one of the next eight steps woke the sender for
+        a dump); integers and dict reads only."""
         backlog = step = 0
         last = self._last_marks
         for name, top in marks.items():
@@ -302,7 +306,8 @@ class FlightRecorderReader:
         share = self.share
         recent = self._recent
         recent.append(int(step * share + 0.5))
-        headroom = max(self.ring // 4, 2 * max(recent))
+        typical = sorted(recent)[-2] if len(recent) > 1 else recent[0]
+        headroom = max(self.ring // 4, 2 * typical)
         return int(backlog * share) >= self.ring - headroom and self.ring > 0
 
     def take(self, marks: dict[str, int]) -> list[RecorderOp]:
