@@ -162,8 +162,8 @@ def test_a_collective_no_clock_measured_counts_bytes_only_and_its_figures_print_
     """A collective whose clock is ``none`` (seen, not timed: DDP's reducer on gloo read from
     the Flight Recorder) adds to count, bytes and volume; its duration, busbw and exposed time
     are NA, never 0 and never a host gap shown as a duration. A timed op beside it keeps its own
-    busbw, time-weighted over the timed ops only (the independent answer: nccl-tests' formula
-    on that op alone)."""
+    busbw (the independent answer: nccl-tests' formula on that op alone); the step's and the
+    run's busbw, over both, are NA: the timed part would pass for the whole."""
     from zeroscope.state.report import run_report
 
     untimed = Collective("all_reduce", 4000, 2, 0.1, 0.0, 0.0, False, "", "none", False)
@@ -181,7 +181,7 @@ def test_a_collective_no_clock_measured_counts_bytes_only_and_its_figures_print_
     assert ag.busbw == pytest.approx(busbw("all_gather", 10**6, 0.5, 2))
     assert ag.time_s == 0.5 and ag.exposed == 0.1
     assert s.comm_volume == 16000 + 10**6 and s.collectives == 3
-    assert s.busbw == pytest.approx(busbw("all_gather", 10**6, 0.5, 2))
+    assert s.busbw is None and state.ranks[0].totals.busbw is None
     assert s.busy_s == pytest.approx(0.5)  # the untimed ops span nothing
     # Some waits unmeasured: the exposed share is NA for the rank, the step and the run.
     assert s.exposed is None and s.exposed_share is None
@@ -189,7 +189,37 @@ def test_a_collective_no_clock_measured_counts_bytes_only_and_its_figures_print_
     assert state.totals.exposed_share is None and state.ranks[0].totals.exposed_share is None
     report = run_report(state)
     assert report["exposed_percent"] is None
+    assert report["total"]["busbw_bytes_s"] is None and report["ranks"][0]["busbw_bytes_s"] is None
+    # Steady steps 1-2 of two ranks: 4 x 3 collectives, 4 x 2 of them untimed.
+    assert (report["collectives"], report["untimed_collectives"]) == (12, 8)
     assert "exposed comm NA" in "\n".join(summary_lines(state))
+
+
+def test_an_op_partly_timed_shows_no_busbw_nor_time() -> None:
+    """DDP's bucket all-reduces (no clock on gloo) beside a 4-byte all-reduce the host timed
+    (a logged loss's mean, as the HF Trainer makes it): the op's busbw over the timed one alone
+    read 0.000 GB/s in ``zeroscope summary``; its busbw and time are NA, its count and bytes
+    exact, and the summary says why busbw is NA."""
+    from zeroscope.commands.summary import format_table
+    from zeroscope.state.report import run_report
+
+    bucket = Collective("all_reduce", 264_196, 2, 0.1, 0.0, 0.0, False, "", "none", False)
+    loss = Collective("all_reduce", 4, 2, 0.2, 0.004, 0.004)
+    state = ClusterState()
+    for step in range(3):
+        for rank in range(2):
+            state.ingest(_report(rank, step, collectives=[bucket, loss]))
+    state.flush()
+    s = state.ranks[1].summary
+    assert s is not None
+    ar = s.ops["all_reduce"]
+    assert (ar.count, ar.nbytes, ar.untimed) == (2, 264_200, 1)
+    assert ar.busbw is None and ar.time_s is None and s.busbw is None
+    assert busbw("all_reduce", 4, 0.004, 2) < 1e4  # what the timed part alone would show
+    report = run_report(state)
+    assert report["total"]["busbw_bytes_s"] is None
+    table = format_table({**report, "trace": "t", "step_range": [0, 2], "events": 0})
+    assert "busbw NA: 4 of 8 collectives" in table
 
 
 def test_old_traces_decode_as_host_timed() -> None:

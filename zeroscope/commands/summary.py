@@ -164,6 +164,13 @@ def format_table(summary: dict[str, Any]) -> str:
         + "; comm/step = sum over ranks; busbw, offload = over every rank's operations; "
         "! exposed above the alert's threshold"
     )
+    if summary.get("untimed_collectives"):
+        lines.append(
+            f"busbw NA: {summary['untimed_collectives']:,} of {summary['collectives']:,} "
+            "collectives (steady steps, every rank) had no clock to time them, so their bytes "
+            "and counts are exact and their time unknown (on gloo, DDP's bucket all-reduces: "
+            "torch's Flight Recorder gives them no duration; docs/engines/timing.md)"
+        )
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     if summary.get("thinned"):
         from zeroscope.state.viewmodel import THINNED_FIGURES

@@ -64,14 +64,16 @@ class OpTotals(msgspec.Struct, gc=False):
 
     @property
     def busbw(self) -> float | None:
-        """Time-weighted bus bandwidth of the timed collectives: sum(S·factor) / sum(t)
-        [bytes/s]; NA when none was timed."""
-        return busbw_of(self.bus_bytes, self.seconds)
+        """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]; NA when any of the
+        op's collectives was untimed (a part would pass for the whole: a 4-byte host-timed
+        all-reduce beside DDP's untimed buckets on gloo read 0.000 GB/s)."""
+        return None if self.untimed else busbw_of(self.bus_bytes, self.seconds)
 
     @property
     def time_s(self) -> float | None:
-        """Summed issue-to-completion time [s]; NA when no collective of the op was timed."""
-        return self.seconds if self.untimed < self.count else None
+        """Summed issue-to-completion time [s]; NA when any collective of the op was untimed
+        (a partial sum would pass for the whole)."""
+        return None if self.untimed else self.seconds
 
     @property
     def exposed(self) -> float | None:
@@ -160,8 +162,9 @@ class StepSummary(msgspec.Struct, gc=False):
 
     @property
     def busbw(self) -> float | None:
-        """Time-weighted busbw of all the step's collectives [bytes/s]."""
-        return busbw_of(self.bus_bytes, self.comm_s)
+        """Time-weighted busbw of all the step's collectives [bytes/s]; NA when some were
+        untimed (as :attr:`OpTotals.busbw`)."""
+        return None if self.untimed else busbw_of(self.bus_bytes, self.comm_s)
 
     @property
     def offload_bw(self) -> float | None:

@@ -30,7 +30,7 @@ TOTAL_AGGREGATION = {
     "activations_peak": "max over ranks",
     "comm_bytes_per_step": "sum over ranks",
     "exposed_percent": "cluster: the least-exposed rank's wait / step time, steady steps",
-    "busbw_bytes_s": "time-weighted over every rank's collectives",
+    "busbw_bytes_s": "time-weighted over every rank's collectives; NA when some had no clock",
     "offload_bytes_s": "over every rank's transfers (bytes / time)",
     "overflows": "cluster: steps with an overflow on any rank",
     "tokens_per_s": "cluster: every rank's tokens / the step time (its slowest rank's), steady steps",
@@ -106,7 +106,9 @@ def total_row(state: ClusterState, rows: list[dict[str, Any]]) -> dict[str, Any]
         "comm_bytes_per_step": sum(per_step) if per_step else None,
         "exposed_percent": _percent(state.totals.exposed_share),
         "exposed_level": state.rules.exposed_level(state.totals.exposed_share),
-        "busbw_bytes_s": busbw_of(sum(s.bus_bytes for s in sums), sum(s.comm_s for s in sums)),
+        "busbw_bytes_s": None
+        if any(s.untimed for s in sums)
+        else busbw_of(sum(s.bus_bytes for s in sums), sum(s.comm_s for s in sums)),
         "offload_bytes_s": sum(s.offload_bytes for s in sums) / offload_s if offload_s else None,
         "overflows": state.totals.overflows,
     }
@@ -144,6 +146,16 @@ def throughput_fields(t: Throughput) -> dict[str, Any]:
     }
 
 
+def _clock_coverage(state: ClusterState) -> dict[str, int]:
+    """How many of the steady steps' collectives (every rank's) no clock measured: busbw is NA
+    where there were any, and the summary says why."""
+    sums = [s for rs in state.ranks.values() if (s := rs.totals.sums()) is not None]
+    return {
+        "collectives": sum(s.collectives for s in sums),
+        "untimed_collectives": sum(s.untimed for s in sums),
+    }
+
+
 def run_report(state: ClusterState) -> dict[str, Any]:
     """Cluster figures, alerts and the per-rank table of a run (after ``state.flush()``).
     Alerts about silence or lost ranks are left out: after a run, silence is its end."""
@@ -164,6 +176,7 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "exposed_percent": _percent(t.exposed_share),
         **run,
         "exposed_level": state.rules.exposed_level(t.exposed_share),
+        **_clock_coverage(state),
         "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
         "missing_ranks": missing_rows(state),
         "ranks": rows,

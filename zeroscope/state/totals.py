@@ -32,10 +32,13 @@ class _Sums:
     offload_s: float = 0.0
     unexposed: int = 0
     """Collectives whose exposed time was not measured (the exposed share is then NA)."""
+    untimed: int = 0
+    """Collectives no clock measured (busbw is then NA)."""
 
     def add(self, s: StepSummary) -> None:
         self.steps += 1
         self.unexposed += s.unexposed
+        self.untimed += s.untimed
         self.duration_s += s.duration_s
         self.exposed_s += s.exposed_s
         self.comm_volume += s.comm_volume
@@ -123,9 +126,10 @@ class RankTotals:
 
     @property
     def busbw(self) -> float | None:
-        """Time-weighted busbw of every steady-step collective [bytes/s]."""
+        """Time-weighted busbw of every steady-step collective [bytes/s]; NA when some were
+        untimed (the timed part would pass for the whole)."""
         s = self._sums
-        return busbw_of(s.bus_bytes, s.comm_s) if s else None
+        return busbw_of(s.bus_bytes, s.comm_s) if s and not s.untimed else None
 
     @property
     def offload_bw(self) -> float | None:
