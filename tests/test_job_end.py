@@ -231,3 +231,69 @@ def test_interrupted_ranks_are_not_errors() -> None:
     assert "r0,r1 stopped by KeyboardInterrupt" in lines
     assert not any("exited with code" in ln for ln in lines)
     assert "exited" not in {a.kind for a in state.alerts()}
+
+
+def _two_ranks_reported(steps: int = 3) -> ClusterState:
+    """Two ranks that reported ``steps`` steps (tests/fixtures' synthetic reports)."""
+    from tests.fixtures import RunShape, synthetic_run
+
+    state = ClusterState()
+    for message in synthetic_run(RunShape(ranks=2, steps=steps)):
+        state.ingest(message)
+    return state
+
+
+def test_the_launchers_end_in_a_trace_names_the_rank_a_bye_cannot() -> None:
+    """Rank 1 ends by ``sys.exit(3)``: its Bye leaves from the agent's exit hook, which cannot
+    see that code (exit code 0), while rank 0's Bye carries the error the lost peer gave it. The
+    trace then blamed rank 0 alone; the launcher's end, kept in the trace, is said first and
+    leads the summary's alerts."""
+    from zeroscope.state.ending import JobEnd as RecordedEnd
+    from zeroscope.state.ending import decode, encode
+    from zeroscope.state.report import run_report
+
+    state = _two_ranks_reported()
+    now = time.time_ns()
+    state.ingest(Bye(rank=1, step=2, wall_ns=now, exit_code=0))
+    state.ingest(Bye(rank=0, step=2, wall_ns=now + 1, exit_code=1, message="RuntimeError: reset"))
+    end = RecordedEnd(3, rank=1, error="exited with code 3 without a traceback", followers=(0,))
+    state.job_end = decode(encode(end))  # as a trace keeps it
+    assert state.job_end == end
+    lines = summary_lines(state)
+    first = lines.index("rank 1 failed first (exit code 3): exited with code 3 without a traceback")
+    assert lines[first + 1] == "torchrun then stopped rank 0"
+    assert "rank 0 exited with code 1: RuntimeError: reset" in lines[first:]
+    assert not any("exited cleanly" in ln for ln in lines)
+    alerts = run_report(state)["alerts"]
+    assert alerts[0]["detail"].startswith("r1 failed first (exit code 3)")
+
+
+def test_a_stopped_jobs_trace_says_stopped_not_ended_abruptly() -> None:
+    """Ctrl-C: the ranks' Byes need not reach the collector before it stops. Without the
+    launcher's end the trace read "no rank said Bye: ... ended abruptly"."""
+    from zeroscope.state.ending import JobEnd as RecordedEnd
+
+    state = _two_ranks_reported(4)
+    state.flush()
+    assert any("ended abruptly" in ln for ln in summary_lines(state))
+    state.job_end = RecordedEnd(130, stopped="Ctrl-C")
+    lines = summary_lines(state)
+    assert "job stopped on request (Ctrl-C) after step 3" in lines
+    assert not any("abruptly" in ln or "died" in ln for ln in lines)
+
+
+def test_a_rank_without_a_bye_is_not_followed_by_all_ranks_exited_cleanly() -> None:
+    """Rank 1 ended by ``os._exit(0)`` (no Bye), rank 0 said Bye with 0: the end read "rank 1
+    died without a word" and then "all ranks exited cleanly". The summary also names it: its
+    alerts left out every ``lost`` one (a finished run's silence is its end)."""
+    from zeroscope.state.report import run_report
+
+    state = _two_ranks_reported()
+    state.ingest(Bye(rank=0, step=2, wall_ns=time.time_ns(), exit_code=0))
+    state.flush()
+    lines = summary_lines(state)
+    assert "rank r1 died without a word after step 2 (killed or crashed: no Bye)" in lines
+    assert "the ranks that said Bye exited cleanly (exit code 0 in each)" in lines
+    assert not any("all ranks exited cleanly" in ln for ln in lines)
+    details = [a["detail"] for a in run_report(state)["alerts"]]
+    assert "r1 died without a word after step 2 (no Bye)" in details

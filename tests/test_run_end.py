@@ -120,6 +120,10 @@ def test_a_failed_rank_gives_its_traceback_its_error_and_its_exit_code(tmp_path:
     assert json.loads(summary.stdout)["job_id"] == job_id
     table = _zeroscope("summary", str(trace), cwd=tmp_path)
     assert f"job {job_id} " in table.stdout.splitlines()[0]
+    # ... and how it ended, as the launcher saw it: no rank reported, so no Bye could say it.
+    assert json.loads(summary.stdout)["alerts"][0]["detail"] == (
+        f"r0 failed first (exit code {code}): {error}{then}"
+    )
 
 
 def test_an_error_raised_before_the_process_group_reaches_the_terminal(tmp_path: Path) -> None:
@@ -170,6 +174,14 @@ def test_ctrl_c_stops_the_job_with_130_every_time(tmp_path: Path, when: str) -> 
     assert err == "zeroscope: stopping the job (Ctrl-C again to kill it)\n"
     assert not any("exited with code" in ln for ln in lines)  # an interrupt is no error
     assert _all_gone(tree, 10)
+    # The trace says so too (it read "ended abruptly": the ranks' Byes may come too late).
+    (trace,) = (tmp_path / "runs").glob("*.zstrace")
+    with TraceReader(trace) as reader:
+        end = reader.job_end
+    assert end is not None and (end.code, end.stopped) == (130, "Ctrl-C")
+    replay = _zeroscope("replay", "--headless", str(trace), cwd=tmp_path)
+    assert "job stopped on request (Ctrl-C)" in replay.stdout, replay.stdout + replay.stderr
+    assert "abruptly" not in replay.stdout
 
 
 def test_kill_9_of_zeroscope_takes_torchrun_and_the_ranks_with_it(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from zeroscope.run.deepspeed_launcher import (
 )
 from zeroscope.run.hangup import HangUp
 from zeroscope.run.interrupts import Interrupts
+from zeroscope.run.job_end import keep_in_trace
 from zeroscope.run.launch import (
     Job,
     QueueSource,
@@ -162,6 +163,8 @@ def main(args: argparse.Namespace) -> int:
             job.stop(reason="zeroscope is exiting")  # on an error or hang-up: never orphan it
         interrupts.restore()
         collector.stop()
+        if job is not None and job.ended is not None:  # summary and replay say it as it was
+            keep_in_trace(trace, job.ended)
         discovery.unregister(handle)
 
 

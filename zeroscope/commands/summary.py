@@ -171,6 +171,8 @@ def format_table(summary: dict[str, Any]) -> str:
             "and counts are exact and their time unknown (on gloo, DDP's bucket all-reduces: "
             "torch's Flight Recorder gives them no duration; docs/engines/timing.md)"
         )
+    if summary.get("job_stopped"):
+        lines.append(f"job stopped on request ({summary['job_stopped']})")
     lines += [f"alert: {a['detail']}" for a in summary["alerts"]]
     if summary.get("thinned"):
         from zeroscope.state.viewmodel import THINNED_FIGURES

@@ -30,6 +30,7 @@ from zeroscope.run.job_errors import ErrorScanner
 from zeroscope.run.job_relay import OutputRelay
 from zeroscope.run.supervision import Watchdog
 from zeroscope.state import Alert
+from zeroscope.state.ending import end_alerts
 
 OUTPUT_DRAIN_S = 2.0
 """After torchrun exits, how long to wait for the last of its output."""
@@ -212,6 +213,11 @@ class Job:
             self._watchdog.close()
         return self._end
 
+    @property
+    def ended(self) -> JobEnd | None:
+        """The job's end once :meth:`end` has classified it (None before)."""
+        return self._end
+
     def final_code(self) -> int | None:
         """The job's exit code as soon as torchrun has exited (None before); no waiting."""
         returncode = self.process.poll()
@@ -241,36 +247,6 @@ class Job:
             return [Alert("raised", "critical", f"{who} failed: {e.line}", ranks)]
         end = classify(returncode, self.outcome(), self.scanner.errors())
         return end_alerts(end)
-
-
-def end_alerts(end: JobEnd) -> list[Alert]:
-    """A failed end as alerts: the first failing rank, and the ranks torchrun stopped."""
-    if end.code == 0 or end.stopped:
-        return []
-    if end.rank is None:
-        tail = f": {end.error}" if end.error else ""
-        return [Alert("job", "critical", f"the job failed (exit code {end.code}){tail}")]
-    kind = "killed" if (end.error or "").startswith("killed by ") else "raised"
-    out = [
-        Alert(
-            kind,
-            "critical",
-            f"r{end.rank} failed first (exit code {end.code}): {end.error}",
-            (end.rank,),
-        )
-    ]
-    for ranks, what in (
-        (end.raised, f"raised the same error, then stopped by torchrun after r{end.rank}"),
-        (
-            tuple(r for r in end.followers if r not in end.raised),
-            f"stopped by torchrun after r{end.rank} failed",
-        ),
-    ):
-        if ranks:
-            shown = ",".join(f"r{r}" for r in ranks[:6])
-            more = f" +{len(ranks) - 6}" if len(ranks) > 6 else ""
-            out.append(Alert("killed", "critical", f"{shown}{more} {what}", ranks))
-    return out
 
 
 def _binary(stream: object) -> BinaryIO | None:

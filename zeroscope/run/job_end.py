@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from zeroscope.run.job_errors import RankError
+from zeroscope.state.ending import JobEnd, encode
+from zeroscope.store.trace import record_job_end
 
 OUTCOME_ENV = "ZEROSCOPE_OUTCOME_FILE"
 """Where the supervised torchrun writes its :class:`Outcome` (JSON)."""
@@ -69,53 +70,6 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
             return msgspec.json.decode(Path(path).read_bytes(), type=cls)
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             return None
-
-
-@dataclass(frozen=True, slots=True)
-class JobEnd:
-    code: int
-    stopped: str | None = None
-    """Why zeroscope stopped the job ("Ctrl-C", ...), or None."""
-    rank: int | None = None
-    """The first failing rank, when known."""
-    error: str | None = None
-    """Its own error line, or how it died ("killed by SIGKILL")."""
-    followers: tuple[int, ...] = field(default=())
-    """Ranks torchrun stopped (SIGTERM) after the first failure."""
-    raised: tuple[int, ...] = field(default=())
-    """Of the followers, those that had raised the first failure's own error before torchrun
-    stopped them (a config check every rank runs fails on every rank). A follower's different
-    error (a peer gone: gloo's "Connection closed by peer") is a consequence: left to the log."""
-
-    def sentences(self, log: str | None = None) -> list[str]:
-        """What to print at the end (before ``job exit code N``)."""
-        if self.stopped:
-            return [f"job stopped on request ({self.stopped})"]
-        if self.code == 0:
-            return []
-        out = []
-        if self.rank is not None:
-            out.append(f"rank {self.rank} failed first (exit code {self.code}): {self.error}")
-            if self.raised:
-                said = ", ".join(str(r) for r in self.raised[:8])
-                more = f" and {len(self.raised) - 8} more" if len(self.raised) > 8 else ""
-                s, them = ("s", "them") if len(self.raised) > 1 else ("", "it")
-                out.append(
-                    f"rank{s} {said}{more} raised the same error too; torchrun then stopped {them}"
-                )
-            quiet = [r for r in self.followers if r not in self.raised]
-            if quiet:
-                ranks = ", ".join(str(r) for r in quiet[:8])
-                more = f" and {len(quiet) - 8} more" if len(quiet) > 8 else ""
-                s = "s" if len(quiet) > 1 else ""
-                out.append(f"torchrun then stopped rank{s} {ranks}{more}")
-        elif self.error:
-            out.append(f"the job failed (exit code {self.code}): {self.error}")
-        else:
-            out.append(f"the job failed (exit code {self.code})")
-        if log:
-            out.append(f"the job's full output: {log}")
-        return out
 
 
 def first_failure(exits: tuple[RankExit, ...], errors: list[RankError]) -> RankExit | None:
@@ -194,3 +148,8 @@ def classify(
         followers=followers,
         raised=tuple(r for r in followers if first is not None and lines.get(r) == first),
     )
+
+
+def keep_in_trace(trace: str | Path, end: JobEnd) -> None:
+    """Write the job's end into its closed trace (zeroscope.state.ending says why)."""
+    record_job_end(trace, encode(end))

@@ -28,6 +28,7 @@ from zeroscope.agent.schema import (
 
 from .alerts import Alert, AlertRules, evaluate
 from .conditions import RankConditions
+from .ending import JobEnd
 from .history import StepSeries, step_point
 from .mesh import mesh_shape
 from .nodes import NodeBook
@@ -172,6 +173,9 @@ class ClusterState:
         self.thinned = ""
         """Read from a thinned trace: the sentence that says what was kept (store/thinning.py),
         shown beside every run figure; "" when every step was kept."""
+        self.job_end: JobEnd | None = None
+        """How the launcher saw the job end, read from a trace ``zeroscope run`` recorded
+        (zeroscope.state.ending); None live and for other traces."""
         self.world_size = 0
         self.config: ConfigSummary | None = None
         self.params: ParamCounts | None = None

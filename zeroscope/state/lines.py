@@ -167,14 +167,21 @@ def exit_lines(state: ClusterState) -> list[str]:
     (SIGKILL, the OOM killer, a segfault): it is the likely first failure, and the others'
     errors (a peer's connection reset) follow from it. Each lost rank is named with the last
     step it completed. A Bye leaves as the rank's Python exits: a crash after it (an abort in
-    torch's teardown) shows only in the job's exit code, so "cleanly" says what it rests on."""
+    torch's teardown) shows only in the job's exit code, so "cleanly" says what it rests on.
+    A trace ``zeroscope run`` recorded also holds the launcher's end (``state.job_end``,
+    zeroscope.state.ending): said first, and a stop on request is said as one."""
     ranks = sorted(state.ranks.items())
     exits = {r: rs.bye.exit_code for r, rs in ranks if rs.bye}
     lost: dict[int, list[int]] = {}
     for r, rs in ranks:
         if rs.bye is None:
             lost.setdefault(rs.latest.step if rs.latest else 0, []).append(r)
-    lines = []
+    end = state.job_end
+    if end is not None and end.stopped:  # the Byes of a stopped job may never have come
+        last = max((rs.latest.step for _, rs in ranks if rs.latest), default=0)
+        return [f"job stopped on request ({end.stopped}) after step {last}"]
+    # The launcher's word first (a Bye cannot carry sys.exit's code); the Byes add the rest.
+    lines = [] if end is None else end.sentences()
     if exits:
         for step, rs_lost in sorted(lost.items()):
             shown = ranks_text(rs_lost, 8)
@@ -182,11 +189,17 @@ def exit_lines(state: ClusterState) -> list[str]:
                 f"rank {shown} died without a word after step {step} (killed or crashed: no Bye)"
             )
         bad = {r: c for r, c in exits.items() if c}
-        lines += (
-            _error_sentences(state, bad)
-            if bad
-            else ["all ranks exited cleanly (exit code 0 in every Bye)"]
-        )
+        if bad:
+            lines += _error_sentences(state, bad)
+        elif end is None or end.code == 0:
+            lines.append(
+                "the ranks that said Bye exited cleanly (exit code 0 in each)"
+                if lost
+                else "all ranks exited cleanly (exit code 0 in every Bye)"
+            )
+    elif lost and end is not None and end.code:
+        last = max(lost)
+        lines.append(f"no rank said Bye after step {last}" if last else "no rank said Bye")
     elif lost:
         last = max(lost)
         when = f"after step {last}" if last else "before step 1"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .alerts import Alert, ranks_text
 from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volume
+from .ending import end_alerts
 from .throughput import Throughput, cluster_run, rank_run
 
 if TYPE_CHECKING:
@@ -146,6 +148,23 @@ def throughput_fields(t: Throughput) -> dict[str, Any]:
     }
 
 
+def _lost(state: ClusterState) -> list[Alert]:
+    """After the run, the ranks with no Bye when others said theirs: killed or crashed without
+    a word (the live view's ``lost`` alert waits for their silence; a finished run's silence is
+    its end, so it is left out above and said here as exit_lines says it)."""
+    if state.job_end is not None and state.job_end.stopped:
+        return []  # a stop on request: the Byes need not have come
+    ranks = state.ranks
+    if not any(rs.bye for rs in ranks.values()):
+        return []
+    lost = sorted(r for r, rs in ranks.items() if rs.bye is None)
+    if not lost:
+        return []
+    last = min((rs.latest.step for r in lost if (rs := ranks[r]).latest), default=0)
+    text = f"{ranks_text(lost)} died without a word after step {last} (no Bye)"
+    return [Alert(kind="lost", severity="critical", ranks=tuple(lost), message=text)]
+
+
 def _clock_coverage(state: ClusterState) -> dict[str, int]:
     """How many of the steady steps' collectives (every rank's) no clock measured: busbw is NA
     where there were any, and the summary says why."""
@@ -177,7 +196,13 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         **run,
         "exposed_level": state.rules.exposed_level(t.exposed_share),
         **_clock_coverage(state),
-        "alerts": [a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")],
+        "job_end": None if state.job_end is None else state.job_end.sentences(),
+        "job_stopped": None if state.job_end is None else state.job_end.stopped,
+        "alerts": [
+            *(a.as_dict() for a in end_alerts(state.job_end)),
+            *(a.as_dict() for a in state.alerts() if a.kind not in ("silent", "lost")),
+            *(a.as_dict() for a in _lost(state)),
+        ],
         "missing_ranks": missing_rows(state),
         "ranks": rows,
         "total": total,

@@ -36,6 +36,7 @@ def feed_trace(
     job_id = getattr(reader, "job_id", "")
     if job_id:
         state.job_id = job_id  # named even when no rank reported
+    state.job_end = getattr(reader, "job_end", None)
     note = getattr(reader, "thinned_note", None)
     if note:
         # A thinned trace (store/thinning.py): every figure says it comes from kept steps.

@@ -64,6 +64,23 @@ def row_of(message: Message) -> tuple[int | None, int | None, str, int]:
     return message.step, message.rank, str(type(message).__struct_config__.tag), message.wall_ns
 
 
+def record_job_end(path: str | Path, job_end: str) -> None:
+    """Keep how the job ended (zeroscope.state.ending, JSON) in a trace its writer has closed:
+    one meta row. Best effort: a trace that cannot take it (a full disk, a file gone) keeps
+    everything it recorded and reads as before."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=5.0)
+        try:
+            with conn:
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('job_end', ?)", (job_end,)
+                )
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass
+
+
 class TraceWriter:
     """Append messages to a trace file (created if absent; an existing trace is continued).
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from zeroscope.agent import schema
 from zeroscope.agent.schema import Message
+from zeroscope.state.ending import JobEnd
+from zeroscope.state.ending import decode as decode_end
 from zeroscope.store.gc_pause import collector_paused
 from zeroscope.store.salvage import cut_short, open_damaged, report_damage, salvage
 from zeroscope.store.thinning import ThinningPolicy, thinned_note
@@ -71,6 +73,12 @@ class TraceReader:
     @property
     def job_id(self) -> str:
         return self.meta.get("job_id", "")
+
+    @property
+    def job_end(self) -> JobEnd | None:
+        """How the launcher saw the job end (``zeroscope run`` keeps it as it finishes);
+        None for a trace without it."""
+        return decode_end(self.meta.get("job_end"))
 
     @property
     def thinning(self) -> tuple[ThinningPolicy, int] | None:
