@@ -370,3 +370,49 @@ def test_ddps_predicted_traffic_counts_only_the_trainable_gradients() -> None:
     )  # fmt: skip
     prediction = predicted_traffic(state)
     assert prediction is not None and prediction.volume == 2 * 3_584 * 4
+
+
+def test_unmeasured_waits_judge_no_straggler() -> None:
+    """DDP on gloo: the bucket all-reduces' waits are unmeasured, and under synchronous
+    collectives every rank's step time is the same, whoever computed longer. The step less an
+    unmeasured wait was taken for compute: slowness read ~1.0x for both ranks and the step line
+    named whichever rank's step was a hair longer (here r0, though r1 is the one that computed
+    150 ms more). Compute, slowness and the slowest rank are NA; with the waits measured the
+    same steps name r1."""
+
+    def ddp_step(rank: int, step: int, measured: bool) -> StepReport:
+        wait = 0.16 if rank == 0 else 0.01  # r0 waits for r1 inside the all-reduce
+        bucket = Collective(
+            "all_reduce",
+            4096,
+            2,
+            0.0,
+            wait,
+            wait,
+            False,
+            "",
+            "host" if measured else "none",
+            measured,
+        )
+        return _report(rank, step, duration_s=0.2751 if rank == 0 else 0.2750, collectives=[bucket])
+
+    for measured in (False, True):
+        state = ClusterState()
+        lines = []
+        for step in range(6):
+            for rank in (0, 1):
+                for agg in state.ingest(ddp_step(rank, step, measured)):
+                    if len(agg.summaries) == 2:
+                        lines.append(step_line(agg))
+        state.flush()
+        s0 = state.ranks[0].summary
+        assert s0 is not None
+        if measured:
+            assert s0.compute_s == pytest.approx(0.2751 - 0.16)
+            assert state.ranks[1].slowness is not None and state.ranks[1].slowness > 1.5
+            assert lines and all("slowest r1 (+150ms compute)" in ln for ln in lines)
+        else:
+            assert s0.compute_s is None
+            assert state.ranks[0].slowness is None and state.ranks[1].slowness is None
+            assert lines and all("slowest NA" in ln for ln in lines)
+            assert "straggler" not in {a.kind for a in state.alerts()}

@@ -100,17 +100,22 @@ class StepAggregate:
         return self._median
 
     @property
-    def slowest_rank(self) -> int:
+    def slowest_rank(self) -> int | None:
         """The rank with the most compute (step - collective wait) beyond the others'; by step
-        time before the step was judged (or with one rank)."""
+        time before the step was judged (or with one rank); NA when the step cannot be judged
+        for an unmeasured wait (every rank's step time is then the same, and the longest of
+        them named an arbitrary rank: a DDP job on gloo named the wrong one)."""
         if self.standings:
             return max(self.standings, key=lambda r: (self.standings[r].compute_excess_s, -r))
+        if len(self.summaries) > 1 and any(s.unexposed for s in self.summaries.values()):
+            return None
         return max(self.summaries, key=lambda r: (self.summaries[r].duration_s, -r))
 
     @property
     def slowest_excess(self) -> float | None:
         """The slowest rank's compute excess over the median of the others [s]."""
-        st = self.standings.get(self.slowest_rank)
+        slowest = self.slowest_rank
+        st = None if slowest is None else self.standings.get(slowest)
         return st.compute_excess_s if st else None
 
     @property

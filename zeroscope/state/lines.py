@@ -32,7 +32,7 @@ def step_line(agg: StepAggregate) -> str:
         + (f" nvme {units.size(w.nvme_bytes)}" if w.nvme_bytes else "")
         + f"  exposed {units.percent(agg.exposed_share):>4}  "
         + throughput_text(agg)
-        + f"  slowest r{slowest}"
+        + ("  slowest NA" if slowest is None else f"  slowest r{slowest}")
         + (f" (+{units.seconds(excess)} compute)" if excess is not None and excess > 0 else "")
         + f"  ranks {len(agg.summaries)}{flags}"
     )

@@ -140,9 +140,13 @@ class StepSummary(msgspec.Struct, gc=False):
     a stage-3 prefetch can hide its fetches behind, priced per step by the advisor."""
 
     @property
-    def compute_s(self) -> float:
+    def compute_s(self) -> float | None:
         """Compute time: the step minus the time waiting in collectives [s]. Under synchronous
-        collectives every rank's step time is the same; this is what differs."""
+        collectives every rank's step time is the same; this is what differs. NA when some
+        collective's wait was not measured (DDP's buckets on gloo): the step less a partial
+        wait is the step time again, which names no straggler and would pass for compute."""
+        if self.unexposed:
+            return None
         return max(self.duration_s - self.exposed_s, 0.0)
 
     @property

@@ -30,7 +30,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from math import isnan
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
 
@@ -119,11 +119,15 @@ def judge_by_stage(
 
 
 def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
-    """Every rank's standing in one step (empty below two ranks)."""
+    """Every rank's standing in one step (empty below two ranks, or when some rank's compute
+    is NA: its wait in collectives was not measured, so no rank can be set against it)."""
     if len(summaries) < 2:
         return {}
     ranks = list(summaries)
-    compute = [s.compute_s for s in summaries.values()]
+    measured = [s.compute_s for s in summaries.values()]
+    if None in measured:
+        return {}
+    compute = cast("list[float]", measured)
     cs = sorted(compute)
     top, second = cs[-1], cs[-2]
     own = []
