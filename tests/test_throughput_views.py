@@ -128,3 +128,19 @@ def test_the_history_plots_chart_mfu_and_tokens_per_step() -> None:
     bare, _ = _state(work=False)
     charts = cluster_charts(bare.series, bare.rules.exposed_max)
     assert not charts["mfu"].has_data() and not charts["tokens"].has_data()
+
+
+def test_mfu_fits_its_seven_columns_at_every_magnitude() -> None:
+    """A CPU job's MFU is ~1e-5: ``.2g`` gave "0.00078%", 8 characters in the rank table's
+    7-column field, and it ran into the loss scale beside it ("81920.00078%"). Each value fits,
+    with its digits, and the rank table's cell is preceded by a space."""
+    for fraction, shown in (
+        (0.4123, "41.2%"),
+        (0.0123, "1.2%"),
+        (0.00123, "0.12%"),
+        (0.000123, "0.012%"),
+        (7.8e-6, "<0.01%"),
+        (1e-12, "<0.01%"),
+        (0.0, "0%"),
+    ):
+        assert units.fine_percent(fraction) == shown and len(shown) <= 7

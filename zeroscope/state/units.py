@@ -115,11 +115,17 @@ def steps(n: int) -> str:
 
 
 def fine_percent(fraction: float | None) -> str:
-    """A percentage with one decimal (MFU: a few points matter); two digits below 1%."""
+    """A percentage with one decimal (MFU: a few points matter); two digits below 1%, and
+    "<0.01%" below that: at most 7 characters, the rank table's MFU column (a CPU job's
+    "0.00078%" ran into the loss scale beside it and read "81920.00078%")."""
     if fraction is None:
         return NA
     value = fraction * 100
-    return f"{value:.1f}%" if abs(value) >= 1 else f"{value:.2g}%"
+    if abs(value) >= 1:
+        return f"{value:.1f}%"
+    if 0 < abs(value) < 0.01:
+        return "<0.01%" if value > 0 else ">-0.01%"
+    return f"{value:.2g}%"
 
 
 def flop_rate(tflops: float | None) -> str:

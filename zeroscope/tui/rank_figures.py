@@ -109,7 +109,7 @@ def rank_figures(rs: RankState | None, width: int) -> Text:
         for i, (label, value) in enumerate(cells):
             text.append("\n" if i % per_line == 0 else "")
             text.append(f"{label:<13}", style="dim")
-            text.append(f"{value:<{cell - 13}}")
+            text.append(f"{value:<{cell - 14}} ")  # a space always: "1.75MFLOP/sMFU" read as one
         if group == "model throughput":
             for note in _notes(rs):
                 text.append("\n" + note, style="dim")

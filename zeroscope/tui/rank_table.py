@@ -100,15 +100,15 @@ class RankTable(CursorTable):
 
     # -- drawing -------------------------------------------------------------------------
     def _layout(self, width: int) -> tuple[int, bool, bool, bool]:
-        """(bar width, host shown, MFU shown, tokens/s shown). MFU (7 columns) is shown once a
-        rank reports its work (the bar gives way: 17 columns left at 80), tokens/s (7) from
+        """(bar width, host shown, MFU shown, tokens/s shown). MFU (8 columns) is shown once a
+        rank reports its work (the bar gives way: 16 columns left at 80), tokens/s (7) from
         100 columns; a job that reports no work keeps the table as it was."""
         fixed = 6 + 7 + 7 + 6 + 5 + 9 + 7 + 7
         host = width >= 120
         mfu = any(r.throughput is not None for r in self._rows)
         tokens = mfu and width >= 100
         mesh = 10 if any(r.mesh is not None for r in self._rows) else 0
-        extra = (7 if mfu else 0) + (7 if tokens else 0)
+        extra = (8 if mfu else 0) + (7 if tokens else 0)
         bar = max(8, min(48, width - fixed - mesh - extra - (10 if host else 0) - 2))
         return bar, host, mfu, tokens
 
@@ -141,7 +141,7 @@ class RankTable(CursorTable):
             + head("expo", "exposed", 5)
             + head("offload", "offload", 9)
             + "  scale"
-            + ("    MFU" if mfu else "")
+            + ("     MFU" if mfu else "")
             + ("  tok/s" if tokens else "")
             + "  flag",
             style="bold",
@@ -172,7 +172,7 @@ class RankTable(CursorTable):
             line.append(f" {units.scale_short(row.loss_scale):>6}")
             t = row.throughput
             if mfu:
-                line.append(f"{units.fine_percent(t.mfu if t else None):>7}")
+                line.append(f" {units.fine_percent(t.mfu if t else None):>7}")
             if tokens:
                 line.append(f"{units.count(t.tokens_per_s if t else None):>7}")
             line.append(f"  {row.flag}", style="bold red" if row.flag else "")
