@@ -238,6 +238,28 @@ async def test_quit_asks_while_the_job_runs() -> None:
     assert app.return_value == "quit"
 
 
+@pytest.mark.parametrize(
+    ("keys", "chosen"),
+    [(("enter",), "detach"), (("right", "enter"), "cancel"), (("left", "enter"), "stop")],
+)
+@sync
+async def test_quit_then_enter_leaves_the_job_running(keys: tuple[str, ...], chosen: str) -> None:
+    """The dialog's focus starts on "Leave running" (it was on "Stop the job": ``q`` then Enter
+    stopped a user's training run, exit 130), and the arrow keys move it."""
+    job = _Running()
+    app = ZeroscopeApp(fixture_state(), job=job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press(*keys)
+        await pilot.pause()
+        if chosen == "cancel":
+            assert isinstance(app.screen, ClusterScreen)
+            await pilot.press("q", "s")
+            chosen = "stop"
+    assert app.return_value == chosen
+
+
 @sync
 async def test_replay_keys_pause_step_speed_goto() -> None:
     feed = ReplayFeed(MemoryTrace(synthetic_run()), start_step=10, paused=True)

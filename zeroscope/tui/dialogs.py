@@ -95,7 +95,9 @@ class HelpScreen(ModalScreen[None]):
 
 
 class QuitScreen(ModalScreen[str]):
-    """Quitting while the job runs: stop it, or leave it running (headless lines follow)."""
+    """Quitting while the job runs: stop it, or leave it running (headless lines follow).
+    "Leave running" has the focus: ``q`` then Enter must not stop a training run (the first
+    button, Stop, had it), and the arrow keys move between the buttons as a dialog's do."""
 
     DEFAULT_CSS = """
     QuitScreen { align: center middle; }
@@ -108,6 +110,8 @@ class QuitScreen(ModalScreen[str]):
         Binding("s", "choose('stop')", "stop the job"),
         Binding("d", "choose('detach')", "leave it running"),
         Binding("escape,c", "choose('cancel')", "cancel"),
+        Binding("left", "app.focus_previous", "previous button", show=False),
+        Binding("right", "app.focus_next", "next button", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -120,6 +124,9 @@ class QuitScreen(ModalScreen[str]):
                 yield Button("Stop the job [s]", id="stop", variant="error")
                 yield Button("Leave running [d]", id="detach", variant="primary")
                 yield Button("Cancel [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#detach", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id or "cancel")
