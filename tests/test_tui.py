@@ -309,3 +309,46 @@ def test_the_header_keeps_its_status_at_80_columns_under_a_filter() -> None:
     for status in ("REPLAY ⏸ paused 2x  step 35/39", "job exited (1)"):
         lines = header_text(state, status, width=80, shown=(3, 64)).plain.splitlines()
         assert status in "\n".join(lines[:2]), lines
+
+
+class _Trickle:
+    """A live source handing over a run's messages a few at a time (the collector's queue)."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self.messages = list(messages)
+        self.taken: list[Any] = []
+
+    def poll(self, timeout: float = 0.1) -> list[Any]:
+        batch, self.messages = self.messages[:7], self.messages[7:]
+        self.taken += batch
+        return batch
+
+
+@pytest.mark.parametrize("pause_s", [0.0, 0.05, 0.3])
+@sync
+async def test_messages_the_view_took_but_never_folded_are_handed_back(pause_s: float) -> None:
+    """The view's feed worker takes messages from the source and hands them to the UI thread;
+    when the view closes in between ("Leave running"), ``zeroscope run`` folds what is left
+    itself: it had lost them (its headless lines said "no report of steps 22-23 reached
+    zeroscope" while the trace held them). Whenever the view closes, the messages it folded
+    and those handed back are every message taken, once each, in order."""
+    from zeroscope.tui.feed import LiveFeed
+
+    run = list(synthetic_run(RunShape(ranks=4, steps=40)))
+    source = _Trickle(run)
+    feed = LiveFeed(source)
+    folded: list[Any] = []
+    state = ClusterState()
+    original = state.ingest
+
+    def ingest(message: Any, now: float | None = None) -> Any:
+        folded.append(message)
+        return original(message, now)
+
+    state.ingest = ingest  # type: ignore[method-assign]
+    app = ZeroscopeApp(state, feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await asyncio.sleep(pause_s)
+        await pilot.press("q")
+    left = feed.unapplied()
+    assert folded + left == source.taken

@@ -292,3 +292,18 @@ async def test_the_offload_figure_never_runs_into_the_exposed_one_at_80_columns(
         await pilot.pause()
         rows = [line for line in screen_text(app).splitlines() if "883MB/s" in line]
     assert rows and all(re.search(r"\d% +883MB/s", row) for row in rows), rows
+
+
+def test_a_loss_scale_event_cut_to_the_pane_never_cuts_a_number() -> None:
+    """At 80 columns "fp16 gradient overflow at loss scale 524288: step skipped" was cut bare
+    to "... at loss scale 5": a wrong scale. It ends in "…" at a word boundary."""
+    from zeroscope.tui.loss_scale_screen import _clip
+
+    message = "fp16 gradient overflow at loss scale 524288: step skipped"
+    assert _clip(message, 80) == message
+    assert _clip(message, 39) == "fp16 gradient overflow at loss scale…"
+    assert _clip(message, 45) == "fp16 gradient overflow at loss scale 524288:…"
+    for room in range(10, len(message)):
+        shown = _clip(message, room)
+        assert len(shown) <= room and shown.endswith("…")
+        assert "524288" in shown or "5" not in shown.split()[-1]

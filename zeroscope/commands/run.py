@@ -301,12 +301,16 @@ def run_live(job: Job, source: QueueSource, state: ClusterState, trace: str) -> 
     from zeroscope.tui.app import ZeroscopeApp
     from zeroscope.tui.feed import LiveFeed
 
-    app = ZeroscopeApp(state, LiveFeed(source), job=job, trace=trace)
+    feed = LiveFeed(source)
+    app = ZeroscopeApp(state, feed, job=job, trace=trace)
     choice = app.run()
+    left = feed.unapplied()  # taken from the source as the view closed, never folded
+    if job.returncode is None and choice == "detach":
+        print(f"zeroscope: the job keeps running; recording to {trace}", flush=True)
+        _print_steps(state, left)
+        return run_headless(job, source, state, trace)
+    _fold_steps(state, left)
     if job.returncode is None:
-        if choice == "detach":
-            print(f"zeroscope: the job keeps running; recording to {trace}", flush=True)
-            return run_headless(job, source, state, trace)
         print("zeroscope: stopping the job", file=sys.stderr, flush=True)
         job.stop(reason="stopped from the view")
     _drain(state, source, lines=False)

@@ -25,7 +25,7 @@ from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 from .base import StateScreen
 from .cluster_screen import ClusterScreen
 from .dialogs import GotoStepScreen, HelpScreen, QuitScreen
-from .feed import Batch, ReplayFeed
+from .feed import Batch, LiveFeed, ReplayFeed
 from .screens import SCREENS, screen_for
 
 CHUNK = 256
@@ -186,6 +186,8 @@ class ZeroscopeApp(App[str]):
         now = time.time() if self.live_clock else None
         for message in batch.messages:
             self.state.ingest(message, now)
+        if isinstance(self.feed, LiveFeed):
+            self.feed.applied(len(batch.messages))
         if batch.final:
             self.state.flush()
             self.state.version += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,20 +50,45 @@ class Source(Protocol):
 
 
 class LiveFeed:
-    """A live Source (collector listener or viewer subscription) as a feed."""
+    """A live Source (collector listener or viewer subscription) as a feed.
+
+    It keeps the messages taken from the source until the view has folded them
+    (:meth:`applied`): the view can close between the two (``q``, "Leave running"), and
+    ``zeroscope run`` then folds :meth:`unapplied` itself, which otherwise were lost to it (its
+    headless lines went on with "no report of steps 22-23 reached zeroscope", though the trace
+    held them)."""
 
     live = True
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self._snapshots = 0
+        self._in_flight: deque[Message] = deque()
+        self._lock = threading.Lock()
 
     def poll(self, timeout: float) -> Batch | None:
         messages = self.source.poll(timeout)
         # A LiveSource counts the state snapshots it has taken (other sources have none).
         snapshots = getattr(self.source, "snapshots", 0)
         snapshot, self._snapshots = snapshots != self._snapshots, snapshots
-        return Batch(messages, snapshot=snapshot) if messages else None
+        if not messages:
+            return None
+        with self._lock:
+            self._in_flight.extend(messages)
+        return Batch(messages, snapshot=snapshot)
+
+    def applied(self, count: int) -> None:
+        """The view folded the next ``count`` messages taken (UI thread; in the order taken)."""
+        with self._lock:
+            for _ in range(min(count, len(self._in_flight))):
+                self._in_flight.popleft()
+
+    def unapplied(self) -> list[Message]:
+        """The messages taken from the source that the view never folded, in order."""
+        with self._lock:
+            out = list(self._in_flight)
+            self._in_flight.clear()
+        return out
 
 
 class Trace(Protocol):

@@ -71,6 +71,8 @@ class LossScaleScreen(StateScreen):
         return text
 
     def _events(self, width: int) -> Text:
+        """Newest first; a message too long for the pane ends in "…" (cut bare, "at loss scale
+        524288" read "at loss scale 5")."""
         events = loss_scale_view(self.state).events
         if not events:
             return Text("no overflow or scale events", style="dim")
@@ -80,7 +82,7 @@ class LossScaleScreen(StateScreen):
                 text.append("\n")
             text.append(f"step {e.step:>6}  r{e.rank:<4} ")
             text.append(f"{e.event:<17}", style=EVENT_STYLES[level])
-            text.append(f"{e.message}"[: max(10, width - 36)])
+            text.append(_clip(e.message, max(10, width - 36)))
         return text
 
 
@@ -123,3 +125,14 @@ def loss_scale_chart(
             )
         )
     return chart, rows
+
+
+def _clip(message: str, room: int) -> str:
+    """``message`` in at most ``room`` characters, cut with "…" where it does not fit, at a
+    space when there is one: never inside a number, whose first digits would read as a value."""
+    if len(message) <= room:
+        return message
+    cut = message[: room - 1]
+    if message[room - 1] != " " and " " in cut:
+        cut = cut[: cut.rfind(" ")]
+    return cut.rstrip() + "…"
