@@ -242,3 +242,29 @@ def test_the_run_report_carries_the_exposed_level_summary_marks() -> None:
         {**report, "trace": "t", "step_range": "1-3", "events": 0, "missing_ranks": []}
     )
     assert "31.0!" in table and "10.0!" not in table
+
+
+def test_the_busbw_pane_says_why_it_is_empty() -> None:
+    """DDP on gloo: its bucket all-reduces are reported (bytes, counts) with no clock, so no op
+    has a busbw; the pane said "no collectives reported" beside a volume pane showing them."""
+    untimed = Collective("all_reduce", 50_700, 2, 0.0, 0.0, 0.0, False, "", "none", False)
+
+    def state_of(collectives: list[Collective]) -> ClusterState:
+        state = ClusterState()
+        for step in range(3):
+            for rank in (0, 1):
+                state.ingest(
+                    StepReport(
+                        rank=rank,
+                        step=step,
+                        wall_ns=10**18 + step * 10**9,
+                        duration_s=0.1,
+                        collectives=collectives,
+                    )
+                )
+        state.flush()
+        return state
+
+    seen = comm_view(state_of([untimed]), ["all_reduce"])
+    assert seen.busbw == {} and seen.busbw_none.startswith("busbw NA: no clock timed")
+    assert comm_view(state_of([]), ["all_reduce"]).busbw_none == "no collectives reported"

@@ -92,7 +92,7 @@ class CommScreen(StateScreen):
             old = f"{units.steps(ago)} ago " if ago else ""
             text.append(old, style="dim")
             text.append_text(sparkline(series, max(8, width - 28 - len(old)), lo=0, style=style))
-        return text or Text("no collectives reported", style="dim")
+        return text or Text(view.busbw_none, style="dim")
 
     def _exposed(self, width: int) -> Text:
         view = self._view()

@@ -40,6 +40,9 @@ class CommView:
     exposed_last: float | None
     exposed_level: Level
     exposed_limit: float
+    busbw_none: str = "no collectives reported"
+    """What the busbw pane says when no op has a measured busbw: none reported, or reported
+    with no clock to time them (DDP's buckets on gloo: bytes and counts exact, time unknown)."""
 
 
 def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
@@ -65,6 +68,12 @@ def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
         exposed_last=exposed_last,
         exposed_level=state.rules.exposed_level(exposed_last),
         exposed_limit=state.rules.exposed_max,
+        busbw_none=(
+            "busbw NA: no clock timed the collectives reported (bytes and counts are exact, "
+            "their time unknown: docs/engines/timing.md)"
+            if any(series)
+            else "no collectives reported"
+        ),
     )
 
 
