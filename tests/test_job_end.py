@@ -297,3 +297,26 @@ def test_a_rank_without_a_bye_is_not_followed_by_all_ranks_exited_cleanly() -> N
     assert not any("all ranks exited cleanly" in ln for ln in lines)
     details = [a["detail"] for a in run_report(state)["alerts"]]
     assert "r1 died without a word after step 2 (no Bye)" in details
+
+
+def test_a_syntax_error_in_the_script_is_its_error_line() -> None:
+    """Python prints a SyntaxError in the script it runs with no traceback header (the frame,
+    the source line, the caret, the exception): the end said "exited with code 1 without a
+    traceback" and blamed zeroscope's bootstrap for the silence. A frame-like line a job
+    prints itself, with no exception after it, is no error."""
+    python = subprocess.run(
+        [sys.executable, "-c", "x = ("], capture_output=True, text=True, timeout=60
+    )
+    assert python.returncode == 1 and "Traceback" not in python.stderr
+    scanner = ErrorScanner()
+    for line in python.stderr.splitlines():
+        scanner.feed(line)
+    (error,) = scanner.errors()
+    assert error.rank is None and error.line == python.stderr.splitlines()[-1]
+    assert error.line.startswith("SyntaxError: ")
+    quiet = ErrorScanner()
+    for line in ('  File "data.csv", line 3', "loss 0.25 at step 3", "done"):
+        assert quiet.feed(line)
+    assert quiet.errors() == []
+    classified = classify(1, Outcome(exits=(RankExit(rank=0, exitcode=1),)), scanner.errors())
+    assert classified.error == error.line

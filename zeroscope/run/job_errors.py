@@ -29,6 +29,10 @@ ELASTIC_LOG = re.compile(
 signal SIGTERM", "failed (exitcode: 1) local_rank: 0 ..."): the end of the job tells the same."""
 
 TRACEBACK = "Traceback (most recent call last):"
+BARE_FRAME = re.compile(r'^  File ".*", line \d+$')
+"""A frame line with no traceback header: how Python prints a SyntaxError in the script it was
+asked to run (the frame, the source line, the caret, then ``SyntaxError: ...``)."""
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)")
 CHAINED = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
@@ -49,10 +53,12 @@ class RankError:
 class _Block:
     """Where one stream of traceback lines (a rank's, or the unprefixed one) stands."""
 
-    __slots__ = ("ended", "inside", "started")
+    __slots__ = ("bare", "ended", "inside", "started")
 
     def __init__(self) -> None:
         self.inside = False
+        self.bare = False
+        """Inside a headerless frame (a SyntaxError's): its end must read as an exception."""
         self.ended = False
         """An exception line just ended a traceback: a chaining note may follow."""
         self.started = 0
@@ -102,7 +108,10 @@ class ErrorScanner:
         if text == TRACEBACK:
             if not block.inside:
                 block.started = self._seq
-            block.inside = True
+            block.inside, block.bare = True, False
+            return True
+        if not block.inside and BARE_FRAME.match(text):
+            block.started, block.inside, block.bare = self._seq, True, True
             return True
         if not block.inside:
             # Between the exceptions of a chain: a blank line and the chaining note.
@@ -113,10 +122,13 @@ class ErrorScanner:
         # The first unindented line after the frames is the exception ("ValueError: ...");
         # with chained exceptions the last one is what was raised. A rank keeps the place of
         # its first traceback in the order of failures.
+        if block.bare and not EXCEPTION.match(text.strip()):
+            block.inside = block.bare = False  # a frame-like line the job printed itself
+            return False
         first = self._errors.get(rank)
         seq = first.seq if first is not None else block.started
         self._errors[rank] = RankError(rank, text.strip(), seq)
-        block.inside, block.ended = False, True
+        block.inside, block.bare, block.ended = False, False, True
         return True
 
     def errors(self) -> list[RankError]:
