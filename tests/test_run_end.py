@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -256,3 +257,38 @@ def test_a_reader_that_goes_away_stops_the_printing_not_the_job(tmp_path: Path) 
                 range(1, 21)
             )
         assert trace.steps() in ((0, 20), (1, 20))
+
+
+@pytest.mark.parametrize("code", [0, 5])
+def test_a_rank_ending_by_os_exit_keeps_its_last_steps_and_its_code(
+    tmp_path: Path, code: int
+) -> None:
+    """``os._exit`` skips Python's exit hooks: the rank's last reports (up to half a second of
+    steps) and its Bye were lost, and the trace said it died after step 1 of 6. Every step
+    reaches the trace, with the job's own losses, and its Bye carries the code."""
+    script = ROOT / "tests" / "scripts" / "os_exit_train.py"
+    trace = tmp_path / "ox.zstrace"
+    run = _zeroscope(
+        "run",
+        "--headless",
+        "--record",
+        str(trace),
+        "--nproc-per-node",
+        "1",
+        str(script),
+        str(code),
+        cwd=tmp_path,
+    )
+    assert run.returncode == code, run.stdout + run.stderr
+    printed = [
+        float(ln.split()[-1]) for ln in run.stdout.splitlines() if re.match(r"step \d+ loss ", ln)
+    ]
+    assert len(printed) == 6
+    with TraceReader(trace) as reader:
+        messages = list(reader.messages())
+    from zeroscope.agent.schema import Bye, StepReport
+
+    losses = [m.loss for m in messages if isinstance(m, StepReport)]
+    byes = [m for m in messages if isinstance(m, Bye)]
+    assert losses == pytest.approx(printed, rel=1e-5)
+    assert [b.exit_code for b in byes] == [code]
