@@ -151,3 +151,28 @@ async def test_live_charts_take_turns_when_data_moves_faster_than_they_catch_up(
             grid._drawn(plot)  # its paint: the next new data may go to another chart
         # The chart whose data is oldest goes first: each chart twice, none starved.
         assert handed == shown + shown
+
+
+@sync
+async def test_the_first_data_is_charted_at_once_then_at_the_live_pace() -> None:
+    """A live view's charts take new data at most every LIVE_INTERVAL_S: the first data waited
+    for it too, so the charts read "NA: nothing reported yet" for their first 10 s while the
+    table showed hundreds of steps (a job shorter than that never got a chart)."""
+    run = list(synthetic_run(RunShape(ranks=2, steps=12)))
+    state = ClusterState()
+    app = ZeroscopeApp(state, live_clock=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        grid = app.screen.query_one(HistoryPlots)
+        grid.min_interval_s = 10.0
+        empty = grid._shown_key
+        state.ingest_all([m for m in run if getattr(m, "step", 0) < 4])
+        app.redraw()
+        await pilot.pause(0.2)
+        assert grid._shown_key != empty  # drawn now, not 10 s later
+        assert any(grid.chart(name).has_data() for name in grid.shown)
+        shown = grid._shown_key
+        state.ingest_all([m for m in run if 4 <= getattr(m, "step", 0) < 8])
+        app.redraw()
+        await pilot.pause(0.2)
+        assert grid._shown_key == shown  # later data: at the live pace

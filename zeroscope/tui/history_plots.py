@@ -58,6 +58,10 @@ class HistoryPlots(Widget):
         self.min_interval_s = min_interval_s
         self._shown_key: object = None
         self._drawn_at = -1e9
+        self._data_shown = False
+        """Some chart on screen has data: until then new data is drawn at once, not after
+        ``min_interval_s`` (a live view's charts read "NA: nothing reported yet" for their
+        first 10 s while the table showed hundreds of steps)."""
         self._pending = False
         self._in_flight: HistoryPlot | None = None
         """The chart handed new data and not yet painted: the next waits for it."""
@@ -92,7 +96,7 @@ class HistoryPlots(Widget):
         if key == self._shown_key:
             return
         wait = self._drawn_at + self.min_interval_s - time.monotonic()
-        if wait > 0:
+        if wait > 0 and self._data_shown:
             if not self._pending:
                 self._pending = True
                 self.set_timer(wait, self._due)
@@ -107,6 +111,7 @@ class HistoryPlots(Widget):
         self._shown_key = key
         self._drawn_at = time.monotonic()
         self._arrange()
+        self._data_shown = any(self.chart(n).has_data() for n in self.shown)
         if self.min_interval_s <= 0:
             for plot in self.query(HistoryPlot):
                 if plot.display and plot.data_key != key:
