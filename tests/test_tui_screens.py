@@ -307,3 +307,21 @@ def test_a_loss_scale_event_cut_to_the_pane_never_cuts_a_number() -> None:
         shown = _clip(message, room)
         assert len(shown) <= room and shown.endswith("…")
         assert "524288" in shown or "5" not in shown.split()[-1]
+
+
+@pytest.mark.parametrize("top", [3, 8, 16, 40])
+def test_every_power_of_two_the_scale_took_has_its_own_row(top: int) -> None:
+    """A GradScaler started at 2^40 and backed off to 2^15: with the chart's nine rows for 40
+    octaves the points were drawn on the rows of 2^41 and 2^14. Each row of the chart is then
+    one octave (or several rows one octave, for a few), so a power of two lands on its row."""
+    from zeroscope.tui.loss_scale_screen import loss_scale_chart
+
+    logs: list[float | None] = [float(k) for k in range(top, 14, -1)] or [float(top), 15.0]
+    steps = list(range(len(logs)))
+    chart, rows = loss_scale_chart(steps, logs, [False] * len(logs), None)
+    lo, hi = chart.y_min, chart.y_max
+    assert lo is not None and hi is not None and lo <= 15 and hi >= top
+    per_octave = (rows - 1) / (hi - lo)
+    assert per_octave >= 1 and per_octave == int(per_octave)  # every octave lands on a row
+    ticks, labels = chart.y_ticks or ((), ())
+    assert len(ticks) <= 9 and all(f"2^{t:.0f}" == lab for t, lab in zip(ticks, labels))

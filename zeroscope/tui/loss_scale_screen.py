@@ -24,7 +24,12 @@ EVENT_STYLES = {"bad": "bold red", "warn": "yellow", "ok": "cyan", "na": "dim"}
 """Colour of a loss-scale event by its level (viewmodel.EVENT_LEVELS)."""
 
 MAX_ROWS = 9
-"""Data rows of the chart at most (the frame and the step labels add three)."""
+"""Labelled levels of the chart at most, and its data rows when the scale spans so few octaves
+that each gets several rows (the frame and the step labels add three)."""
+MAX_OCTAVE_ROWS = 48
+"""Data rows at most when the scale spans more octaves than MAX_ROWS: one row per octave, so
+every power of two has a row of its own (labelled every 2nd, 4th ... octave); with nine rows
+for 40 octaves a 2^40 point was drawn on the 2^41 row, 2^16 on 2^14's."""
 
 
 class LossScaleScreen(StateScreen):
@@ -91,8 +96,9 @@ def loss_scale_chart(
 ) -> tuple[Chart, int]:
     """(the chart, its data rows). log2 of each scale is plotted and the axis labelled 2^k at
     integer levels; the rows are chosen so every labelled level falls exactly on a row (rows - 1
-    a multiple of the levels' span), so a label sits on the row of the points with that scale
-    and no point lands on a row between two labels."""
+    a multiple of the levels' span), so a label sits on the row of the points with that scale,
+    and past MAX_ROWS octaves every octave has a row (MAX_OCTAVE_ROWS), so no power of two is
+    drawn on another's row."""
     known = [x for x in logs if x is not None]
     lo, hi = math.floor(min(known)), math.ceil(max(known))
     stride = 1
@@ -100,8 +106,13 @@ def loss_scale_chart(
         stride *= 2  # 2^0, 2^2, 2^4 ... when the scale spans more octaves than rows
     spans = max(1, -(-(hi - lo) // stride))
     hi = lo + spans * stride
-    per = max(1, (MAX_ROWS - 1) // spans)  # rows per labelled level
-    rows = spans * per + 1
+    if stride == 1:
+        per = max(1, (MAX_ROWS - 1) // spans)  # rows per labelled level
+        rows = spans * per + 1
+    elif hi - lo + 1 <= MAX_OCTAVE_ROWS:
+        rows = hi - lo + 1  # a row per octave: each point on its own power's row
+    else:
+        rows = spans + 1
     levels = [float(lo + i * stride) for i in range(spans + 1)]
     chart = Chart(
         "loss scale (log2)",
