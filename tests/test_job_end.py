@@ -320,3 +320,20 @@ def test_a_syntax_error_in_the_script_is_its_error_line() -> None:
     assert quiet.errors() == []
     classified = classify(1, Outcome(exits=(RankExit(rank=0, exitcode=1),)), scanner.errors())
     assert classified.error == error.line
+
+
+def test_the_final_loss_says_whose_it_is_when_a_rank_is_gone() -> None:
+    """Rank 1 died after step 2; rank 0 went on to step 3, whose "rank mean" loss was rank 0's
+    alone. The line names it; with every rank in the last step it stays "rank mean"."""
+    state = _two_ranks_reported(4)
+    state.flush()
+    assert any("(rank mean)" in ln for ln in summary_lines(state))
+    from tests.fixtures import RunShape, synthetic_run
+
+    state = ClusterState()
+    for message in synthetic_run(RunShape(ranks=2, steps=4, overflow_steps=())):
+        if not (getattr(message, "rank", 0) == 1 and getattr(message, "step", 0) == 3):
+            state.ingest(message)
+    state.flush()
+    line = next(ln for ln in summary_lines(state) if "final loss" in ln)
+    assert "(r0 only: 1 of 2 ranks at step 3)" in line

@@ -114,7 +114,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
         last = done[-1]
         lines.append(
             f"time per step {units.seconds(t.mean_step_s)} (steady steps); "
-            f"{t.skipped} skipped; final loss {units.number(last.loss, '.4f')} (rank mean), "
+            f"{t.skipped} skipped; final loss {units.number(last.loss, '.4f')} "
+            f"({_whose_loss(state, last)}), "
             f"loss scale {units.scale(last.loss_scale)}; "
             f"{units.number(t.steps_per_s, '.3f')} steps/s, "
             f"{units.number(t.samples_per_s, '.2f')} samples/s; "
@@ -205,6 +206,17 @@ def exit_lines(state: ClusterState) -> list[str]:
         when = f"after step {last}" if last else "before step 1"
         lines.append(f"no rank said Bye: the job or its recording ended abruptly {when}")
     return lines
+
+
+def _whose_loss(state: ClusterState, last: StepAggregate) -> str:
+    """Whose losses the final step's mean is over: "rank mean", or the ranks named when fewer
+    than the job's reported it (a rank that died: the mean of one rank read as the cluster's)."""
+    with_loss = sorted(r for r, s in last.summaries.items() if s.loss is not None)
+    world = max(state.world_size, len(state.ranks))
+    if not with_loss or len(with_loss) >= world:
+        return "rank mean"
+    named = ranks_text(with_loss, 4)
+    return f"{named} only: {len(with_loss)} of {world} ranks at step {last.step}"
 
 
 def _plural(n: int, word: str) -> str:
