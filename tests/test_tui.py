@@ -352,3 +352,24 @@ async def test_messages_the_view_took_but_never_folded_are_handed_back(pause_s: 
         await pilot.press("q")
     left = feed.unapplied()
     assert folded + left == source.taken
+
+
+@sync
+async def test_replay_advice_says_which_steps_it_judged() -> None:
+    """A replay holds a window of the run around its cursor: its advice judged that window
+    (an overflow storm in 64 steps) while ``zeroscope advise`` judged the whole run (none),
+    and said nothing of it. The advice screen names the steps it judged; live it does not."""
+    feed = ReplayFeed(MemoryTrace(synthetic_run()), start_step=30, paused=True)
+    app = ZeroscopeApp(ClusterState(), feed, refresh_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.4)
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        done = app.state.complete_steps()
+        text = screen_text(app)
+        assert f"judged on steps {done[0].step}-{done[-1].step}, the replay's window" in text
+    app = ZeroscopeApp(fixture_state())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        assert "judged on steps" not in screen_text(app)

@@ -42,11 +42,29 @@ class AdviceScreen(StateScreen):
         for pane in self.query(Pane):
             pane.refresh(layout=True)
 
+    def _window(self) -> Text:
+        """Replay: which steps the advice judged. A replay holds a window of the run around
+        its cursor, not the whole run: after a seek to its end the advice judged 64 steps
+        (an "overflow storm" of 2 skips in them) where ``zeroscope advise`` judged all 600 (6
+        skips: none)."""
+        if self.zapp.replay is None:
+            return Text()
+        done = self.state.complete_steps()
+        if not done:
+            return Text()
+        return Text(
+            f"judged on steps {done[0].step}-{done[-1].step}, the replay's window around its "
+            "cursor (`zeroscope advise TRACE` judges the whole run)\n\n",
+            style="dim",
+        )
+
     def _advice(self, width: int) -> Text:
         advisory = self.zapp.advisory()
         if not advisory.advice:
-            return Text("no advice yet: no rule found a change worth making", style="dim")
-        text = Text()
+            text = self._window()
+            text.append("no advice yet: no rule found a change worth making", style="dim")
+            return text
+        text = self._window()
         for i, a in enumerate(advisory.advice, 1):
             if i > 1:
                 text.append("\n\n")
