@@ -70,7 +70,7 @@ class CommScreen(StateScreen):
                 + (
                     "the paper's figure differs here: " + "; ".join(reasons)
                     if reasons
-                    else "the paper's figure is the same for this config"
+                    else "the prediction and the paper's figure agree for this config"
                 ),
                 style="dim",
             )
