@@ -25,6 +25,7 @@ KEYS: list[tuple[str, str]] = [
     ("a", "advice: which ds_config change buys how much memory or time"),
     ("s", "sort the table (heatmap: metric)"),
     ("v", "table / heatmap"),
+    ("b", "one row per node / per rank (a multi-node job)"),
     ("n", "more history plots (when they do not all fit)"),
     ("/", "filter ranks: 3  0-7  r12  node1  slow"),
     ("ctrl+p", "command palette (every screen, every rank)"),
