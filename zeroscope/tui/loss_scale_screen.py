@@ -106,7 +106,7 @@ def loss_scale_chart(
         stride *= 2  # 2^0, 2^2, 2^4 ... when the scale spans more octaves than rows
     spans = max(1, -(-(hi - lo) // stride))
     hi = lo + spans * stride
-    if stride == 1:
+    if spans == hi - lo:  # a label on every octave
         per = max(1, (MAX_ROWS - 1) // spans)  # rows per labelled level
         rows = spans * per + 1
     elif hi - lo + 1 <= MAX_OCTAVE_ROWS:
