@@ -31,8 +31,8 @@ ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT)}
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    # DeepSpeed's tutorial leaves its process group to the interpreter: torch's gloo teardown
-    # abort can end a finished run (tests/attach_support.py), and only that is run again.
+    # The script destroys its process group (torch's gloo teardown abort at exit, which can end
+    # a finished run: tests/attach_support.py); an abort would still be run again, once.
     done = run_job(argv, {**os.environ, **ENV}, 600, cwd=cwd)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
