@@ -29,7 +29,8 @@ if accelerator.process_index == 0:
 
     wrapped = "fsdp2" if isinstance(model, FSDPModule) else "none"
     wrapped = "ddp" if isinstance(model, DistributedDataParallel) else wrapped
-    print(f"WRAPPED {wrapped}", flush=True)
+    sys.stdout.write(f"WRAPPED {wrapped}\n")  # one write per line (see LOSS below)
+    sys.stdout.flush()
 for step, (x,) in enumerate(loader, start=1):
     if step > args.steps:
         break
