@@ -39,8 +39,8 @@ training thread compares the backlog (a watched group's sequence numbers issued 
 take, scaled by the share of all entries its group issued in the last dump, from the entries'
 process-wide ``record_id``) with the ring less a headroom: the larger of a quarter of the ring
 and two of the second largest of the last steps (scaled alike; one burst, an evaluation's, does
-not size it), so that a sender one step late still reads before the ring turns over. Past it, the mark is *urgent* and the step's hand-over wakes the
-sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
+not size it), so that a sender one step late still reads before the ring turns over. Past it,
+the mark is *urgent* and the step's hand-over wakes the sender at once (agent/outbox.py). Each entry is then dumped about ring / (ring - headroom)
 times: 1.33 for a job of few collectives per step, where the former half-ring threshold dumped
 each twice. What no drain can save, a single step issuing more than the ring holds, is counted
 lost and said with the ring size it would need.
