@@ -66,7 +66,7 @@ def _time_attach_calls() -> None:
     attribute at call time; the optimizer hooks are registered as functions, so they are
     timed from outside as the step's pre-hook and post-hook spans)."""
     from zeroscope.agent import live, outbox, work
-    from zeroscope.agent.attach import collectives, flight_recorder, session, torch_loop
+    from zeroscope.agent.attach import collectives, flight_recorder, losses, session, torch_loop
 
     for owner, names, prefix in (
         (session.AttachSession, ("end_step", "enter", "exit", "before_step", "add_loss"), ""),
@@ -77,7 +77,7 @@ def _time_attach_calls() -> None:
         (outbox.Outbox, ("put",), "outbox."),
         (work.WorkMeter, ("take",), "work."),
         (torch_loop, ("first_tensor",), ""),
-        (session, ("mean_loss",), ""),
+        (losses, ("mean_loss",), ""),
     ):
         for name in names:
             _timed(owner, name, prefix + name)

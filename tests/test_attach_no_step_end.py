@@ -64,7 +64,7 @@ def _manual_sgd(rank: int, world: int, dead: str) -> dict:
 
 def test_a_loop_with_no_step_end_is_measured_within_bounds() -> None:
     from tests.distributed import free_port, run_ranks
-    from zeroscope.agent.attach.session import LOSSES_HELD
+    from zeroscope.agent.attach.losses import LOSSES_HELD
 
     dead = f"tcp://127.0.0.1:{free_port()}"
     (r,) = run_ranks(_manual_sgd, 1, dead, timeout=180)

@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from . import patches
-from .session import SESSION, mean_loss
+from .losses import mean_loss
+from .session import SESSION
 from .torch_loop import learning_rate
 
 _losses: list[Any] = []

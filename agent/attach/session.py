@@ -39,6 +39,7 @@ from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamC
 from . import collectives, patches
 from .accumulation import unscaled
 from .census import Census
+from .losses import LOSSES_HELD, mean_loss, read_host_losses
 
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
@@ -354,7 +355,7 @@ class AttachSession:
                 loss = loss.detach()
             losses = self._losses
             if len(losses) >= LOSSES_HELD and len(losses) % LOSSES_HELD == 0:
-                _read_host_losses(losses)
+                read_host_losses(losses)
                 if len(losses) >= 4096:  # backward() without any step ending (no engine found)
                     del losses[:2048]
             losses.append((loss, weight))
@@ -461,34 +462,6 @@ class AttachSession:
         if self._census_at and self._census_at != getattr(tel, "current_step", 0):
             memory = msgspec.structs.replace(memory, census_step=self._census_at)  # repeated
         tel.step_end(memory=memory, **figures)
-
-
-LOSSES_HELD = 64
-"""Micro-batch losses a step holds as tensors before the CPU ones are read into floats. Each
-held tensor pins its small block in the allocator's heap between the step's large freed
-buffers: a loop whose step end is never seen (no hooked optimizer) grew ~0.4 MB of RSS an
-iteration on a DDP MLP (8 x 512, batch 32) until the step's end would have freed them."""
-
-
-def _read_host_losses(losses: list[tuple[Any, float]]) -> None:
-    """Read the held CPU losses now (a float each: no device sync); device ones stay tensors."""
-    for i, (loss, weight) in enumerate(losses):
-        if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
-            losses[i] = (float(loss), weight)
-
-
-def mean_loss(losses: list[tuple[Any, float]]) -> Any:
-    """The step's loss: the one micro-batch loss, or the mean of several (device tensors are
-    averaged on the device, read later without a sync)."""
-    if not losses:
-        return None
-    if len(losses) == 1 and losses[0][1] == 1.0:
-        return losses[0][0]
-    values = [x for x, _ in losses]
-    if not any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in values):
-        return sum(float(x) * w for x, w in losses) / len(losses)
-    stacked = torch.stack([torch.as_tensor(x).float().reshape(()) * w for x, w in losses])
-    return stacked.mean()
 
 
 SESSION = AttachSession()
