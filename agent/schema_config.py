@@ -57,6 +57,12 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     """Bytes of reduce buckets the engine holds on the device for the whole run, beside the
     gradients (DeepSpeed ZeRO-3 allocates its ``reduce_bucket_size``-element bucket when the
     engine is built): part of G however small the model. The prediction adds them."""
+    host_grad_copy_bytes: int = 0
+    """Bytes per element of a second host gradient partition the engine keeps beside the fp32
+    one its host optimizer steps (0: none). DeepSpeed ZeRO-3 under ``offload_optimizer: cpu``
+    reduces each shard into ``grad_partitions_flat_buffer`` (the gradient-accumulation dtype,
+    the model's by default) and copies it into the fp32 partition's ``.grad``, both held for
+    the whole run: host G is (this + 4) bytes a trainable parameter over N, not 4."""
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):

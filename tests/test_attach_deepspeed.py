@@ -244,6 +244,31 @@ def test_the_prediction_holds_zero3s_reduce_bucket_and_says_so(runs: dict) -> No
         assert measured - m.grads == pytest.approx(b * (part - psi / N))  # the padding only
 
 
+def test_the_prediction_holds_zero3_offloads_host_gradient_buffer_and_says_so(runs: dict) -> None:
+    """Under ``offload_optimizer: cpu`` ZeRO-3 reduces each shard into a host buffer of the
+    model's dtype (``grad_partitions_flat_buffer``) and copies it into the fp32 partition's
+    ``.grad``: both held, so host G is (2 + 4) bytes a parameter over N in bf16. The formula
+    alone said 4 and the Memory screen read host G +50% (host total +12.5%) on every rank.
+    The Hello says the buffer's element size; the prediction adds it and names it, and
+    measured host G then meets it to the partition's padding. Without offload nothing is
+    added (the buffer is the device G the bucket test covers)."""
+    b = 2
+    names = list(CONFIGS)
+    for rank in range(N):
+        hellos = runs["trace"][rank].hellos
+        assert [h.config.host_grad_copy_bytes for h in hellos] == [0, 0, 0, b]
+        hello = hellos[names.index("zero3-offload")]
+        state = ClusterState()
+        state.ingest(hello)
+        m, basis = predicted_memory(state)
+        assert m is not None and "2-byte gradient buffer" in basis
+        psi = hello.params.total
+        assert m.host_grads == (b + 4) * psi / N
+        measured = _steps(runs, rank, "zero3-offload")[-1].memory.host_grads
+        part = stage3_partition(runs["zs"][rank]["zero3-offload"]["groups"])
+        assert measured - m.host_grads == pytest.approx((b + 4) * (part - psi / N))  # padding
+
+
 @pytest.mark.parametrize("name", ["zero1", "zero2-fp16"])
 def test_the_traffic_prediction_meets_zero12s_all_reduces(runs: dict, name: str) -> None:
     """DeepSpeed's ZeRO-1/2 all-reduce the whole flat gradients (stage 2 every micro-batch),

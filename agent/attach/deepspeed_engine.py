@@ -99,6 +99,7 @@ class DeepSpeedReader(EngineReader):
             loss_scale_window=int(fp16.loss_scale_window),
             min_loss_scale=float(fp16.min_loss_scale),
             grad_bucket_bytes=_held_buckets(opt) if stage == 3 else 0,
+            host_grad_copy_bytes=_host_grad_copy(opt) if stage == 3 else 0,
             grads_all_reduced=stage in (1, 2),
             fp32_master_copy=stage >= 1
             and not engine.bfloat16_enabled()
@@ -224,6 +225,17 @@ class DeepSpeedReader(EngineReader):
                 gathered += p.data.nbytes
         memory.persistent_params = persistent
         memory.gathered_params = gathered
+
+
+def _host_grad_copy(opt: Any) -> int:
+    """Bytes per element of ZeRO-3's host gradient buffer under CPU optimizer offload (the
+    shards reduced into it, then copied into the fp32 partition's ``.grad``): its dtype, a
+    layout fact the Hello carries for the prediction (0 without offload, where it is on the
+    device, or under NVMe offload, where the fp32 ``.grad`` is swapped out)."""
+    if not getattr(opt, "offload_optimizer", False) or getattr(opt, "swap_optimizer", True):
+        return 0
+    size = getattr(getattr(opt, "grad_partitions_flat_buffer", None), "element_size", None)
+    return int(size()) if callable(size) else 0
 
 
 def _held_buckets(opt: Any) -> int:

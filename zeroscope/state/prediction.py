@@ -76,6 +76,15 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             f", G with the engine's reduce bucket {units.size(c.grad_bucket_bytes)}"
             f" (reduce_bucket_size {c.reduce_bucket_size:,})"
         )
+    if c.host_grad_copy_bytes and m.host_grads:  # the engine's own host gradient buffer
+        trainable_n = min(p.trainable, p.total)
+        m = replace(
+            m, host_grads=m.host_grads + c.host_grad_copy_bytes * trainable_n / c.dp_world_size
+        )
+        buckets += (
+            f", host G with the engine's {c.host_grad_copy_bytes}-byte gradient buffer beside"
+            " the fp32 one"
+        )
     trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
     return m, (
         f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters{trainable}, "
