@@ -57,6 +57,12 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     """Bytes of reduce buckets the engine holds on the device for the whole run, beside the
     gradients (DeepSpeed ZeRO-3 allocates its ``reduce_bucket_size``-element bucket when the
     engine is built): part of G however small the model. The prediction adds them."""
+    grad_elements_held: int = 0
+    """This rank's gradient elements at the step, where the engine keeps more or less than the
+    formula's shard (0: the formula holds). DeepSpeed ZeRO-1/2 keep the *whole* gradient of
+    every parameter overlapping the rank's slice of the flat buffer (``params_in_partition``),
+    and stage 1 a zero block for the padding in it: per rank, from the engine's layout; the
+    Memory screen predicts each rank's G from it."""
     host_grad_copy_bytes: int = 0
     """Bytes per element of a second host gradient partition the engine keeps beside the fp32
     one its host optimizer steps (0: none). DeepSpeed ZeRO-3 under ``offload_optimizer: cpu``

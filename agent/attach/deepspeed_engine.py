@@ -100,6 +100,7 @@ class DeepSpeedReader(EngineReader):
             min_loss_scale=float(fp16.min_loss_scale),
             grad_bucket_bytes=_held_buckets(opt) if stage == 3 else 0,
             host_grad_copy_bytes=_host_grad_copy(opt) if stage == 3 else 0,
+            grad_elements_held=_grad_elements_held(opt) if stage in (1, 2) else 0,
             grads_all_reduced=stage in (1, 2),
             fp32_master_copy=stage >= 1
             and not engine.bfloat16_enabled()
@@ -225,6 +226,24 @@ class DeepSpeedReader(EngineReader):
                 gathered += p.data.nbytes
         memory.persistent_params = persistent
         memory.gathered_params = gathered
+
+
+def _grad_elements_held(opt: Any) -> int:
+    """ZeRO-1/2's gradient elements on this rank at the step, from its partition layout: the
+    whole gradients of the parameters overlapping its slice (``params_in_partition``), plus at
+    stage 1 the padding in its slice (a zero block). 0 (the formula) under optimizer offload,
+    or with a separate gradient-accumulation dtype, whose buffers are laid out otherwise."""
+    groups = getattr(opt, "params_in_partition", None)
+    if (
+        not groups
+        or getattr(opt, "cpu_offload", True)
+        or getattr(opt, "use_separate_grad_accum", True)
+    ):
+        return 0
+    held = sum(int(p.numel()) for group in groups for p in group)
+    if not getattr(opt, "partition_gradients", True):  # stage 1
+        held += sum(int(n) for n in getattr(opt, "groups_padding", ()))
+    return held
 
 
 def _host_grad_copy(opt: Any) -> int:

@@ -85,12 +85,25 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             f", host G with the engine's {c.host_grad_copy_bytes}-byte gradient buffer beside"
             " the fp32 one"
         )
+    if c.grad_elements_held and c.stage in (1, 2):
+        buckets += ", G per rank: the whole gradients of the parameters its partition overlaps"
     trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
     return m, (
         f"ZeRO-{c.stage} {c.precision}, Ψ={p.total:,} parameters{trainable}, "
         f"N={c.dp_world_size}, offload optimizer {c.offload_optimizer}, param {c.offload_param}"
         f"{buckets}"
     )
+
+
+def rank_grads(state: ClusterState, rank: int, m: ModelStateBytes) -> float:
+    """Device G predicted for ``rank``: the job's figure, or where the engine's layout says
+    what each rank keeps (DeepSpeed ZeRO-1/2: ``ConfigSummary.grad_elements_held`` in its
+    Hello), those elements in the model's dtype, the engine's held buckets beside them."""
+    rs = state.ranks.get(rank)
+    c = rs.hello.config if rs is not None and rs.hello is not None else None
+    if c is None or not c.grad_elements_held or c.stage not in (1, 2):
+        return m.grads
+    return param_bytes(c.precision) * c.grad_elements_held + c.grad_bucket_bytes
 
 
 @dataclass(frozen=True, slots=True)

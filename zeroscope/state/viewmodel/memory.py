@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from zeroscope.state.alerts import Level
 from zeroscope.state.formulas import ModelStateBytes
-from zeroscope.state.prediction import deviation, predicted_memory
+from zeroscope.state.prediction import deviation, predicted_memory, rank_grads
 
 if TYPE_CHECKING:
     from zeroscope.state.cluster import ClusterState
@@ -60,14 +60,15 @@ def part_cell(state: ClusterState, measured: float | None, predicted: float | No
 
 
 def memory_view(state: ClusterState) -> MemoryView:
-    """Every rank's parts against the prediction for the job's config (one prediction for all
-    ranks: they hold the same shard sizes)."""
+    """Every rank's parts against the prediction for the job's config: one for all ranks
+    (they hold the same shard sizes), but G where the engine says what each rank keeps
+    (zeroscope.state.prediction.rank_grads)."""
     m, basis = predicted_memory(state)
-    predicted = (m.params, m.grads, m.optim, m.host_total) if m else (None,) * 4
     rows = []
     for r, rs in sorted(state.ranks.items()):
         s = rs.summary
         measured = (s.params, s.grads, s.optim, s.host_bytes) if s else (None,) * 4
+        predicted = (m.params, rank_grads(state, r, m), m.optim, m.host_total) if m else (None,) * 4
         rows.append(
             MemoryRow(
                 rank=r,
