@@ -291,6 +291,7 @@ def test_the_memory_screen_predicts_each_ranks_zero12_gradients(runs: dict, name
     view = memory_view(state)
     assert view.predicted is not None and "parameters its partition overlaps" in view.basis
     grads = [row.parts[1] for row in view.rows]
+    assert view.grads_by_rank  # the narrow screen's shared "pred" row says G varies
     # Within 1%: this fp16 run's steps all overflow, and a skipped ZeRO-2 step holds a few
     # more bytes (6 of 5,200 on rank 1 here); ZeRO-1's meet to the byte.
     assert all(g.deviation is not None and abs(g.deviation) < 0.01 for g in grads)

@@ -80,10 +80,14 @@ class MemoryScreen(StateScreen):
         head.stylize("bold")
         text.append_text(head)
         if compact:
-            # Narrow: the prediction (the same for every rank) once, then measured and ±%.
+            # Narrow: the prediction (the same for every rank, G apart where the engine says
+            # each rank's) once, then measured and ±%.
             row = Text("\npred ", style="dim")
-            for value in (m.params, m.grads, m.optim, m.host_total) if m else (None,) * 4:
-                row.append(f"{units.size(value):>6}{'':{cell - 6}}", style="dim")
+            for part, value in zip(
+                "PGOH", (m.params, m.grads, m.optim, m.host_total) if m else (None,) * 4
+            ):
+                shown = "varies" if part == "G" and view.grads_by_rank else units.size(value)
+                row.append(f"{shown:>6}{'':{cell - 6}}", style="dim")
             text.append_text(row)
         for r in view.rows:
             row = Text(f"\nr{r.rank:<4}")

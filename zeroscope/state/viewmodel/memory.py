@@ -46,6 +46,9 @@ class MemoryView:
     """Which config the prediction is for, or why it is NA."""
     rows: list[MemoryRow]
     any_frozen: bool
+    grads_by_rank: bool = False
+    """G is predicted for each rank apart (the engine says what each keeps): the row's cell
+    holds it, and the job's figure in ``predicted`` is not every rank's."""
 
 
 def part_cell(state: ClusterState, measured: float | None, predicted: float | None) -> PartCell:
@@ -78,4 +81,5 @@ def memory_view(state: ClusterState) -> MemoryView:
                 frozen_params=s.frozen_params if s else None,
             )
         )
-    return MemoryView(m, basis, rows, any(row.frozen_params for row in rows))
+    by_rank = m is not None and any(row.parts[1].predicted != m.grads for row in rows)
+    return MemoryView(m, basis, rows, any(row.frozen_params for row in rows), by_rank)
