@@ -63,6 +63,10 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     every parameter overlapping the rank's slice of the flat buffer (``params_in_partition``),
     and stage 1 a zero block for the padding in it: per rank, from the engine's layout; the
     Memory screen predicts each rank's G from it."""
+    grads_freed_under_offload: bool = False
+    """Stage 1 under optimizer offload keeps no gradients on the device at the step (DeepSpeed:
+    each reduced partition goes to the host's fp32 ``.grad`` and the device gradients are
+    freed, as at stage 2): device G is 0 there, not the paper's stage-1 2Ψ."""
     host_grad_copy_bytes: int = 0
     """Bytes per element of a second host gradient partition the engine keeps beside the fp32
     one its host optimizer steps (0: none). DeepSpeed ZeRO-3 under ``offload_optimizer: cpu``

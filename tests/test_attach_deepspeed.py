@@ -85,6 +85,15 @@ CONFIGS: dict[str, dict] = {
         "bf16": {"enabled": True},
         "optimizer": ADAM,
     },
+    "zero1-offload": {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {
+            "stage": 1,
+            "offload_optimizer": {"device": "cpu", "pin_memory": False},
+        },
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},  # DeepSpeedCPUAdam
+    },
     "zero3-offload": {
         "train_micro_batch_size_per_gpu": 4,
         "zero_optimization": {
@@ -176,6 +185,7 @@ def test_the_header_names_deepspeed_and_its_config(runs: dict) -> None:
             (1, "bf16", "none"),
             (2, "fp16", "none"),
             (3, "bf16", "none"),
+            (1, "bf16", "none"),
             (3, "bf16", "cpu"),
         ]
         assert hellos[0].config.gradient_accumulation_steps == 2
@@ -233,7 +243,7 @@ def test_the_prediction_holds_zero3s_reduce_bucket_and_says_so(runs: dict) -> No
     for rank in range(N):
         hellos = runs["trace"][rank].hellos
         held = [h.config.grad_bucket_bytes for h in hellos]
-        assert held == [0, 0, b * BUCKET, b * BUCKET]  # stages 1 and 2 free theirs each step
+        assert held == [0, 0, b * BUCKET, 0, b * BUCKET]  # stages 1 and 2 free theirs each step
         state = ClusterState()
         state.ingest(hellos[list(CONFIGS).index("zero3")])
         m, basis = predicted_memory(state)
@@ -257,7 +267,7 @@ def test_the_prediction_holds_zero3_offloads_host_gradient_buffer_and_says_so(ru
     names = list(CONFIGS)
     for rank in range(N):
         hellos = runs["trace"][rank].hellos
-        assert [h.config.host_grad_copy_bytes for h in hellos] == [0, 0, 0, b]
+        assert [h.config.host_grad_copy_bytes for h in hellos] == [0, 0, 0, 0, b]
         hello = hellos[names.index("zero3-offload")]
         state = ClusterState()
         state.ingest(hello)
@@ -300,6 +310,32 @@ def test_the_memory_screen_predicts_each_ranks_zero12_gradients(runs: dict, name
     assert [g.predicted for g in grads] == [2 * held for held in layouts]  # bf16 / fp16
     psi = runs["trace"][0].hellos[index].params.total
     assert all(g.predicted != (2 * psi if stage == 1 else 2 * psi / N) for g in grads)
+
+
+def test_zero1_under_offload_is_predicted_with_no_device_gradients(runs: dict) -> None:
+    """DeepSpeed ZeRO-1 under ``offload_optimizer: cpu`` copies each reduced partition into
+    the host's fp32 ``.grad`` and frees the device gradients, as stage 2 does: the paper's
+    stage-1 figure (2Ψ on the device) read G -100% on every rank. The Hello says so, the
+    prediction holds no device G and says why, and every part then meets the measurement to
+    DeepSpeed's padding (host: the fp32 gradient partition beside the optimizer's 12 bytes)."""
+    index = list(CONFIGS).index("zero1-offload")
+    flags = [h.config.grads_freed_under_offload for h in runs["trace"][0].hellos]
+    assert flags == [name == "zero1-offload" for name in CONFIGS]
+    state = ClusterState()
+    for rank in range(N):
+        hello = runs["trace"][rank].hellos[index]
+        assert hello.config.grad_elements_held == 0  # under offload: the formula's figures
+        state.ingest(hello)
+        state.ingest(_steps(runs, rank, "zero1-offload")[-1])
+    view = memory_view(state)
+    assert view.predicted is not None and view.predicted.grads == 0
+    assert "no device G at the step" in view.basis
+    for row in view.rows:
+        p, g, o, host = row.parts
+        assert (g.measured, g.predicted, o.measured, o.predicted) == (0, 0, 0, 0)
+        # P and the host's parts to DeepSpeed's padding of the flat group (to 2N elements)
+        assert p.deviation is not None and 0 <= p.deviation < 0.01
+        assert host.deviation is not None and 0 <= host.deviation < 0.01
 
 
 @pytest.mark.parametrize("name", ["zero1", "zero2-fp16"])

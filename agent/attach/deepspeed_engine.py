@@ -101,6 +101,7 @@ class DeepSpeedReader(EngineReader):
             grad_bucket_bytes=_held_buckets(opt) if stage == 3 else 0,
             host_grad_copy_bytes=_host_grad_copy(opt) if stage == 3 else 0,
             grad_elements_held=_grad_elements_held(opt) if stage in (1, 2) else 0,
+            grads_freed_under_offload=stage == 1 and bool(getattr(opt, "cpu_offload", False)),
             grads_all_reduced=stage in (1, 2),
             fp32_master_copy=stage >= 1
             and not engine.bfloat16_enabled()

@@ -85,6 +85,9 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             f", host G with the engine's {c.host_grad_copy_bytes}-byte gradient buffer beside"
             " the fp32 one"
         )
+    if c.grads_freed_under_offload and c.stage == 1 and c.offload_optimizer != "none":
+        m = replace(m, grads=0.0)
+        buckets += ", no device G at the step (the engine frees it under offload)"
     if c.grad_elements_held and c.stage in (1, 2):
         buckets += ", G per rank: the whole gradients of the parameters its partition overlaps"
     trainable = f" ({p.trainable:,} trainable)" if p.frozen else ""
