@@ -2,7 +2,10 @@
 optimizer step, beside which the Memory and Comm screens set what was measured.
 
 Memory is the ZeRO paper's accounting (zeroscope.state.formulas.model_state_bytes), with Ψ split
-into trainable and frozen parameters (P holds all, G and O only the trainable). Communication is
+into trainable and frozen parameters (P holds all, G and O only the trainable), and what the
+engine says in its Hello about its own layout where it departs from the paper (DeepSpeed: the
+reduce bucket ZeRO-3 holds, its host gradient buffer under CPU offload, each ZeRO-1/2 rank's
+whole edge gradients, ZeRO-1's device gradients freed under offload). Communication is
 the engine's real traffic model, not only the paper's 2Ψ / 3Ψ: with Ψ elements (padded as the
 engine pads them, ``ParamCounts.padded_total``), p bytes per element, g micro-batches per step
 (gradient accumulation), volumes in the bandwidth.volume convention (all-reduce counts 2S):
