@@ -254,8 +254,8 @@ def _host_grad_copy(opt: Any) -> int:
     device, or under NVMe offload, where the fp32 ``.grad`` is swapped out)."""
     if not getattr(opt, "offload_optimizer", False) or getattr(opt, "swap_optimizer", True):
         return 0
-    size = getattr(getattr(opt, "grad_partitions_flat_buffer", None), "element_size", None)
-    return int(size()) if callable(size) else 0
+    flat = getattr(opt, "grad_partitions_flat_buffer", None)
+    return 0 if flat is None else int(flat.element_size())
 
 
 def _held_buckets(opt: Any) -> int:

@@ -125,6 +125,16 @@ OPTIONAL: frozenset[str] = frozenset(
         "model",  # the HF Trainer's (public): None until it has one
         "global_step",  # the HF TrainerState's (public): its count, resumed or 0
         "_dynamo_disable",  # FSDP2's hooks' Dynamo opt-out: the wrappers copy it where it exists
+        # DeepSpeed's layout, read for the prediction only (agent/attach/deepspeed_engine.py):
+        # without one the prediction keeps the paper's figure, the counts are untouched, and
+        # tests/test_attach_deepspeed.py fails on the figure the Hello no longer carries.
+        "params_in_partition",
+        "groups_padding",
+        "partition_gradients",
+        "cpu_offload",
+        "use_separate_grad_accum",
+        "offload_optimizer",
+        "swap_optimizer",
     }
 )
 """Names the readers read with a default on purpose: absent in some configurations, where the
