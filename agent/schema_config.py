@@ -57,6 +57,19 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     """Bytes of reduce buckets the engine holds on the device for the whole run, beside the
     gradients (DeepSpeed ZeRO-3 allocates its ``reduce_bucket_size``-element bucket when the
     engine is built): part of G however small the model. The prediction adds them."""
+    held_precision: Precision | None = None
+    """The dtype the engine keeps its parameters, their gradients and the optimizer's master in
+    between steps, where it differs from ``precision`` (the one it computes and gathers in):
+    FSDP2 with a ``MixedPrecisionPolicy`` keeps the sharded parameters in their own dtype and
+    casts only what it gathers. The memory prediction takes this one; None: ``precision``."""
+    no_master_copy: bool = False
+    """The optimizer steps the parameters the engine holds (FSDP2: the sharded parameters, on
+    the host under its CPU offload): no fp32 master copy beside them, even under offload,
+    where DeepSpeed's CPU optimizer keeps one. O is the optimizer's state alone."""
+    params_sharded_at_step: bool = False
+    """Stage 2 whose parameters are sharded again at the step (FSDP2 with
+    ``reshard_after_forward=False`` reshards after backward): P is the shard, not the paper's
+    stage-2 replica; only forward-to-backward holds them whole (a peak, not model state)."""
     grad_elements_held: int = 0
     """This rank's gradient elements at the step, where the engine keeps more or less than the
     formula's shard (0: the formula holds). DeepSpeed ZeRO-1/2 keep the *whole* gradient of

@@ -79,6 +79,9 @@ class FSDP2Reader(EngineReader):
             offload_optimizer=offload,
             offload_param=offload,
             optimizer=type(opt).__name__ if opt is not None else "",
+            held_precision=precision_of(first.orig_dtype) if first is not None else None,
+            no_master_copy=True,
+            params_sharded_at_step=not reshard,
         )
         total = sum(fp._orig_size.numel() for fp in params)
         trainable = sum(fp._orig_size.numel() for fp in params if fp.sharded_param.requires_grad)

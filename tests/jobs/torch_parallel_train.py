@@ -1,6 +1,8 @@
 """A plain PyTorch script with nothing of zeroscope in it: it trains the same small MLP with
 DistributedDataParallel, then with FSDP2 (``fully_shard``), then with FSDP2 and
-``CPUOffloadPolicy``, one after the other in one process (one launch for three engines).
+``CPUOffloadPolicy``, with a bf16 ``MixedPrecisionPolicy``, and with the layers not resharded
+after forward, one after the other in one process (one launch for the engines ``--modes``
+names).
 
 Per mode and rank it writes each step's loss (the exact float, hex) and what the engine itself
 says of its layout (DDP's bucket sizes, FSDP2's sharded shapes) to ``--out``.RANK.
@@ -13,7 +15,7 @@ import json
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.jobs.teardown import end_process_group
@@ -36,10 +38,14 @@ def wrap(mode: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, dict]:
     if mode == "ddp":
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.004)
         return ddp, {}
-    offload = CPUOffloadPolicy(pin_memory=False) if mode == "fsdp2-offload" else None
-    kwargs = {"offload_policy": offload} if offload is not None else {}
+    kwargs: dict = {}
+    if mode == "fsdp2-offload":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    if mode == "fsdp2-mp":  # bf16 compute and gathers, fp32 shards and reductions
+        kwargs["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+    layer_kwargs = {**kwargs, "reshard_after_forward": mode != "fsdp2-noreshard"}
     for layer in (model[0], model[2]):
-        fully_shard(layer, **kwargs)
+        fully_shard(layer, **layer_kwargs)
     fully_shard(model, **kwargs)
     shapes = {name: list(p.to_local().shape) for name, p in model.named_parameters()}
     return model, {"local_shapes": shapes}

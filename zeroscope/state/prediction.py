@@ -52,11 +52,12 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
     if c is None or p is None:
         return None, "prediction NA: no config or parameter count reported yet"
     try:
+        held = c.held_precision or c.precision  # what is kept between steps (FSDP2's MP)
         m = model_state_bytes(
             p.total,
             c.dp_world_size,
             c.stage,
-            c.precision,
+            held,
             c.offload_optimizer,
             c.offload_param,
             persistent=p.persistent,
@@ -64,7 +65,14 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
         )
     except ValueError as exc:
         return None, f"prediction NA: {exc}"
-    buckets = ""
+    buckets = "" if held == c.precision else f", held in {held} (computed in {c.precision})"
+    if c.no_master_copy and c.stage >= 1:  # Adam's m and v beside the held shards, no master
+        shard = 2 * param_bytes(held) * min(p.trainable, p.total) / c.dp_world_size
+        m = replace(m, optim=shard if m.optim else 0.0, host_optim=shard if m.host_optim else 0.0)
+        buckets += ", O without a master copy"
+    if c.params_sharded_at_step and c.stage == 2 and m.params:
+        m = replace(m, params=m.params / c.dp_world_size)
+        buckets += ", P sharded at the step (resharded after backward)"
     if c.grad_buckets_separate:  # the reducer's buckets: one more copy of every trainable grad
         m = replace(m, grads=2 * m.grads)
         buckets = ", gradients and their reduce buckets"
