@@ -66,6 +66,10 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     """The optimizer steps the parameters the engine holds (FSDP2: the sharded parameters, on
     the host under its CPU offload): no fp32 master copy beside them, even under offload,
     where DeepSpeed's CPU optimizer keeps one. O is the optimizer's state alone."""
+    optimizer_slots: int = -1
+    """Parameter-sized tensors the optimizer keeps per parameter (SGD with momentum 1, Adam 2,
+    with amsgrad 3: agent/attach/optimizer_slots.py); -1: not known, the prediction takes
+    Adam's. Used where the optimizer steps the held parameters (``no_master_copy``)."""
     params_sharded_at_step: bool = False
     """Stage 2 whose parameters are sharded again at the step (FSDP2 with
     ``reshard_after_forward=False`` reshards after backward): P is the shard, not the paper's

@@ -31,6 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import compiled, patches
 from .census import Census
 from .flight_recorder import READER as RECORDER
+from .optimizer_slots import state_slots
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
 
@@ -59,6 +60,8 @@ class DDPReader(EngineReader):
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
             grad_buckets_separate=not ddp.gradient_as_bucket_view,
             optimizer=type(opt).__name__ if opt is not None else "",
+            no_master_copy=True,
+            optimizer_slots=state_slots(opt),
         )
         counts = ParamCounts(
             total=sum(p.numel() for p in params),

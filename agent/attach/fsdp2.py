@@ -28,6 +28,7 @@ from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
 from . import collectives, compiled, patches
 from .census import Census, local_tensor
+from .optimizer_slots import state_slots
 from .private_api import missing
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
@@ -81,6 +82,7 @@ class FSDP2Reader(EngineReader):
             optimizer=type(opt).__name__ if opt is not None else "",
             held_precision=precision_of(first.orig_dtype) if first is not None else None,
             no_master_copy=True,
+            optimizer_slots=state_slots(opt),
             params_sharded_at_step=not reshard,
         )
         total = sum(fp._orig_size.numel() for fp in params)

@@ -31,6 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import patches
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
+from .optimizer_slots import state_slots
 from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
 
 
@@ -88,6 +89,8 @@ class OptimizerReader(EngineReader):
             precision=precision_of(first.dtype),
             dp_world_size=world_size(),
             optimizer=type(opt).__name__,
+            no_master_copy=True,
+            optimizer_slots=state_slots(opt),
         )
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 

@@ -66,10 +66,13 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
     except ValueError as exc:
         return None, f"prediction NA: {exc}"
     buckets = "" if held == c.precision else f", held in {held} (computed in {c.precision})"
-    if c.no_master_copy and c.stage >= 1:  # Adam's m and v beside the held shards, no master
-        shard = 2 * param_bytes(held) * min(p.trainable, p.total) / c.dp_world_size
-        m = replace(m, optim=shard if m.optim else 0.0, host_optim=shard if m.host_optim else 0.0)
-        buckets += ", O without a master copy"
+    if c.no_master_copy:  # the optimizer's state beside the held parameters, no master
+        slots = c.optimizer_slots if c.optimizer_slots >= 0 else 2  # else Adam's m and v
+        share = min(p.trainable, p.total) / (c.dp_world_size if c.stage >= 1 else 1)
+        o = slots * param_bytes(held) * share
+        m = replace(m, optim=o if m.optim else 0.0, host_optim=o if m.host_optim else 0.0)
+        named = f"{c.optimizer} " if c.optimizer_slots >= 0 else ""
+        buckets += f", O {named}without a master copy"
     if c.params_sharded_at_step and c.stage == 2 and m.params:
         m = replace(m, params=m.params / c.dp_world_size)
         buckets += ", P sharded at the step (resharded after backward)"
