@@ -78,7 +78,7 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
         buckets += ", P sharded at the step (resharded after backward)"
     if c.grad_buckets_separate:  # the reducer's buckets: one more copy of every trainable grad
         m = replace(m, grads=2 * m.grads)
-        buckets = ", gradients and their reduce buckets"
+        buckets += ", gradients and their reduce buckets"
     if c.fp32_master_copy and c.precision == "fp32" and c.stage >= 1 and m.optim:
         # the optimizer's own fp32 copy of the partition beside Adam's moments: 12 bytes, not 8
         trainable = min(p.trainable, p.total) or p.total
