@@ -15,6 +15,7 @@ naming this interpreter's site folders) in a cache folder.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -50,7 +51,12 @@ def interpreter(cache: Path) -> tuple[str | None, str]:
     """(a Python that imports llamafactory, "") or (None, why it cannot be installed)."""
     if importlib.util.find_spec("llamafactory") is not None:
         return sys.executable, ""
-    home = cache / f"llamafactory-{VERSION}"
+    ours = _versions(sys.executable)
+    # One venv per interpreter it layers on (and per version of what it must not move): the
+    # cache outlives a test session, and a venv layered on another checkout's interpreter
+    # reads that one's packages (a clean clone's newer transformers against an older tree's).
+    key = hashlib.sha256(json.dumps([sys.prefix, ours], sort_keys=True).encode()).hexdigest()
+    home = cache / f"llamafactory-{VERSION}-{key[:12]}"
     python = home / "bin" / "python"
     if not (home / "ready").is_file():
         venv.create(home, with_pip=True, clear=True)
@@ -63,7 +69,7 @@ def interpreter(cache: Path) -> tuple[str | None, str]:
             if done.returncode != 0:
                 return None, f"pip could not install LLaMA-Factory: {done.stderr[-400:]}"
         (home / "ready").write_text("")
-    ours, theirs = _versions(sys.executable), _versions(str(python))
+    theirs = _versions(str(python))
     if ours != theirs:  # a failure, not a skip: the install must never move these
         raise AssertionError(f"the LLaMA-Factory venv changed {KEPT}: {theirs} != {ours}")
     return str(python), ""
