@@ -2,7 +2,7 @@
 its settings: what the Memory screen's prediction multiplies (the paper's 12 and 8 bytes a
 parameter are Adam's, with and without an fp32 master copy).
 
-Read from the optimizer's ``defaults`` (its constructor's settings), never from its state: the
+Read from the settings of the optimizer's parameter groups, never from its state: the
 prediction is the formula's, set beside what the census counts. Each slot is a tensor shaped
 and typed as its parameter (``torch.zeros_like``, ``grad.clone()``); the per-parameter step
 counters (0-dim) are left out, as the formula leaves them. An optimizer not listed here, or

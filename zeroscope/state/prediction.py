@@ -53,6 +53,7 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
         return None, "prediction NA: no config or parameter count reported yet"
     try:
         held = c.held_precision or c.precision  # what is kept between steps (FSDP2's MP)
+        t = min(p.trainable, p.total)  # the parameters G and O follow
         m = model_state_bytes(
             p.total,
             c.dp_world_size,
@@ -61,14 +62,14 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             c.offload_optimizer,
             c.offload_param,
             persistent=p.persistent,
-            trainable=min(p.trainable, p.total),
+            trainable=t,
         )
     except ValueError as exc:
         return None, f"prediction NA: {exc}"
     buckets = "" if held == c.precision else f", held in {held} (computed in {c.precision})"
     if c.no_master_copy:  # the optimizer's state beside the held parameters, no master
         slots = c.optimizer_slots if c.optimizer_slots >= 0 else 2  # else Adam's m and v
-        share = min(p.trainable, p.total) / (c.dp_world_size if c.stage >= 1 else 1)
+        share = t / (c.dp_world_size if c.stage >= 1 else 1)
         o = slots * param_bytes(held) * share
         m = replace(m, optim=o if m.optim else 0.0, host_optim=o if m.host_optim else 0.0)
         named = f"{c.optimizer} " if c.optimizer_slots >= 0 else ""
@@ -91,10 +92,7 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             f" (reduce_bucket_size {c.reduce_bucket_size:,})"
         )
     if c.host_grad_copy_bytes and m.host_grads:  # the engine's own host gradient buffer
-        trainable_n = min(p.trainable, p.total)
-        m = replace(
-            m, host_grads=m.host_grads + c.host_grad_copy_bytes * trainable_n / c.dp_world_size
-        )
+        m = replace(m, host_grads=m.host_grads + c.host_grad_copy_bytes * t / c.dp_world_size)
         buckets += (
             f", host G with the engine's {c.host_grad_copy_bytes}-byte gradient buffer beside"
             " the fp32 one"
