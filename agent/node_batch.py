@@ -6,7 +6,8 @@ A node's relay has already decoded each of its ranks' reports (it is on the node
 thousands sharing the work), so it sends them to the collector as one ZeroMQ message of four
 frames, ``[NODE_BATCH, token, header, body]``:
 
-- ``body``: the reports' msgpack bytes exactly as the ranks sent them, back to back;
+- ``body``: the reports' msgpack bytes, back to back: each as its rank sent it, with the
+  summary the relay made of it (``StepReport.summary``, agent/schema_summary.py);
 - ``header``: a :class:`NodeBatch`, msgpack: per report its indexed columns and size
   (:class:`BatchEntry`: rank, step, wall_ns, the sender's drop count, and the figures the
   trace's thinning judges a step by), and per (step, node) the node's aggregate
@@ -14,8 +15,8 @@ frames, ``[NODE_BATCH, token, header, body]``:
   node, folded once at the relay).
 
 The collector numbers, records and publishes the reports from the header and slices of the
-body, without decoding one of them; the trace and the viewers get the very bytes the ranks
-sent. ``version`` is :data:`NODE_BATCH_VERSION`; a collector refuses another (reason
+body, without decoding one of them; the trace and the viewers get these very bytes.
+``version`` is :data:`NODE_BATCH_VERSION`; a collector refuses another (reason
 ``schema_version``), as it refuses a Hello of another wire version. It stands alone like the
 schema: msgspec and nothing of the project.
 """

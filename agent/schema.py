@@ -30,6 +30,10 @@ from .schema_config import OffloadDevice as OffloadDevice
 from .schema_config import ParallelLayout as ParallelLayout
 from .schema_config import ParamCounts as ParamCounts
 from .schema_config import Precision as Precision
+from .schema_summary import SUMMARY_VERSION as SUMMARY_VERSION
+from .schema_summary import OpTotals as OpTotals
+from .schema_summary import StepSummary as StepSummary
+from .schema_work import Work as Work
 from .sender_claim import SenderClaim as SenderClaim
 
 SCHEMA_VERSION = 2
@@ -232,32 +236,6 @@ class HostSample(msgspec.Struct, omit_defaults=True):
     pcie_rx_bytes_s: float | None = None
 
 
-class Work(msgspec.Struct, omit_defaults=True):
-    """The model's work in one rank's step, for tokens/s, TFLOP/s and MFU (agent/work.py).
-    None is NA; ``na`` says why tokens or FLOPs are not known."""
-
-    tokens: int | None = None
-    """Sequence positions the model's forward took in the step (every micro-batch; padding
-    left out where an attention mask was handed in)."""
-    positions: int | None = None
-    """batch x seq of every micro-batch: what the model computed on, padding included."""
-    seq_len: int | None = None
-    flops: float | None = None
-    """Model FLOPs of the step (forward + backward), counted with torch's FLOP formulas on one
-    step of these input shapes."""
-    flops_step: int = 0
-    """The step the count ran on."""
-    peak_flops: float | None = None
-    """The device's peak [FLOP/s] that MFU divides by; ``peak_source`` says which."""
-    peak_source: str = ""
-    dense_params: int | None = None
-    """Parameters that do matmul work (embedding tables left out), and the attention shape,
-    for the closed-form prediction 6·N·positions + 12·layers·hidden·seq·positions."""
-    layers: int | None = None
-    hidden: int | None = None
-    na: str = ""
-
-
 class StepReport(_Base, tag="step"):
     """Everything measured on one rank in one optimizer step, sent once at the step's end (or
     a little later: it waits for the collectives issued in the step to complete, so that each
@@ -299,6 +277,9 @@ class StepReport(_Base, tag="step"):
     step_end's own time included). None from reporters that do not measure it."""
     work: Work | None = None
     """Tokens and model FLOPs of the step (None: the reporter says nothing of them)."""
+    summary: StepSummary | None = None
+    """What every view needs of this report, made by its node's relay from the fields above
+    (agent/schema_summary.py); None from a rank's own sender, and the viewer makes it."""
 
 
 class Event(_Base, tag="event"):

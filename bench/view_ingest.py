@@ -24,11 +24,12 @@ every step, and the kernel's high-water mark (VmHWM, reset after the fixture is 
 first fold done, where /proc allows), so the garbage a policy postpones between whole-heap
 collections counts; and the long run a step's CPU, median and max.
 
-``--given-summaries`` times the floor of a view that is handed each report's figures made
-upstream (issue 35's relay, or the agent at the step's end), instead of folding every
-collective itself: every report's StepSummary is made by the state's own ``summarize`` before
-the timed steps, and the timed ingest looks it up (a dict read a report, counted) where it
-would fold. Everything else of the ingest and the step's close runs as it does.
+``--relayed`` folds the reports as a viewer of a relayed job gets them: each passed through a
+node relay's batcher (zeroscope/collector/relay_batch.py ``NodeBatcher``: the relay's own code,
+which puts the summary every view needs inside the report) and decoded from the batch's bytes,
+before the timed steps, so the timed ingest takes each report's summary as made instead of
+folding its collectives (the viewer's decode of the report is outside the timed fold, as
+without ``--relayed``). Everything else of the ingest and the step's close runs as it does.
 """
 
 from __future__ import annotations
@@ -118,22 +119,43 @@ def _hwm_mb(reset: bool) -> float:
     return _rss_mb("VmHWM") if reset else float("nan")
 
 
-def _give_summaries(run: list[Any]) -> None:
-    """Make every report's StepSummary now, and have the state look it up instead of folding
-    (``--given-summaries``, see the module docstring)."""
-    from zeroscope.state import rank as rank_module
+def _relayed(run: list[Any]) -> list[Any]:
+    """The run with every StepReport as a relay sends it on (``--relayed``, see the module
+    docstring): through ``NodeBatcher`` in batches, and decoded from the batch's body."""
+    from zeroscope.agent import schema
+    from zeroscope.collector.relay_batch import NodeBatcher
 
-    made = {id(m): rank_module.summarize(m) for m in run if hasattr(m, "collectives")}
-    rank_module.summarize = lambda report: made[id(report)]  # type: ignore[assignment]
+    batcher = NodeBatcher(0, "bench")
+    out: list[Any] = []
+    waiting: list[int] = []  # where in ``out`` each report held in the batch goes
+
+    def take() -> None:
+        (header, body), _ = batcher.take()
+        at = 0
+        for where, entry in zip(waiting, schema.decode_batch(header).entries):
+            out[where] = schema.decode(body[at : at + entry.size])
+            at += entry.size
+        waiting.clear()
+
+    for m in run:
+        out.append(m)
+        if isinstance(m, schema.StepReport):
+            waiting.append(len(out) - 1)
+            batcher.add(m)
+            if batcher.full:
+                take()
+    if waiting:
+        take()
+    return out
 
 
 def bench(
-    ranks: int, steps: int, freeze: bool = True, policy: str = "none", given: bool = False
+    ranks: int, steps: int, freeze: bool = True, policy: str = "none", relayed: bool = False
 ) -> dict[str, float]:
     _set_policy(policy)
     run = synthetic_run(RunShape(ranks=ranks, steps=steps + 1, collectives=True, straggle_from=1))
-    if given:
-        _give_summaries(run)
+    if relayed:
+        run = _relayed(run)
     if freeze:
         # The fixture's messages, all built up front, are the bench's, not the viewer's (a live
         # viewer holds a rank's newest report): frozen, the collector does not walk them.
@@ -220,7 +242,7 @@ def main() -> None:
     parser.add_argument("--gc", choices=GC_POLICIES, default="none", help="steady-state policy")
     parser.add_argument("--long", type=int, default=0, help="steps of the RSS run (0: none)")
     parser.add_argument(
-        "--given-summaries", action="store_true", help="each report's figures made upstream"
+        "--relayed", action="store_true", help="the reports as a relay sends them on"
     )
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -239,8 +261,8 @@ def main() -> None:
             f"{lr['step_cpu_max_s'] * 1e3:.1f} ms; load average {load:.1f} at the start"
         )
         return
-    r = bench(args.ranks, args.steps, not args.no_freeze, args.gc, args.given_summaries)
-    given = ", each report's summary given" if args.given_summaries else ""
+    r = bench(args.ranks, args.steps, not args.no_freeze, args.gc, args.relayed)
+    given = ", relayed (each report's summary made by its relay)" if args.relayed else ""
     print(
         f"ingest of one {args.ranks}-rank step{given}: wall median {r['ingest_s'] * 1e3:.1f} ms "
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "

@@ -13,6 +13,7 @@ import random
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
@@ -33,6 +34,7 @@ from zeroscope.collector.relay import Relay
 from zeroscope.collector.relay_batch import NodeBatcher
 from zeroscope.collector.server import Collector, wait_for
 from zeroscope.state import node_steps
+from zeroscope.state.rank import summarize
 from zeroscope.store.sources import LiveSource
 from zeroscope.store.thinning import ThinningPolicy
 from zeroscope.store.trace import TraceReader
@@ -133,10 +135,17 @@ def figures_of(agg: NodeStep) -> tuple:
     )
 
 
+def summarized(report: StepReport) -> StepReport:
+    """The report as a relay sends it on: every field as the rank sent it, and the summary the
+    viewer makes of it (zeroscope.state.rank.summarize) inside."""
+    return msgspec.structs.replace(report, summary=summarize(report))
+
+
 def test_node_aggregate_equals_the_one_from_the_rank_reports() -> None:
     """Reports in a shuffled order, cut into batches at random points (a step's reports split
     over batches, as a relay's wake-ups split them): the merged aggregates equal the brute
-    force over the reports, and the entries and body give back every report's bytes."""
+    force over the reports, and the entries and body give back every report, with the summary
+    the viewer would make of it."""
     rng = random.Random(7)
     reports = [synthetic_report(r, s) for s in range(1, STEPS + 1) for r in range(WORLD)]
     rng.shuffle(reports)
@@ -166,12 +175,15 @@ def test_node_aggregate_equals_the_one_from_the_rank_reports() -> None:
         batches += 1
 
     for report in reports:
-        batcher.add(report, schema.encode(report))
+        batcher.add(report)
         if rng.random() < 0.15:
             take()
     take()
     assert batches > STEPS  # the split really happened
-    assert back == [schema.encode(r) for r in reports]
+    assert back == [schema.encode(summarized(r)) for r in reports]
+    decoded = [schema.decode(b) for b in back]
+    assert [msgspec.structs.replace(m, summary=None) for m in decoded] == reports
+    assert all(isinstance(m, StepReport) and m.summary is not None for m in decoded)
     expected = brute_force(reports, {r: r // PER_NODE for r in range(WORLD)})
     assert {k: figures_of(v) for k, v in merged.items()} == expected
 
@@ -219,12 +231,36 @@ def _run(trace: Path, relayed: bool) -> Collector:
     return col
 
 
+def _with_summary(message: Message, payload: bytes) -> bytes:
+    if not isinstance(message, StepReport):
+        return payload
+    return schema.encode(summarized(msgspec.structs.replace(message, summary=None)))
+
+
+def _summaries(path: Path) -> set[str]:
+    """How the trace's reports carry their summary: "none", "the viewer's" (equal to the one
+    the viewer makes, field for field) or "other"."""
+    with TraceReader(path) as reader:
+        found = set()
+        for _, p in reader.raw():
+            m = schema.decode(p)
+            if isinstance(m, StepReport):
+                s = m.summary
+                plain = msgspec.structs.replace(m, summary=None)
+                found.add(
+                    "none" if s is None else "the viewer's" if s == summarize(plain) else "other"
+                )
+        return found
+
+
 def _contents(path: Path) -> tuple[object, ...]:
     """Hellos, every message's bytes by (step, rank, kind), node_steps rows (floats to 1e-9:
-    a mean's sum may add in another order), and the thinning."""
+    a mean's sum may add in another order), and the thinning. A report's bytes are taken with
+    the summary the viewer makes of it, so a direct run's (which has none) and a relayed run's
+    (its relay's) compare."""
     with TraceReader(path) as reader:
         rows = sorted(
-            (m.step, m.rank, type(m).__name__, p)
+            (m.step, m.rank, type(m).__name__, _with_summary(m, p))
             for _, p in reader.raw()
             for m in [schema.decode(p)]
         )
@@ -237,8 +273,9 @@ def _contents(path: Path) -> tuple[object, ...]:
 
 def test_relayed_trace_equals_direct(tmp_path: Path) -> None:
     """The same synthetic ranks, directly and through one relay per node: the two traces hold
-    the same Hellos, the same kept reports byte for byte, the same thinning and the same
-    node_steps rows; the relayed collector took the reports in node batches."""
+    the same Hellos, the same kept reports byte for byte but for the summary the relay put in
+    each (the viewer's own, field for field), the same thinning and the same node_steps rows;
+    the relayed collector took the reports in node batches."""
     direct = _run(tmp_path / "direct.zstrace", relayed=False)
     relayed = _run(tmp_path / "relayed.zstrace", relayed=True)
     assert direct.batches == 0 and relayed.batches > 0
@@ -250,11 +287,13 @@ def test_relayed_trace_equals_direct(tmp_path: Path) -> None:
     assert kept_steps < set(range(1, STEPS + 1))  # some steps' reports were thinned away
     assert len(d[2]) == NODES * (STEPS - POLICY.recent)
     assert d == r
+    assert _summaries(tmp_path / "direct.zstrace") == {"none"}
+    assert _summaries(tmp_path / "relayed.zstrace") == {"the viewer's"}
 
 
 def test_viewer_of_a_relayed_collector_gets_every_report() -> None:
     """A remote viewer (LiveSource: snapshot, then PUB updates) of a collector fed node batches
-    decodes every report sent, once, each as its rank sent it."""
+    decodes every report sent, once, each as its rank sent it with its relay's summary."""
     seen: list[Message] = []
     with Collector(token=TOKEN) as col:
         source = LiveSource(col.viewer_address, TOKEN)
@@ -272,7 +311,7 @@ def test_viewer_of_a_relayed_collector_gets_every_report() -> None:
             assert wait_for(lambda: got() == want, WAIT_S)
             reports = [m for m in seen if isinstance(m, StepReport)]
             assert len(reports) == len(want)
-            assert all(m == synthetic_report(m.rank, m.step) for m in reports)
+            assert all(m == summarized(synthetic_report(m.rank, m.step)) for m in reports)
             assert col.batches > 0
         finally:
             for pub in pubs:

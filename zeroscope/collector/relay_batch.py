@@ -2,8 +2,12 @@
 
 The relay decodes and validates each report its ranks send (one core of the node's many
 shares the work the collector would otherwise do for every rank of the job), folds it into
-its node's aggregate for its step (zeroscope.state.node_steps, the one definition), and keeps
-the report's bytes as they came. :meth:`NodeBatcher.take` hands out the ZeroMQ frames
+its node's aggregate for its step (zeroscope.state.node_steps, the one definition), and makes
+the report's summary, what every view needs of it (zeroscope.state.rank ``summarize``, the one
+definition), sent inside the report (``StepReport.summary``, agent/schema_summary.py): at
+16,384 ranks that summary was most of the viewer's cost per report, and here it is one node's
+ranks' worth on one core of the node. The report goes on re-encoded with it, every other field
+as the rank sent it. :meth:`NodeBatcher.take` hands out the ZeroMQ frames
 ``[header, body]`` the uplink sends behind ``[NODE_BATCH, token]``; the collector records and
 publishes the reports from them without decoding one (collector/batch_ingest.py).
 
@@ -13,9 +17,12 @@ may come in two batches: their aggregates merge at the collector.
 
 from __future__ import annotations
 
+import msgspec
+
 from zeroscope.agent import schema
 from zeroscope.agent.schema import BatchEntry, NodeBatch, NodeStep, StepReport
 from zeroscope.state import node_steps
+from zeroscope.state.rank import summarize
 
 MAX_REPORTS = 512
 """Reports per batch at most (the collector takes up to 2,000 messages per turn)."""
@@ -47,7 +54,11 @@ class NodeBatcher:
     def hello(self, hello: schema.Hello) -> None:
         self.node_of[hello.rank] = hello.node_rank
 
-    def add(self, report: StepReport, payload: bytes) -> None:
+    def add(self, report: StepReport) -> None:
+        """One rank's report (decoded), to go on with the summary every view needs of it made
+        here, ours even if the sender put one in (module docstring)."""
+        report = msgspec.structs.replace(report, summary=summarize(report))
+        payload = schema.encode(report)
         node = self.node_of.get(report.rank, self.node_rank)
         its = node_steps.figures(report)
         self._entries.append(node_steps.entry(report, len(payload), node, its[0]))

@@ -12,7 +12,10 @@ bench.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
@@ -58,12 +61,21 @@ def busy_seconds(collectives: list[Collective]) -> float:
     )
 
 
+_ENCODE = msgspec.msgpack.Encoder().encode
+
+
 def sequence_of(collectives: list[Collective], unfinished: int) -> int:
-    """Hash of the step's collective sequence, the part every rank must agree on (op, size,
-    label in issue order; timing left out); 0 when some were unfinished or none issued."""
+    """Fingerprint of the step's collective sequence, the part every rank must agree on (op,
+    size, label in issue order; timing left out); 0 when some were unfinished or none issued.
+
+    The same in every process (a 56-bit BLAKE2b of the sequence's msgpack): a node's relay
+    makes it for its ranks and the viewer for ranks that report to it directly, and the two
+    are compared. Python's ``hash`` of the tuple (~1.9 us for 18 collectives, against ~3.4 us
+    for this) is salted per process."""
     if unfinished or not collectives:
         return 0
-    return hash(tuple((c.op, c.nbytes, c.label) for c in collectives)) or 1
+    key = _ENCODE([(c.op, c.nbytes, c.label) for c in collectives])
+    return int.from_bytes(blake2b(key, digest_size=7).digest(), "big") or 1
 
 
 def fold(collectives: list[Collective], unfinished: int) -> Fold:

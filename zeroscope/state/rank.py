@@ -4,18 +4,13 @@ and the run's aggregates.
 History keeps a :class:`StepSummary` per step (a few dozen numbers), not the whole StepReport:
 1024 ranks x a long window of full reports with hundreds of collectives each would cost
 gigabytes. The latest full report is kept for the drill-down timeline. Every per-rank figure a
-view shows is a field or property here, defined once, with its unit.
+view shows is a field or property of RankState or StepSummary, defined once, with its unit.
 
-:class:`StepSummary` and :class:`OpTotals` are msgspec Structs with ``gc=False``, not slotted
-dataclasses: one of each is made for every report of every rank, and the history keeps 512 steps
-of them a rank (8 M summaries at 16,384 ranks). Untracked by the cyclic garbage collector, they
-are never walked by it (nor is the ``ops`` dict of untracked OpTotals, which CPython leaves
-untracked); built by msgspec's C ``__init__``, a 35-field summary takes ~0.7 us instead of ~1.0.
-Safe because neither can be part of a reference cycle: a summary holds numbers, its ``ops``
-dict of OpTotals (numbers) and the report's ``Work`` (numbers and strings), nothing that points
-back. Measured at 16,384 ranks (bench/view_ingest.py, Python's default collector thresholds):
-the collections in four steps' ingest fell from ~560 to ~115 ms, a step's fold from ~550 to
-~380 ms of CPU (docs/bench.md, "The view's ingest and replay seek at 16,384 ranks").
+:func:`summarize` is the one definition of a report's summary. StepSummary and OpTotals are
+defined with the wire (zeroscope/agent/schema_summary.py says why, and why they are untracked
+by the garbage collector): a node's relay makes the summary with this very function and sends
+it inside the report, and :meth:`RankState.record` takes it as made when it is of this code's
+version, so a 16,384-rank view does not fold every rank's every collective.
 """
 
 from __future__ import annotations
@@ -24,11 +19,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-import msgspec
+from zeroscope.agent.schema import (
+    SUMMARY_VERSION,
+    Bye,
+    Hello,
+    HostSample,
+    OpTotals,
+    StepReport,
+    StepSummary,
+)
 
-from zeroscope.agent.schema import Bye, Hello, HostSample, StepReport, Work
-
-from .bandwidth import busbw_of, volume, wire_factor
+from .bandwidth import volume, wire_factor
 from .collective_fold import fold, sequence_of
 from .totals import RankTotals
 
@@ -37,160 +38,6 @@ _DURATION = attrgetter("duration_s")
 
 HISTORY_STEPS = 512
 """Steps of per-rank history kept for the over-time charts."""
-
-
-class OpTotals(msgspec.Struct, gc=False):
-    """One collective op's totals within a step (the rank-detail table's row). Untracked by the
-    garbage collector (``gc=False``: numbers only; the module's docstring says why)."""
-
-    count: int = 0
-    nbytes: int = 0
-    """Sum of message sizes S (nccl-tests convention) [bytes]."""
-    volume: int = 0
-    """Sum of :func:`bandwidth.volume` (all-reduce counts 2S) [bytes]."""
-    seconds: float = 0.0
-    """Sum of issue-to-completion times [s]."""
-    exposed_s: float = 0.0
-    """Sum of the time the loop waited for them [s]."""
-    bus_bytes: float = 0.0
-    """Sum of S x the nccl-tests bus factor of each collective's own group size [bytes], over
-    the collectives with a time (clock not ``none``, and more than 0 s: a synchronous op handed
-    to the agent after it ran has 0 s; bytes with no time would inflate the bandwidth)."""
-    untimed: int = 0
-    """Collectives no clock measured (``Collective.clock`` none): in count, bytes and volume,
-    never in seconds, busbw or exposed."""
-    unexposed: int = 0
-    """Collectives whose exposed time was not measured."""
-
-    @property
-    def busbw(self) -> float | None:
-        """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]; NA when any of the
-        op's collectives was untimed (a part would pass for the whole: a 4-byte host-timed
-        all-reduce beside DDP's untimed buckets on gloo read 0.000 GB/s)."""
-        return None if self.untimed else busbw_of(self.bus_bytes, self.seconds)
-
-    @property
-    def time_s(self) -> float | None:
-        """Summed issue-to-completion time [s]; NA when any collective of the op was untimed
-        (a partial sum would pass for the whole)."""
-        return None if self.untimed else self.seconds
-
-    @property
-    def exposed(self) -> float | None:
-        """Summed exposed time [s]; NA when any collective of the op had it unmeasured (a
-        partial sum would pass for the whole)."""
-        return None if self.unexposed else self.exposed_s
-
-
-class StepSummary(msgspec.Struct, gc=False):
-    """One rank's step, as every view needs it. None = not reported (NA), never 0. Untracked by
-    the garbage collector (``gc=False``: no cycle can run through it; the module's docstring
-    says why); copy one with ``msgspec.structs.replace``."""
-
-    step: int
-    wall_ns: int
-    duration_s: float
-    """The rank's step time [s]."""
-    params: int | None
-    grads: int | None
-    optim: int | None
-    activations: int | None
-    host_bytes: int
-    """Offloaded P + G + O in host memory [bytes]."""
-    gathered_params: int
-    nvme_bytes: int
-    device_peak: int | None
-    comm_volume: int
-    """Sum of every collective's volume (all-reduce counts twice; bandwidth.volume) [bytes]."""
-    comm_s: float
-    """Sum of collective issue-to-completion times [s]."""
-    busy_s: float
-    """Time with a collective in flight (zeroscope.state.collective_fold.busy_seconds) [s]."""
-    exposed_s: float
-    """Time the loop waited inside collectives: sum of ``Collective.exposed_s`` [s]."""
-    bus_bytes: float
-    offload_bytes: int
-    offload_s: float
-    loss: float | None
-    loss_scale: float | None
-    grad_norm: float | None
-    lr: float | None
-    overflow: bool
-    samples: int
-    prefetched: int
-    """Collectives issued ahead of need (stage-3 prefetch)."""
-    collectives: int
-    """Collectives reported in the step."""
-    ops: dict[str, OpTotals]
-    untimed: int = 0
-    """Collectives no clock measured: counted in ``collectives`` and ``comm_volume`` only."""
-    unexposed: int = 0
-    """Collectives whose exposed time was not measured: ``exposed_share`` is then NA."""
-    sequence: int = 0
-    """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), to
-    compare ranks within this process (zeroscope.state.sequences); 0 = not comparable (some
-    collectives unfinished) or none issued."""
-    frozen_params: int | None = None
-    """Of ``params``: bytes of frozen parameters (no G or O of their own); None = not said."""
-    work: Work | None = None
-    """Tokens, model FLOPs and the device's peak as the rank sent them (None = not reported);
-    the figures made of them are zeroscope.state.throughput's."""
-    forward_backward_s: float | None = None
-    """The step's forward plus backward phase time [s] (None = neither reported): the compute
-    a stage-3 prefetch can hide its fetches behind, priced per step by the advisor."""
-
-    @property
-    def compute_s(self) -> float | None:
-        """Compute time: the step minus the time waiting in collectives [s]. Under synchronous
-        collectives every rank's step time is the same; this is what differs. NA when some
-        collective's wait was not measured (DDP's buckets on gloo): the step less a partial
-        wait is the step time again, which names no straggler and would pass for compute."""
-        if self.unexposed:
-            return None
-        return max(self.duration_s - self.exposed_s, 0.0)
-
-    @property
-    def exposed(self) -> float | None:
-        """The loop's wait in collectives [s]; NA when some collective's wait was not measured
-        (a partial sum would pass for the whole)."""
-        return None if self.unexposed else self.exposed_s
-
-    @property
-    def exposed_share(self) -> float | None:
-        """Exposed %: the share of the step the loop waited inside collectives
-        (exposed_s / duration_s) [fraction]; NA for a zero-length step or when some
-        collective's wait was not measured."""
-        if self.unexposed or self.duration_s <= 0:
-            return None
-        return self.exposed_s / self.duration_s
-
-    @property
-    def busbw(self) -> float | None:
-        """Time-weighted busbw of all the step's collectives [bytes/s]; NA when some were
-        untimed (as :attr:`OpTotals.busbw`)."""
-        return None if self.untimed else busbw_of(self.bus_bytes, self.comm_s)
-
-    @property
-    def offload_bw(self) -> float | None:
-        """Offload transfer bytes / transfer time [bytes/s]."""
-        return self.offload_bytes / self.offload_s if self.offload_s > 0 else None
-
-    @property
-    def model_states(self) -> int | None:
-        """P + G + O on the device [bytes]; NA when none of them was reported."""
-        p, g, o = self.params, self.grads, self.optim
-        if p is None and g is None and o is None:
-            return None
-        return (p or 0) + (g or 0) + (o or 0)
-
-    @property
-    def device_total(self) -> int | None:
-        """P + G + O + A [bytes] (the parts reported); NA when none was. (Read for every rank
-        of every closed step: written out, no lists.)"""
-        p, g, o, a = self.params, self.grads, self.optim, self.activations
-        if p is None and g is None and o is None and a is None:
-            return None
-        return (p or 0) + (g or 0) + (o or 0) + (a or 0)
 
 
 def fingerprint(report: StepReport) -> int:
@@ -256,6 +103,7 @@ def summarize(report: StepReport) -> StepSummary:
         unexposed_all += unexposed
     m = report.memory
     return StepSummary(
+        version=SUMMARY_VERSION,
         step=report.step,
         wall_ns=report.wall_ns,
         duration_s=report.duration_s,
@@ -325,8 +173,12 @@ class RankState:
         return self.hello.hostname if self.hello else ""
 
     def record(self, report: StepReport) -> StepSummary:
-        """Take a step report (replacing the latest; out-of-order old steps only add history)."""
-        summary = summarize(report)
+        """Take a step report (replacing the latest; out-of-order old steps only add history).
+        Its summary is the one a relay made and sent inside it when that is of this code's
+        version and step, else made here."""
+        summary = report.summary
+        if summary is None or summary.version != SUMMARY_VERSION or summary.step != report.step:
+            summary = summarize(report)
         if self.latest is None or report.step >= self.latest.step:
             self.latest, self.summary = report, summary
             if report.host is not None:
