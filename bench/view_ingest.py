@@ -141,7 +141,7 @@ def _relayed(run: list[Any]) -> list[Any]:
         out.append(m)
         if isinstance(m, schema.StepReport):
             waiting.append(len(out) - 1)
-            batcher.add(m)
+            batcher.add(m, schema.encode(m))
             if batcher.full:
                 take()
     if waiting:

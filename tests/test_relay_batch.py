@@ -175,7 +175,7 @@ def test_node_aggregate_equals_the_one_from_the_rank_reports() -> None:
         batches += 1
 
     for report in reports:
-        batcher.add(report)
+        batcher.add(report, schema.encode(report))
         if rng.random() < 0.15:
             take()
     take()

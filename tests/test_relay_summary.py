@@ -39,7 +39,7 @@ def relayed(run: list[Message]) -> list[Message]:
     out: list[Message] = []
     for m in run:
         if isinstance(m, StepReport):
-            batcher.add(m)
+            batcher.add(m, schema.encode(m))
             (_, body), n = batcher.take()
             assert n == 1
             m = schema.decode(body)
@@ -137,3 +137,27 @@ def test_a_decoded_summary_is_untracked_by_the_garbage_collector() -> None:
     assert not gc.is_tracked(m.summary)
     assert not gc.is_tracked(m.summary.ops)
     assert not any(gc.is_tracked(t) for t in m.summary.ops.values())
+
+
+def test_a_report_whose_summary_cannot_be_sent_goes_on_as_the_rank_sent_it() -> None:
+    """An all-reduce of 2**63 bytes: its size fits msgpack, its volume (2S) does not. The relay
+    sends that report as it came (the viewer folds it) and goes on summarizing the rest; nothing
+    is lost and no thread dies."""
+    _, by_step = split_by_step(synthetic_run(RunShape(ranks=2, steps=2)))
+    plain = [m for m in by_step[1] if isinstance(m, StepReport)]
+    big = schema.Collective("all_reduce", 2**63, 2, 0.0, 0.001, 0.0)
+    odd = msgspec.structs.replace(plain[0], collectives=[big])
+    batcher = NodeBatcher(0, "h")
+    sent = [schema.encode(odd), schema.encode(plain[1])]
+    batcher.add(odd, sent[0])
+    batcher.add(plain[1], sent[1])
+    (header, body), n = batcher.take()
+    assert n == 2 and batcher.unsummarized == 1
+    sizes = [e.size for e in schema.decode_batch(header).entries]
+    assert body[: sizes[0]] == sent[0]  # as the rank sent it
+    second = schema.decode(body[sizes[0] :])
+    assert isinstance(second, StepReport) and second.summary == summarize(plain[1])
+    state = ClusterState()
+    assert state.ranks.get(odd.rank) is None
+    state.ingest(schema.decode(body[: sizes[0]]))
+    assert state.ranks[odd.rank].summary == summarize(odd)  # folded by the viewer

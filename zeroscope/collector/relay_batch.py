@@ -43,6 +43,8 @@ class NodeBatcher:
         self._payloads: list[bytes] = []
         self._size = 0
         self._nodes: dict[tuple[int, int], NodeStep] = {}
+        self.unsummarized = 0
+        """Reports sent on without a summary (:meth:`add`)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,11 +56,17 @@ class NodeBatcher:
     def hello(self, hello: schema.Hello) -> None:
         self.node_of[hello.rank] = hello.node_rank
 
-    def add(self, report: StepReport) -> None:
-        """One rank's report (decoded), to go on with the summary every view needs of it made
-        here, ours even if the sender put one in (module docstring)."""
-        report = msgspec.structs.replace(report, summary=summarize(report))
-        payload = schema.encode(report)
+    def add(self, report: StepReport, payload: bytes) -> None:
+        """One rank's report (decoded from ``payload``), to go on with the summary every view
+        needs of it made here, ours even if the sender put one in (module docstring). A report
+        whose summary cannot be made or sent (sums past msgpack's 64-bit integers) goes on as
+        the rank sent it, and the viewer folds it as a direct rank's: counted in
+        ``unsummarized``."""
+        try:
+            summed = msgspec.structs.replace(report, summary=summarize(report))
+            payload, report = schema.encode(summed), summed
+        except Exception:
+            self.unsummarized += 1
         node = self.node_of.get(report.rank, self.node_rank)
         its = node_steps.figures(report)
         self._entries.append(node_steps.entry(report, len(payload), node, its[0]))

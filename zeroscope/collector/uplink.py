@@ -117,7 +117,7 @@ class Uplink:
                     message = None  # goes on as it came: the collector rejects and counts it
                 if isinstance(message, schema.StepReport):
                     plain = self._send_plain(plain, stop)
-                    batcher.add(message)
+                    batcher.add(message, payload)
                     if batcher.full:
                         self._send_reports(stop)
                     continue
