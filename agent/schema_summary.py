@@ -35,10 +35,10 @@ SUMMARY_VERSION = 1
 """Of the summary's fields and their definitions (zeroscope.state.rank ``summarize``)."""
 
 
-def _rate(nbytes: float, seconds: float) -> float | None:
-    """bytes / s, NA for no time (zeroscope.state.bandwidth ``busbw_of``, which sums the
-    same way over a run)."""
-    return nbytes / seconds if seconds > 0 else None
+def busbw_of(bus_bytes: float, seconds: float) -> float | None:
+    """Time-weighted busbw of many collectives: sum(S * factor) / sum(t), bytes/s; NA for no
+    time. The one definition: zeroscope.state.bandwidth re-exports it for the run's figures."""
+    return bus_bytes / seconds if seconds > 0 else None
 
 
 class OpTotals(msgspec.Struct, array_like=True, gc=False):
@@ -69,7 +69,7 @@ class OpTotals(msgspec.Struct, array_like=True, gc=False):
         """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]; NA when any of the
         op's collectives was untimed (a part would pass for the whole: a 4-byte host-timed
         all-reduce beside DDP's untimed buckets on gloo read 0.000 GB/s)."""
-        return None if self.untimed else _rate(self.bus_bytes, self.seconds)
+        return None if self.untimed else busbw_of(self.bus_bytes, self.seconds)
 
     @property
     def time_s(self) -> float | None:
@@ -133,9 +133,9 @@ class StepSummary(msgspec.Struct, array_like=True, gc=False):
     unexposed: int = 0
     """Collectives whose exposed time was not measured: ``exposed_share`` is then NA."""
     sequence: int = 0
-    """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), to
-    compare ranks within this process (zeroscope.state.sequences); 0 = not comparable (some
-    collectives unfinished) or none issued."""
+    """Fingerprint of the step's collective sequence (op, bytes, label, in issue order), equal
+    across processes (a relay makes it, the viewer compares ranks: zeroscope.state.sequences);
+    0 = not comparable (some collectives unfinished) or none issued."""
     frozen_params: int | None = None
     """Of ``params``: bytes of frozen parameters (no G or O of their own); None = not said."""
     work: Work | None = None
@@ -174,7 +174,7 @@ class StepSummary(msgspec.Struct, array_like=True, gc=False):
     def busbw(self) -> float | None:
         """Time-weighted busbw of all the step's collectives [bytes/s]; NA when some were
         untimed (as :attr:`OpTotals.busbw`)."""
-        return None if self.untimed else _rate(self.bus_bytes, self.comm_s)
+        return None if self.untimed else busbw_of(self.bus_bytes, self.comm_s)
 
     @property
     def offload_bw(self) -> float | None:

@@ -262,9 +262,9 @@ def main() -> None:
         )
         return
     r = bench(args.ranks, args.steps, not args.no_freeze, args.gc, args.relayed)
-    given = ", relayed (each report's summary made by its relay)" if args.relayed else ""
+    how = ", relayed (each report's summary made by its relay)" if args.relayed else ""
     print(
-        f"ingest of one {args.ranks}-rank step{given}: wall median {r['ingest_s'] * 1e3:.1f} ms "
+        f"ingest of one {args.ranks}-rank step{how}: wall median {r['ingest_s'] * 1e3:.1f} ms "
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "
         f"{r['per_report_us']:.1f} us a report (CPU max {r['ingest_cpu_max_s'] * 1e3:.1f}); "
         f"gc {args.gc}: {r['full_collections']} whole-heap collections, "

@@ -4,9 +4,10 @@ ZeroMQ's proxy hands every message the node's ranks sent to this thread over an 
 The collector's cost is per report (decode, validate, record, publish), so the uplink decodes
 each message here, on the node: the StepReports go as node batches (collector/relay_batch.py:
 each report as sent with the summary every view needs of it made here, a header the collector
-takes them by without decoding them, and the node's aggregate per step), anything else (Hellos, events, heartbeats, byes, the door's
-records) as one ``[token, message, ...]`` message of at most ``MAX_BATCH``, the framing the
-collector takes from an agent's batch, in the order they came. Nothing waits to fill a batch:
+takes them by without decoding them, and the node's aggregate per step), anything else
+(Hellos, events, heartbeats, byes, the door's records) as one ``[token, message, ...]``
+message of at most ``MAX_BATCH``, the framing the collector takes from an agent's batch, in
+the order they came. Nothing waits to fill a batch:
 what one wake-up finds goes at once, so batches grow only when the node sends faster than the
 collector reads.
 

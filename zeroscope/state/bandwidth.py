@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zeroscope.agent.schema_summary import busbw_of as busbw_of
+
 if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
 
@@ -67,11 +69,6 @@ def wire_bytes(op: str, nbytes: float, n: int) -> float:
     advisor's link rate) sums this numerator (a report's fold multiplies each (op, group size)'s
     summed S by :func:`wire_factor`: the same product)."""
     return nbytes * wire_factor(op, n)
-
-
-def busbw_of(bus_bytes: float, seconds: float) -> float | None:
-    """Time-weighted busbw of many collectives: sum(S * factor) / sum(t), bytes/s."""
-    return bus_bytes / seconds if seconds > 0 else None
 
 
 def volume(op: str, nbytes: int) -> int:
