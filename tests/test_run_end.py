@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.scripts.failing_train import MESSAGE, exit_of_rank_0
+from tests.scripts.failing_train import MESSAGE, WAITING, exit_of_rank_0
 from zeroscope.store.trace import TraceReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,10 +112,12 @@ def test_a_failed_rank_gives_its_traceback_its_error_and_its_exit_code(tmp_path:
     assert "torchrun then stopped rank 1" in errors
     assert error not in run.stdout
     assert lines[-1] == f"job exit code {code}"
-    # The job's full output is kept: every rank's traceback and torchrun's own lines.
+    # The job's full output is kept: every rank's lines and torchrun's own. Rank 1's line was
+    # printed before rank 0 could fail; its "connection closed" traceback is not asserted:
+    # whether it comes before torchrun's SIGTERM is a race between gloo and torchrun.
     assert f"the job's full output: {log.relative_to(tmp_path)}" in errors
     assert f"[rank0]: {error}" in text and "[rank0]: KeyError: 'reduce_bucket_sise'" in text
-    assert "[rank1]: RuntimeError" in text and "Connection closed by peer" in text
+    assert WAITING in text.splitlines() and WAITING in errors
     # The trace knows the job too (summary used to print "job ?" and "job_id": "").
     summary = _zeroscope("summary", "--json", str(trace), cwd=tmp_path)
     assert json.loads(summary.stdout)["job_id"] == job_id

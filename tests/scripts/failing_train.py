@@ -1,6 +1,7 @@
 """A job whose rank 0 dies of a configuration error right after the process group is up,
-before any rank reports to zeroscope, while rank 1 waits in a collective: the peer's failure
-reaches it as gloo's "connection closed" (its own traceback), then torchrun stops it. The
+before any rank reports to zeroscope, while rank 1 waits in a collective (it says so first, on
+stderr). The peer's failure usually reaches rank 1 as gloo's "connection closed" (its own
+traceback) before torchrun stops it, but not always: torchrun may see rank 0 gone first. The
 end-to-end tests of how ``zeroscope run`` reports a failed job use it."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch.distributed as dist
 MESSAGE = (
     "unknown key 'reduce_bucket_sise' in zero_optimization (did you mean 'reduce_bucket_size'?)"
 )
+
+WAITING = "rank 1 waits in a collective for rank 0"
 
 
 class ConfigError(ValueError):
@@ -39,6 +42,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        # Printed before the collective rank 0 needs to reach its error: in the job's output
+        # whatever happens next (torchrun may stop rank 1 before the peer's loss reaches it).
+        print(WAITING, file=sys.stderr, flush=True)
     x = torch.ones(1)
     dist.all_reduce(x)
     if dist.get_rank() == 0:
