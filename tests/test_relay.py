@@ -205,6 +205,37 @@ def test_relay_keeps_forwarding_through_a_collector_restart() -> None:
                 pub.close(0)
 
 
+def test_sums_a_node_batch_cannot_carry_go_plain_and_the_relay_goes_on() -> None:
+    """Two ranks of one node each report two collectives of 2**63 bytes: each size fits
+    msgpack, the summed bytes do not (a faulty sender's report, whatever the batching). Before,
+    encoding the batch raised in the uplink's thread, which ended it: the node's later reports
+    were never forwarded. Now those reports go as plain messages and every later one still
+    reaches the collector."""
+    seen: list[Message] = []
+    big = schema.Collective("all_gather", 2**63, 2, 0.0, 0.001, 0.0)
+    with Collector(token=TOKEN) as collector:
+        collector.add_listener(seen.append)
+        with Relay(collector.ingest_address, token=TOKEN, node_rank=0) as relay:
+            pubs = [rank_publisher(relay.address, r, 0) for r in range(2)]
+            try:
+                connect_all(pubs)
+                for rank, pub in enumerate(pubs):
+                    odd = report(rank, 1)
+                    odd.collectives = [big, big]
+                    assert pub.send(odd)
+                assert wait_for(lambda: steps_of(seen) >= {(0, 1), (1, 1)}, WAIT_S)
+                assert relay.unbatched >= 1
+                for rank, pub in enumerate(pubs):
+                    assert pub.send(report(rank, 2))
+                assert wait_for(lambda: steps_of(seen) >= {(0, 2), (1, 2)}, WAIT_S)
+                got = [m for m in seen if isinstance(m, StepReport) and m.step == 1]
+                assert [[c.nbytes for c in m.collectives] for m in got] == [[2**63] * 2] * 2
+                assert relay.node_batches >= 1  # step 2's went batched again
+            finally:
+                for pub in pubs:
+                    pub.close(0)
+
+
 def test_relayed_ingest_bench_loses_nothing_and_batches() -> None:
     """bench/relay_ingest.py at a small size: both paths deliver every report the agents'
     senders sent (counted at the collector), and the relays' batches reach the collector

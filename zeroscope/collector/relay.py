@@ -97,6 +97,11 @@ class Relay:
         return self.uplink.node_batches if self.uplink is not None else 0
 
     @property
+    def unbatched(self) -> int:
+        """Reports sent as plain messages because their node batch could not be encoded."""
+        return self.uplink.unbatched if self.uplink is not None else 0
+
+    @property
     def connections(self) -> int:
         """Successful handshakes with the collector (more than one: it came back)."""
         return self.uplink.connections if self.uplink is not None else 0

@@ -79,17 +79,34 @@ class NodeBatcher:
             self._nodes[key] = agg
 
     def take(self) -> tuple[list[bytes], int]:
-        """(the frames ``[header, body]``, how many reports they hold); empties the batcher."""
-        header = schema.encode_batch(
-            NodeBatch(
-                version=schema.NODE_BATCH_VERSION,
-                node_rank=self.node_rank,
-                hostname=self.hostname,
-                entries=self._entries,
-                nodes=list(self._nodes.values()),
+        """(the frames ``[header, body]``, how many reports they hold); empties the batcher.
+
+        Raises :class:`UnsendableBatch`, with the reports as their ranks sent them, when the
+        header cannot be encoded: a node's sums past msgpack's 64-bit integers (two ranks'
+        collectives of 2**63 bytes), which only a faulty sender reports. The caller sends
+        those as plain messages: nothing is lost and the relay goes on."""
+        payloads, n = self._payloads, len(self._entries)
+        try:
+            header = schema.encode_batch(
+                NodeBatch(
+                    version=schema.NODE_BATCH_VERSION,
+                    node_rank=self.node_rank,
+                    hostname=self.hostname,
+                    entries=self._entries,
+                    nodes=list(self._nodes.values()),
+                )
             )
-        )
-        frames = [header, b"".join(self._payloads)]
-        n = len(self._entries)
-        self._entries, self._payloads, self._size, self._nodes = [], [], 0, {}
-        return frames, n
+        except (OverflowError, msgspec.EncodeError) as exc:
+            raise UnsendableBatch(payloads, str(exc)) from exc
+        finally:
+            self._entries, self._payloads, self._size, self._nodes = [], [], 0, {}
+        return [header, b"".join(payloads)], n
+
+
+class UnsendableBatch(Exception):
+    """A batch whose header could not be encoded (:meth:`NodeBatcher.take`); ``payloads``: its
+    reports, each as its rank sent it or with the relay's summary."""
+
+    def __init__(self, payloads: list[bytes], reason: str) -> None:
+        super().__init__(reason)
+        self.payloads = payloads

@@ -26,7 +26,7 @@ from zmq.utils.monitor import parse_monitor_message
 from zeroscope.agent import schema
 from zeroscope.agent.schema import SenderClaim
 from zeroscope.collector.protocol import NODE_BATCH, RELAY_BEAT
-from zeroscope.collector.relay_batch import NodeBatcher
+from zeroscope.collector.relay_batch import NodeBatcher, UnsendableBatch
 
 MAX_BATCH = 64
 """Reports per forwarded message at most (as an agent's own batches)."""
@@ -73,6 +73,8 @@ class Uplink:
         self.node_batches = 0
         """ZeroMQ messages that were node batches."""
         self._batch_sent_at = float("-inf")
+        self.unbatched = 0
+        """Reports sent as plain messages because their node batch could not be encoded."""
 
     def run(self, stop: threading.Event) -> None:
         poller = zmq.Poller()
@@ -142,7 +144,15 @@ class Uplink:
         return []
 
     def _send_reports(self, stop: threading.Event) -> None:
-        frames, n = self.batcher.take()
+        try:
+            frames, n = self.batcher.take()
+        except UnsendableBatch as unsendable:
+            # Sums a node batch cannot carry (relay_batch.py): the reports go plain, as an
+            # agent's batch goes, and the collector folds them as it folds a direct rank's.
+            self.unbatched += len(unsendable.payloads)
+            for i in range(0, len(unsendable.payloads), MAX_BATCH):
+                self._send_plain(unsendable.payloads[i : i + MAX_BATCH], stop)
+            return
         if self._send([NODE_BATCH, self.token, *frames], stop):
             self._batch_sent_at = time.monotonic()
             self.forwarded += n
