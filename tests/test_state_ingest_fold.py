@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from tests.fixtures import RunShape, synthetic_run
-from zeroscope.agent.schema import Collective, StepReport
+from zeroscope.agent.schema import Collective, Hello, StepReport
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.collective_fold import fold, union_seconds
 from zeroscope.state.rank import summarize
@@ -258,3 +258,38 @@ def test_a_run_with_a_straggler_and_a_memory_outlier_is_judged_as_by_its_summari
     assert [(f.kind, f.rank) for f in state.findings()] == [("straggler", 15)]
     latest = state.latest()
     assert latest is not None and latest.worst_memory_rank == 5
+
+
+def test_the_worst_memory_rank_and_the_median_memory_equal_their_definitions() -> None:
+    """One pass makes both (StepAggregate.memory): equal to ``max`` over the ranks keyed by
+    (P+G+O+A with NA as 0, lower rank first) and to statistics.median of the reported totals,
+    on steps with ties, ranks that reported no memory at all, and reports out of rank order."""
+    rng = random.Random(7)
+    run = synthetic_run(RunShape(ranks=24, steps=2))
+    hellos = [m for m in run if isinstance(m, Hello)]
+    base = [m for m in run if isinstance(m, StepReport)]
+    for trial in range(200):
+        state = ClusterState()
+        state.ingest_all(hellos)
+        reports = [m for m in base if m.step == 1]
+        rng.shuffle(reports)
+        for m in reports:
+            none = rng.random() < 0.2
+            size = rng.choice([0, 1, 2, 3]) * 2**20  # few values: ties are common
+            memory = msgspec.structs.replace(
+                m.memory,
+                params=None if none else size,
+                grads=None if none else 0,
+                optim=None if none else 0,
+                activations=None if none else rng.choice([None, 0]),
+            )
+            state.ingest(msgspec.structs.replace(m, memory=memory))
+        (agg,) = state.steps.values()
+        assert agg.complete and len(agg.summaries) == 24
+        totals = {r: s.device_total for r, s in agg.summaries.items()}
+        worst = max(totals, key=lambda r: (totals[r] or 0, -r))
+        known = [t for t in totals.values() if t is not None]
+        assert agg.worst_memory_rank == worst, trial
+        point = state.series.points[-1] if state.series.points else None
+        median = statistics.median(known) if known else None
+        assert point is not None and point.median_memory == median and point.memory_rank == worst

@@ -13,6 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from .throughput import reported_step
@@ -106,9 +107,13 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+_EXPOSED_SHARE = attrgetter("exposed_share")
+_OFFLOAD_BW = attrgetter("offload_bw")
+
+
 def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
     """The history figures of one closed (and judged) step; ``straggler``: the rank flagged."""
-    worst = agg.worst_memory_rank
+    worst, device_totals = agg.memory()
     w = agg.summaries[worst]
     summaries = agg.summaries.values()
     return StepPoint(
@@ -120,15 +125,15 @@ def step_point(agg: StepAggregate, straggler: int | None) -> StepPoint:
         loss_scale=agg.loss_scale,
         overflow=agg.overflow,
         exposed=agg.exposed_share,
-        median_exposed=_median(s.exposed_share for s in summaries),
+        median_exposed=_median(map(_EXPOSED_SHARE, summaries)),
         memory_rank=worst,
         params=w.params,
         grads=w.grads,
         optim=w.optim,
         activations=w.activations,
         host=w.host_bytes,
-        median_memory=_median(s.device_total for s in summaries),
-        offload_bw=_median(s.offload_bw for s in summaries),
+        median_memory=statistics.median(device_totals) if device_totals else None,
+        offload_bw=_median(map(_OFFLOAD_BW, summaries)),
         **_throughput(agg),
     )
 

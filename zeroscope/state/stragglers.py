@@ -30,6 +30,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from math import isnan
+from operator import attrgetter
 from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from .rank import RankState, StepSummary
 
 LagKind = Literal["straggler", "slow_link"]
+
+_COMPUTE = attrgetter("compute_s")
 
 
 class Standing(msgspec.Struct, frozen=True, gc=False):
@@ -124,7 +127,7 @@ def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
     if len(summaries) < 2:
         return {}
     ranks = list(summaries)
-    measured = [s.compute_s for s in summaries.values()]
+    measured = list(map(_COMPUTE, summaries.values()))
     if None in measured:
         return {}
     compute = cast("list[float]", measured)
