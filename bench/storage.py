@@ -16,7 +16,10 @@ cluster frame is measured: catch-up received, folded into a ClusterState, the Te
 screen drawn once at 160x48. Reported: the catch-up's bytes (the state snapshot, against the
 history the old catch-up sent), the time, and the collector's RSS growth.
 
-Usage: ``python bench/storage.py [--ranks 1024] [--viewer-ranks 16384]``
+``--relayed``: the traces' reports carry the summary a node relay puts in each
+(``StepReport.summary``), as a relayed job's trace holds them.
+
+Usage: ``python bench/storage.py [--ranks 1024] [--viewer-ranks 16384] [--relayed]``
 """
 
 from __future__ import annotations
@@ -56,12 +59,18 @@ def _size(path: Path) -> int:
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
 
-def trace_growth(ranks: int, steps: int, policy: Any) -> dict[str, Any]:
-    """Write ``steps`` steps of ``ranks`` ranks; the file's growth over the last half."""
+def trace_growth(ranks: int, steps: int, policy: Any, relayed: bool = False) -> dict[str, Any]:
+    """Write ``steps`` steps of ``ranks`` ranks; the file's growth over the last half.
+    ``relayed``: each report carries the summary a node relay puts in it (StepReport.summary,
+    zeroscope/collector/relay_batch.py), as a relayed job's trace holds them."""
     from zeroscope.agent import schema
+    from zeroscope.state.rank import summarize
     from zeroscope.store.trace import TraceWriter
 
     hellos, template = _template(ranks)
+    # A report's summary differs from step to step only in its step and end (the template's
+    # figures are the same every step): made once, renumbered as the reports are.
+    summaries = [summarize(r) if relayed else None for r in template]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.zstrace"
         w = TraceWriter(path, thinning=policy, commit_interval=3600, commit_rows=10**9)
@@ -76,8 +85,11 @@ def trace_growth(ranks: int, steps: int, policy: Any) -> dict[str, Any]:
         payload_bytes = 0
         for step in range(1, steps + 1):
             batch = []
-            for r in template:
-                m = msgspec.structs.replace(r, step=step, wall_ns=r.wall_ns + step * 10**9)
+            for r, summary in zip(template, summaries):
+                wall_ns = r.wall_ns + step * 10**9
+                if summary is not None:
+                    summary = msgspec.structs.replace(summary, step=step, wall_ns=wall_ns)
+                m = msgspec.structs.replace(r, step=step, wall_ns=wall_ns, summary=summary)
                 payload = schema.encode(m)
                 payload_bytes += len(payload)
                 batch.append((m, payload))
@@ -94,6 +106,7 @@ def trace_growth(ranks: int, steps: int, policy: Any) -> dict[str, Any]:
     return {
         "ranks": ranks,
         "steps": steps,
+        "relayed": relayed,
         "payload_per_report": payload_bytes / (ranks * steps),
         "bytes_per_rank_step": grown / rank_steps,
         "writer_cpu_ms_per_step": cpu / steps * 1e3,
@@ -247,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--viewer-steps", type=int, default=4)
     p.add_argument("--viewer-only", action="store_true", help="only the late viewer")
     p.add_argument(
+        "--relayed", action="store_true", help="traces of reports with a relay's summaries"
+    )
+    p.add_argument(
         "--no-gc-policy", action="store_true", help="fold the catch-up with the collector running"
     )
     return p
@@ -262,8 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # which jobs are thinned; the cost per rank-step does not depend on it).
     default = ThinningPolicy()
     policy = ThinningPolicy(every=default.every, recent=default.recent, from_ranks=1)
-    full = trace_growth(args.ranks, args.full_steps, None)
-    thinned = trace_growth(args.ranks, args.steps, policy)
+    full = trace_growth(args.ranks, args.full_steps, None, args.relayed)
+    thinned = trace_growth(args.ranks, args.steps, policy, args.relayed)
     per_hour = RANKS_TARGET * STEPS_PER_HOUR
     for r in (full, thinned):
         r["gb_per_hour_16k"] = r["bytes_per_rank_step"] * per_hour / 1e9
