@@ -256,6 +256,18 @@ def ranks_text(ranks: list[int], named: int = 6) -> str:
     return shown + (f" +{len(ranks) - named}" if len(ranks) > named else "")
 
 
+def lost_alert(state: ClusterState, lost: list[int]) -> Alert:
+    """The alert naming ranks that will never say Bye (killed or crashed without a word), with
+    the earliest of their last reported steps: the live view's and the finished run's."""
+    last = min((rs.latest.step for r in lost if (rs := state.ranks[r]).latest), default=0)
+    return Alert(
+        kind="lost",
+        severity="critical",
+        ranks=tuple(lost),
+        message=f"{ranks_text(lost)} died without a word after step {last} (no Bye)",
+    )
+
+
 def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     rules = state.rules
     alerts: list[Alert] = []
@@ -354,15 +366,7 @@ def evaluate(state: ClusterState, now_s: float) -> list[Alert]:
     if ended:
         lost = sorted(state.ranks.keys() - book.byes) if failed else silent
     if lost:
-        last = min((rs.latest.step for r in lost if (rs := state.ranks[r]).latest), default=0)
-        alerts.append(
-            Alert(
-                kind="lost",
-                severity="critical",
-                ranks=tuple(lost),
-                message=f"{ranks_text(lost)} died without a word after step {last} (no Bye)",
-            )
-        )
+        alerts.append(lost_alert(state, lost))
 
     missing = state.missing()
     since = state.roster.since_s

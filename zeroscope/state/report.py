@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .alerts import Alert, ranks_text
+from .alerts import Alert, lost_alert
 from .bandwidth import busbw_of, collective_busbw, duration_of, exposed_of, volume
 from .ending import end_alerts
 from .throughput import Throughput, cluster_run, rank_run
@@ -158,11 +158,7 @@ def _lost(state: ClusterState) -> list[Alert]:
     if not any(rs.bye for rs in ranks.values()):
         return []
     lost = sorted(r for r, rs in ranks.items() if rs.bye is None)
-    if not lost:
-        return []
-    last = min((rs.latest.step for r in lost if (rs := ranks[r]).latest), default=0)
-    text = f"{ranks_text(lost)} died without a word after step {last} (no Bye)"
-    return [Alert(kind="lost", severity="critical", ranks=tuple(lost), message=text)]
+    return [lost_alert(state, lost)] if lost else []
 
 
 def _clock_coverage(state: ClusterState) -> dict[str, int]:
