@@ -16,8 +16,8 @@ cluster frame is measured: catch-up received, folded into a ClusterState, the Te
 screen drawn once at 160x48. Reported: the catch-up's bytes (the state snapshot, against the
 history the old catch-up sent), the time, and the collector's RSS growth.
 
-``--relayed``: the traces' reports carry the summary a node relay puts in each
-(``StepReport.summary``), as a relayed job's trace holds them.
+``--relayed``: the reports carry the summary a node relay puts in each (``StepReport.summary``),
+as a relayed job's trace and a late viewer's catch-up hold them.
 
 Usage: ``python bench/storage.py [--ranks 1024] [--viewer-ranks 16384] [--relayed]``
 """
@@ -54,6 +54,23 @@ def _template(ranks: int) -> tuple[list[Any], list[Any]]:
     return hellos, reports
 
 
+def _summaries(template: list[Any], relayed: bool) -> list[Any]:
+    """Each template report's summary as its node's relay makes it (``relayed``), else None.
+    A report's summary differs from step to step only in its step and end (the template's
+    figures are the same every step): made once, renumbered with the report."""
+    from zeroscope.state.rank import summarize
+
+    return [summarize(r) if relayed else None for r in template]
+
+
+def _renumbered(report: Any, summary: Any, step: int) -> Any:
+    """The template's report as step ``step`` sends it, with its summary if it has one."""
+    wall_ns = report.wall_ns + step * 10**9
+    if summary is not None:
+        summary = msgspec.structs.replace(summary, step=step, wall_ns=wall_ns)
+    return msgspec.structs.replace(report, step=step, wall_ns=wall_ns, summary=summary)
+
+
 def _size(path: Path) -> int:
     wal = Path(f"{path}-wal")
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
@@ -64,13 +81,10 @@ def trace_growth(ranks: int, steps: int, policy: Any, relayed: bool = False) -> 
     ``relayed``: each report carries the summary a node relay puts in it (StepReport.summary,
     zeroscope/collector/relay_batch.py), as a relayed job's trace holds them."""
     from zeroscope.agent import schema
-    from zeroscope.state.rank import summarize
     from zeroscope.store.trace import TraceWriter
 
     hellos, template = _template(ranks)
-    # A report's summary differs from step to step only in its step and end (the template's
-    # figures are the same every step): made once, renumbered as the reports are.
-    summaries = [summarize(r) if relayed else None for r in template]
+    summaries = _summaries(template, relayed)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.zstrace"
         w = TraceWriter(path, thinning=policy, commit_interval=3600, commit_rows=10**9)
@@ -86,10 +100,7 @@ def trace_growth(ranks: int, steps: int, policy: Any, relayed: bool = False) -> 
         for step in range(1, steps + 1):
             batch = []
             for r, summary in zip(template, summaries):
-                wall_ns = r.wall_ns + step * 10**9
-                if summary is not None:
-                    summary = msgspec.structs.replace(summary, step=step, wall_ns=wall_ns)
-                m = msgspec.structs.replace(r, step=step, wall_ns=wall_ns, summary=summary)
+                m = _renumbered(r, summary, step)
                 payload = schema.encode(m)
                 payload_bytes += len(payload)
                 batch.append((m, payload))
@@ -114,11 +125,14 @@ def trace_growth(ranks: int, steps: int, policy: Any, relayed: bool = False) -> 
     }
 
 
-def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any]:
+def late_viewer(
+    ranks: int, steps: int, gc_policy: bool = True, relayed: bool = False
+) -> dict[str, Any]:
     """A collector with ``steps`` steps of ``ranks`` ranks; a viewer's first frame. The fold
     goes through the viewer's garbage-collector policy for a catch-up (store/gc_pause.py, as
     the TUI's feed worker and headless attach fold it); ``gc_policy`` False folds it as before
-    that policy, with the collector running (the paired "before")."""
+    that policy, with the collector running (the paired "before"). ``relayed``: each report
+    carries the summary its node's relay would put in it, so the catch-up's reports do too."""
     import zmq
 
     from zeroscope.agent import schema
@@ -128,6 +142,7 @@ def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any
     from zeroscope.store.sources import LiveSource
 
     hellos, template = _template(ranks)
+    summaries = _summaries(template, relayed)
     rss0 = _rss()
     clock = _GcClock()
     col = Collector().start()
@@ -140,10 +155,7 @@ def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any
     for i in range(0, len(payloads), 64):
         push.send_multipart([b"", *payloads[i : i + 64]])
     for step in range(1, steps + 1):
-        payloads = [
-            schema.encode(msgspec.structs.replace(r, step=step, wall_ns=r.wall_ns + step * 10**9))
-            for r in template
-        ]
+        payloads = [schema.encode(_renumbered(r, s, step)) for r, s in zip(template, summaries)]
         for i in range(0, len(payloads), 64):
             push.send_multipart([b"", *payloads[i : i + 64]])
         sent += len(payloads)
@@ -192,6 +204,7 @@ def late_viewer(ranks: int, steps: int, gc_policy: bool = True) -> dict[str, Any
         "collector_rss_bytes": rss_collector,
         "state_frames": src.snapshots,
         "gc_policy": gc_policy,
+        "relayed": relayed,
         # The viewer's (main thread's) collections in each phase: (seconds, whole-heap ones).
         "gc_received": gc_received,
         "gc_fold": gc_folded,
@@ -259,9 +272,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--viewer-ranks", type=int, default=RANKS_TARGET)
     p.add_argument("--viewer-steps", type=int, default=4)
     p.add_argument("--viewer-only", action="store_true", help="only the late viewer")
-    p.add_argument(
-        "--relayed", action="store_true", help="traces of reports with a relay's summaries"
-    )
+    p.add_argument("--relayed", action="store_true", help="reports carrying a relay's summaries")
     p.add_argument(
         "--no-gc-policy", action="store_true", help="fold the catch-up with the collector running"
     )
@@ -272,7 +283,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from zeroscope.store.thinning import ThinningPolicy
 
     if args.viewer_only:
-        return {"viewer": late_viewer(args.viewer_ranks, args.viewer_steps, not args.no_gc_policy)}
+        return {
+            "viewer": late_viewer(
+                args.viewer_ranks, args.viewer_steps, not args.no_gc_policy, args.relayed
+            )
+        }
 
     # The default policy's every and recent, applied at any size (its from_ranks only says
     # which jobs are thinned; the cost per rank-step does not depend on it).
@@ -287,7 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # node row per 8 ranks per step (what the thinned trace's growth has beyond the reports).
     formula = full["bytes_per_rank_step"] / policy.every
     thinned["formula_bytes_per_rank_step"] = formula
-    viewer = late_viewer(args.viewer_ranks, args.viewer_steps, not args.no_gc_policy)
+    viewer = late_viewer(args.viewer_ranks, args.viewer_steps, not args.no_gc_policy, args.relayed)
     return {"policy": policy, "full": full, "thinned": thinned, "viewer": viewer}
 
 
