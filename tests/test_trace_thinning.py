@@ -120,6 +120,34 @@ def test_thinned_trace_keeps_what_the_policy_says(tmp_path: Path) -> None:
         assert samples == 32
 
 
+def test_a_node_sum_past_sqlites_integers_is_kept_and_recording_goes_on(tmp_path: Path) -> None:
+    """A faulty sender's report: two collectives of 2**63 bytes, each valid msgpack. Its node's
+    collective bytes (2**64 and more) do not fit SQLite's INTEGER: before, writing the step's
+    node row raised in the commit, which stops a live collector's recording. Now the row keeps
+    the sum as a REAL of its size and every later step is written."""
+    ranks, steps = 16, 30
+    policy = ThinningPolicy(every=4, recent=5, from_ranks=ranks)
+    path = tmp_path / "t.zstrace"
+    w = TraceWriter(path, job_id="big", thinning=policy, commit_interval=3600, commit_rows=ranks)
+    for rank in range(ranks):
+        m = hello(rank, ranks)
+        w.append(m, schema.encode(m))
+    big = Collective("all_gather", 2**63, 8, 0.0, 2e-3, 1e-3)
+    for step in range(1, steps + 1):
+        for rank in range(ranks):
+            m = report(rank, step)
+            if (rank, step) == (3, 2):
+                m.collectives = [big, big]
+            w.append(m, schema.encode(m))
+        w.commit()
+    w.close()
+    assert max(step_rows(path)) == steps
+    with TraceReader(path) as reader:
+        comm = {(r[0], r[1]): r[-2] for r in reader.node_steps()}
+    assert comm[(2, 0)] == float(2**64 + 7 * sum(2**24 + i for i in range(4)))
+    assert comm[(2, 1)] == comm[(3, 0)] == 8 * sum(2**24 + i for i in range(4))
+
+
 def test_small_job_keeps_everything(tmp_path: Path) -> None:
     path = tmp_path / "t.zstrace"
     write_job(path, ranks=8, steps=60, policy=ThinningPolicy(every=4, recent=5, from_ranks=64))

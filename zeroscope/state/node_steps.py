@@ -93,6 +93,18 @@ def entry(report: StepReport, size: int, node_rank: int, exposed: float) -> Batc
     )
 
 
+_SQLITE_INT = range(-(2**63), 2**63)
+"""What SQLite's INTEGER holds. Steps, ranks and instants are checked on decode
+(agent/schema.py); the node's sums are not bounded by any one field."""
+
+
+def _stored(v: int) -> float:
+    """A sum as the trace's row keeps it: itself, or past SQLite's 64-bit integers (only a
+    faulty sender's figures: 8 EiB) a REAL of its size, rather than a failed commit that would
+    stop the recording."""
+    return v if v in _SQLITE_INT else float(v)
+
+
 def row(agg: NodeStep) -> tuple[float, ...]:
     """The trace's ``node_steps`` row (store/thinning.py's columns)."""
     return (
@@ -104,8 +116,8 @@ def row(agg: NodeStep) -> tuple[float, ...]:
         agg.step_s_max,
         agg.slowest_rank,
         agg.wall_ns_max,
-        agg.memory_max,
+        _stored(agg.memory_max),
         agg.exposed_s_max,
-        agg.comm_bytes,
-        agg.samples,
+        _stored(agg.comm_bytes),
+        _stored(agg.samples),
     )
