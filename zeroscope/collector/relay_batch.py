@@ -81,8 +81,8 @@ class NodeBatcher:
     def take(self) -> tuple[list[bytes], int]:
         """(the frames ``[header, body]``, how many reports they hold); empties the batcher.
 
-        Raises :class:`UnsendableBatch`, with the reports as their ranks sent them, when the
-        header cannot be encoded: a node's sums past msgpack's 64-bit integers (two ranks'
+        Raises :class:`UnsendableBatch`, with the batch's reports, when the header cannot be
+        encoded: a node's sums past msgpack's 64-bit integers (two ranks'
         collectives of 2**63 bytes), which only a faulty sender reports. The caller sends
         those as plain messages: nothing is lost and the relay goes on."""
         payloads, n = self._payloads, len(self._entries)
