@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import compiled, patches
 from .census import Census
 from .flight_recorder import READER as RECORDER
-from .optimizer_slots import state_slots
+from .optimizer_slots import optimizer_name, sharded_by, state_slots
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
 
@@ -53,13 +53,17 @@ class DDPReader(EngineReader):
         assert ddp is not None
         params = list(ddp.module.parameters())
         opt = SESSION.primary_optimizer()
+        # torch's ZeRO-1 (ZeroRedundancyOptimizer) beside DDP: O sharded over its group, the
+        # gradients still all-reduced whole by DDP's reducer, the updated shards broadcast.
+        zero = sharded_by(opt) > 1
         config = ConfigSummary(
-            stage=0,
+            stage=1 if zero else 0,
             precision=precision_of(params[0].dtype) if params else "fp32",
             dp_world_size=ddp.process_group.size(),
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
             grad_buckets_separate=not ddp.gradient_as_bucket_view,
-            optimizer=type(opt).__name__ if opt is not None else "",
+            grads_all_reduced=zero,
+            optimizer=optimizer_name(opt),
             no_master_copy=True,
             optimizer_slots=state_slots(opt),
         )

@@ -12,9 +12,50 @@ keeps Adam's figure and says nothing it cannot back).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 UNKNOWN = -1
+
+_ZERO_MODULE = "torch.distributed.optim.zero_redundancy_optimizer"
+
+
+def is_zero(optimizer: Any) -> bool:
+    """``optimizer`` is torch's ZeRO-1, ``torch.distributed.optim.ZeroRedundancyOptimizer``:
+    it keeps each rank's shard of the state in a local optimizer of the class it was given (its
+    ``optim``) and none of its own. Read from the class the job imported (never imported here:
+    an optimizer of a module not loaded is not one)."""
+    zero = getattr(sys.modules.get(_ZERO_MODULE), "ZeroRedundancyOptimizer", None)
+    return zero is not None and isinstance(optimizer, zero)
+
+
+def sharded_by(optimizer: Any) -> int:
+    """Ranks the optimizer's state is sharded over: a ZeroRedundancyOptimizer's group size, 1
+    for any other optimizer."""
+    if not is_zero(optimizer):
+        return 1
+    try:
+        return max(1, int(optimizer.world_size))
+    except Exception:
+        return 1
+
+
+def local_optimizer(optimizer: Any) -> Any:
+    """The optimizer that holds this rank's state: a ZeroRedundancyOptimizer's local one
+    (stepping this rank's shard of the parameters), else the optimizer itself. Its ``state``
+    is O; the outer one's stays empty (O read 0 B for a DDP job under torch's ZeRO-1)."""
+    return getattr(optimizer, "optim", optimizer) if is_zero(optimizer) else optimizer
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """The optimizer's class as the config names it: ``ZeroRedundancyOptimizer(AdamW)`` for
+    torch's ZeRO-1 (the class its shards step), else the class."""
+    if optimizer is None:
+        return ""
+    local = local_optimizer(optimizer)
+    if local is not optimizer:
+        return f"{type(optimizer).__name__}({type(local).__name__})"
+    return type(optimizer).__name__
 
 
 def _sgd(d: dict[str, Any]) -> int:
@@ -45,8 +86,10 @@ SLOTS = {
 
 
 def state_slots(optimizer: Any) -> int:
-    """Parameter-sized state tensors ``optimizer`` keeps per parameter, or :data:`UNKNOWN`."""
+    """Parameter-sized state tensors ``optimizer`` keeps per parameter, or :data:`UNKNOWN`
+    (a ZeroRedundancyOptimizer's: its local optimizer's, per parameter of the shard)."""
     try:
+        optimizer = local_optimizer(optimizer)
         rule = SLOTS.get(type(optimizer).__name__)
         groups = getattr(optimizer, "param_groups", None) or []
         if rule is None or not groups:

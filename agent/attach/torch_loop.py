@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import patches
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
-from .optimizer_slots import state_slots
+from .optimizer_slots import local_optimizer, optimizer_name, sharded_by, state_slots
 from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
 
 
@@ -84,11 +84,12 @@ class OptimizerReader(EngineReader):
         numel = sum(local_tensor(p).numel() for p in params)
         frozen = sum(local_tensor(p).numel() for p in self._frozen())
         first = local_tensor(params[0]) if params else torch.empty(0)
+        shards = sharded_by(opt)
         config = ConfigSummary(
-            stage=0,
+            stage=1 if shards > 1 else 0,  # torch's ZeRO-1 shards O over its group
             precision=precision_of(first.dtype),
-            dp_world_size=world_size(),
-            optimizer=type(opt).__name__,
+            dp_world_size=shards if shards > 1 else world_size(),
+            optimizer=optimizer_name(opt),
             no_master_copy=True,
             optimizer_slots=state_slots(opt),
         )
@@ -105,18 +106,20 @@ class OptimizerReader(EngineReader):
         census.add("params", optimizer_params(opt))
         if SESSION.model is not None:
             census.add("params", self._frozen(), frozen=True)
-        census.add("optim", tensors_in(getattr(opt, "state", {})))
+        optimizer_state(census, opt)
 
 
 def state_size(optimizer: Any) -> int:
-    """Entries in an optimizer's state (0 until its first step creates them)."""
-    return len(getattr(optimizer, "state", ()))
+    """Entries in an optimizer's state (0 until its first step creates them; a
+    ZeroRedundancyOptimizer's in its local optimizer)."""
+    return len(getattr(local_optimizer(optimizer), "state", ()))
 
 
 def optimizer_state(census: Census, optimizer: Any) -> None:
-    """O of any reader: the state of the loop's (primary) optimizer."""
+    """O of any reader: the state of the loop's (primary) optimizer, held by its local
+    optimizer under torch's ZeRO-1 (this rank's shard)."""
     if optimizer is not None:
-        census.add("optim", tensors_in(getattr(optimizer, "state", {})))
+        census.add("optim", tensors_in(getattr(local_optimizer(optimizer), "state", {})))
 
 
 def read_by(optimizer: Any) -> None:
