@@ -1,8 +1,10 @@
-"""Unmodified torch DDP and FSDP2 jobs under ``zeroscope run``: one launch of
-tests/jobs/torch_parallel_train.py trains DDP, FSDP2 and FSDP2 with CPUOffloadPolicy in turn;
-the same script also runs under bare torchrun. Oracles: the run without zeroscope (losses, bit
-for bit), DDP's and FSDP2's own layout (bucket sizes, local shard shapes, reported by the
-script), and the sharding formulas of each engine."""
+"""Unmodified torch DDP, FSDP2 and FSDP1 jobs under ``zeroscope run``: one launch of
+tests/jobs/torch_parallel_train.py trains DDP, FSDP2 (plain, with CPUOffloadPolicy, a bf16
+policy, not resharded after forward) and FSDP1 (FULL_SHARD wrapped by hand, SHARD_GRAD_OP by an
+auto_wrap_policy) in turn; the same script also runs under bare torchrun. Oracles: the run
+without zeroscope (losses, bit for bit), each engine's own layout (DDP's bucket sizes, FSDP2's
+local shard shapes, FSDP1's flat shards, reported by the script), and the sharding formulas of
+each engine."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from zeroscope.state.viewmodel import memory_view
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRIPT = JOBS / "torch_parallel_train.py"
-MODES = ["ddp", "fsdp2", "fsdp2-offload", "fsdp2-mp", "fsdp2-noreshard"]
+MODES = ["ddp", "fsdp2", "fsdp2-offload", "fsdp2-mp", "fsdp2-noreshard", "fsdp1", "fsdp1-grad-op"]
 STEPS = 3
 N = 2
 
@@ -93,8 +95,14 @@ def _mode_steps(runs: dict, rank: int, mode: str) -> list:
 def test_the_header_names_each_engine_found(runs: dict) -> None:
     for rank in range(N):
         hellos = runs["trace"][rank].hellos
-        assert [h.engine for h in hellos] == ["ddp", *["fsdp2"] * 4]
-        ddp, fsdp, offload, mp, noreshard = (h.config for h in hellos)
+        assert [h.engine for h in hellos] == ["ddp", *["fsdp2"] * 4, "fsdp", "fsdp"]
+        ddp, fsdp, offload, mp, noreshard, fsdp1, grad_op = (h.config for h in hellos)
+        assert (fsdp1.stage, fsdp1.params_sharded_at_step, fsdp1.dp_world_size) == (3, False, N)
+        assert (grad_op.stage, grad_op.params_sharded_at_step, grad_op.dp_world_size) == (
+            2,
+            True,
+            N,
+        )
         assert (mp.stage, mp.precision, mp.held_precision) == (3, "bf16", "fp32")
         assert (noreshard.stage, noreshard.params_sharded_at_step) == (2, True)
         assert (ddp.stage, ddp.dp_world_size, ddp.precision) == (0, N, "fp32")
@@ -166,7 +174,9 @@ def test_fsdp2_memory_equals_its_padded_shards(runs: dict, mode: str) -> None:
             assert (got if host else got_host) == dict.fromkeys(expected, 0)
 
 
-@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-offload", "fsdp2-mp", "fsdp2-noreshard"])
+@pytest.mark.parametrize(
+    "mode", ["fsdp2", "fsdp2-offload", "fsdp2-mp", "fsdp2-noreshard", "fsdp1", "fsdp1-grad-op"]
+)
 def test_the_memory_screen_predicts_fsdp2_as_it_holds(runs: dict, mode: str) -> None:
     """FSDP2 keeps its sharded parameters in their own dtype (a MixedPrecisionPolicy casts
     only what it gathers), the optimizer steps those shards (no fp32 master copy, on the host
@@ -228,4 +238,50 @@ def test_summary_replay_and_export_read_an_attached_jobs_trace(
     assert main(["export", trace, "--format", "chrome", "-o", str(out)]) == 0
     names = {e["name"] for e in json.loads(out.read_text())["traceEvents"]}
     assert {"all_reduce DDP", "all_gather FSDP 0", "reduce_scatter FSDP root"} <= names
-    assert "(fsdp2)" in runs["stdout"]  # the run's own summary names the engine last found
+    assert "(fsdp)" in runs["stdout"]  # the run's own summary names the engine last found
+
+
+def _flat_units() -> list[int]:
+    """FSDP1's units in the script: each Linear's weight and bias flattened together (layers
+    0 and 2 wrapped by hand and the root holding layer 3, or every Linear by the policy)."""
+    model = build_model()
+    return [sum(p.numel() for p in model[i].parameters()) for i in (0, 2, 3)]
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp1-grad-op"])
+def test_fsdp1_memory_equals_its_flat_shards_and_its_forward_is_timed(
+    runs: dict, mode: str
+) -> None:
+    """FSDP1 pads each unit's flat parameter to a multiple of N and keeps a 1/N shard of it:
+    P and G are those shards, O AdamW's two moments over them and a step tensor per unit; the
+    root's forward is the step's (phases, activations)."""
+    units = _flat_units()
+    shards = [math.ceil(n / N) for n in units]
+    for rank in range(N):
+        assert sorted(runs["zs"][rank][mode]["flat_shards"]) == sorted(shards)  # FSDP1's own
+        for step in _mode_steps(runs, rank, mode):
+            m = step.memory
+            assert (m.params, m.grads) == (4 * sum(shards), 4 * sum(shards))
+            assert m.optim == 8 * sum(shards) + 4 * len(units)
+            assert step.phases.forward is not None and step.phases.backward is not None
+            assert m.activations and m.activations > 0
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp1-grad-op"])
+def test_fsdp1_collective_bytes_per_step_match_its_sharding(runs: dict, mode: str) -> None:
+    """Each unit's padded flat parameter is all-gathered in forward and its gradient
+    reduce-scattered in backward; under FULL_SHARD the units but the root (layer 3, wrapped by
+    hand) are gathered again in backward, under SHARD_GRAD_OP none is."""
+    sizes = [4 * N * math.ceil(n / N) for n in _flat_units()]  # nccl-tests S: gathered bytes
+    again = sizes[:2] if mode == "fsdp1" else []
+    expected = sorted(
+        [("all_gather", size) for size in sizes + again]
+        + [("reduce_scatter", size) for size in sizes]
+    )
+    for rank in range(N):
+        for step in _mode_steps(runs, rank, mode):
+            assert sorted((c.op, c.nbytes) for c in step.collectives) == expected
+            forward = [c for c in step.collectives if c.label == "FSDP"]
+            assert sorted(c.nbytes for c in forward) == sorted(sizes)
+            assert all(c.op == "all_gather" and c.group_size == N for c in forward)
+            assert_clocks_honest(step)

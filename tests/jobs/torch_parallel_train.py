@@ -1,11 +1,13 @@
 """A plain PyTorch script with nothing of zeroscope in it: it trains the same small MLP with
 DistributedDataParallel, then with FSDP2 (``fully_shard``), then with FSDP2 and
 ``CPUOffloadPolicy``, with a bf16 ``MixedPrecisionPolicy``, and with the layers not resharded
-after forward, one after the other in one process (one launch for the engines ``--modes``
-names).
+after forward, then with FSDP1 (``FullyShardedDataParallel``: ``FULL_SHARD`` with blocks wrapped
+by hand, ``SHARD_GRAD_OP`` with an ``auto_wrap_policy``), one after the other in one process
+(one launch for the engines ``--modes`` names).
 
 Per mode and rank it writes each step's loss (the exact float, hex) and what the engine itself
-says of its layout (DDP's bucket sizes, FSDP2's sharded shapes) to ``--out``.RANK.
+says of its layout (DDP's bucket sizes, FSDP2's sharded shapes, FSDP1's flat shards) to
+``--out``.RANK.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import json
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    ShardingStrategy,
+    fully_shard,
+)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.jobs.teardown import end_process_group
@@ -38,6 +47,19 @@ def wrap(mode: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, dict]:
     if mode == "ddp":
         ddp = DistributedDataParallel(model, bucket_cap_mb=0.004)
         return ddp, {}
+    if mode == "fsdp1":  # layers 0 and 2 wrapped by hand, the root holding layer 3
+        cpu = torch.device("cpu")
+        model[0], model[2] = FSDP1(model[0], device_id=cpu), FSDP1(model[2], device_id=cpu)
+        root = FSDP1(model, device_id=cpu)
+        return root, {"flat_shards": [p.numel() for p in root.parameters()]}
+    if mode == "fsdp1-grad-op":  # every Linear its own unit, wrapped by the policy
+        root = FSDP1(
+            model,
+            device_id=torch.device("cpu"),
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+        )
+        return root, {"flat_shards": [p.numel() for p in root.parameters()]}
     kwargs: dict = {}
     if mode == "fsdp2-offload":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
