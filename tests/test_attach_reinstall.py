@@ -30,6 +30,7 @@ PROBE = textwrap.dedent(
     from zeroscope.agent.attach import install, patches
     install.install()  # as the bootstrap does, before torch is imported
     import torch.distributed
+    import torch.distributed.fsdp  # FSDP1's part installs once its module is imported
     import torch._dynamo  # the compiled part's import hook fires now
     from zeroscope.agent.attach import compiled, ddp
 
@@ -63,9 +64,9 @@ def test_installing_the_attach_again_adds_no_second_entry_to_the_compiled_regist
     )
     assert done.returncode == 0, done.stderr
     sizes = json.loads(done.stdout.splitlines()[-1])
-    # DDP and FSDP2 each say which compiled modules are theirs; FSDP2 finds its root; DDP
-    # gives its unwrapped forward.
-    assert sizes["first"] == [2, 1, 1], sizes
+    # DDP, FSDP2 and FSDP1 each say which compiled modules are theirs; FSDP2 finds its root;
+    # DDP and FSDP1 give their unwrapped forward.
+    assert sizes["first"] == [3, 1, 2], sizes
     assert sizes["again"] == sizes["first"], sizes
     assert sizes["undone"] == [0, 0, 0], sizes
     assert sizes["ddp"] == [1, 0, 1], sizes

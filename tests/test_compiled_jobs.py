@@ -1,5 +1,6 @@
 """Compiled jobs run exactly as compiled: an unmodified ``torch.compile`` script (DDP compiled
-whole, FSDP2 compiled per block, FSDP2 compiled whole, the bundled engine's ``engine.compile()``:
+whole, FSDP2 compiled per block, FSDP2 compiled whole, FSDP1 compiled whole, the bundled
+engine's ``engine.compile()``:
 tests/jobs/compiled_train.py) under bare torchrun and under ``zeroscope run``. Oracle: Dynamo's own counters, read in the job (graph
 breaks and the frames Dynamo converted), and the losses of the run without zeroscope, bit for
 bit; and what zeroscope still measured of the compiled models."""
@@ -25,7 +26,7 @@ from zeroscope.agent.work import COMPILED_NA
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = JOBS / "compiled_train.py"
-MODES = ["ddp", "fsdp2-block", "fsdp2-whole", "engine"]
+MODES = ["ddp", "fsdp2-block", "fsdp2-whole", "fsdp1", "engine"]
 STEPS = 3
 N = 2
 
@@ -51,7 +52,11 @@ def test_dynamo_compiles_the_same_frames_with_the_same_graph_breaks(runs: dict) 
             assert zs["graph_breaks"] == plain["graph_breaks"], (mode, zs["break_reasons"])
             assert zs["break_reasons"] == plain["break_reasons"], mode
             assert zs["frames"] == plain["frames"], mode
-            assert zs["graphs"] == plain["graphs"] > 0, mode  # graphs were compiled
+            assert zs["graphs"] == plain["graphs"], mode
+            # Graphs were compiled; of a whole FSDP1 model Dynamo compiles none (it breaks in
+            # FSDP1's lazy init and runs the rest eagerly). Before, the collective wrappers'
+            # frames made 5 graphs and 4 breaks of its 0 and 1 under zeroscope.
+            assert plain["graphs"] > 0 or mode == "fsdp1", mode
     # DDP's own graph breaks are there in both (the counters are read, not empty).
     assert runs["plain"][0]["ddp"]["graph_breaks"] > 0
 
@@ -68,7 +73,7 @@ def test_compiled_models_still_report_their_phases_and_activations(runs: dict) -
     around it), on every step where the agent counted."""
     for rank in range(N):
         trace = runs["trace"][rank]
-        assert [h.engine for h in trace.hellos] == ["ddp", "fsdp2", "fsdp2", "zeroscope"]
+        assert [h.engine for h in trace.hellos] == ["ddp", "fsdp2", "fsdp2", "fsdp", "zeroscope"]
         parts = segments(trace.steps, [STEPS] * len(MODES))
         for mode, steps in zip(MODES, parts, strict=True):
             losses = [float.fromhex(h) for h in runs["plain"][rank][mode]["losses"]]

@@ -185,6 +185,16 @@ def install_class(fsdp: Any) -> None:
         time_backward(out)
         return out
 
+    # A compiled root (``torch.compile(FSDP(model))``) is timed by the compiled model's wrapper
+    # and compiled from FSDP1's own forward, as DDP's (:mod:`.compiled`).
+    def root(module: Any) -> bool:
+        return isinstance(module, fsdp) and not _building[0]
+
+    compiled.register(compiled.OWNERS, root)
+    compiled.register(compiled.INPUTS, root)
+    compiled.register(
+        compiled.ORIGINAL_FORWARD, lambda module: forward if isinstance(module, fsdp) else None
+    )
     __init__.__doc__ = init.__doc__
     forward_.__doc__ = forward.__doc__
     patches.replace(fsdp, "__init__", __init__)
