@@ -133,6 +133,9 @@ def read_by(optimizer: Any) -> None:
         or (isinstance(reader, OptimizerReader) and reader._optimizer() is not optimizer)
     ):
         s.found(OptimizerReader(optimizer), just_built=False)
+        from .plain_model import discover  # the loop's model, from the frames calling step()
+
+        discover(optimizer_params(local_optimizer(optimizer)))
 
 
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:

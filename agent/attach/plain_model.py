@@ -1,0 +1,136 @@
+"""The model of a plain loop (no DDP, FSDP or DeepSpeed wrapper, no HF Trainer): found once, at
+its optimizer's first step, so its forward is timed like a wrapped engine's.
+
+A wrapper's forward tells the attach which module is the model; a plain loop's optimizer only
+holds parameters. Without the model, a single-process job (nanoGPT on one GPU, a script's own
+loop) showed no forward phase, no activations (A), no tokens, FLOPs or MFU ("no model forward
+seen"), and a LoRA loop's P left out the frozen base its optimizer does not step.
+
+Found by looking where the loop is: the frames calling ``optimizer.step()`` (their local
+variables, and one level into an object's attributes, a trainer class's ``self.model``) for
+the module that holds the most of the optimizer's parameters (the outermost of equals). Then,
+from the next step on, that module's class ``forward`` is wrapped at class level (as DDP's is:
+no hook on the user's object, so a ``torch.save(model)``, a ``deepcopy`` or a pickled
+checkpoint carries nothing of zeroscope), acting for that instance only, and it becomes the
+session's model (frozen parameters counted in P). Left alone, the model's forward untouched:
+a module that is compiled or inside a compiled one in those frames (wrapping it after Dynamo
+compiled it would recompile it), a wrapper that has its own reader, or no module found. The
+step the model was found in has no forward phase.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+import torch
+
+from . import compiled, patches
+from .session import SESSION
+from .torch_loop import time_backward
+
+WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine")
+"""Modules whose engines have readers of their own (their forward is wrapped there)."""
+
+_done: list[bool] = []
+"""The search ran (once a process, found or not)."""
+
+
+def _holding(module: torch.nn.Module, wanted: set[int]) -> tuple[int, int]:
+    """(the optimizer's parameters ``module`` holds, all its parameters)."""
+    held = total = 0
+    for p in module.parameters():
+        total += 1
+        held += id(p) in wanted
+    return held, total
+
+
+def _candidates(frame: Any) -> list[Any]:
+    """Modules in the frames from ``frame`` outwards: their locals, and one level into the
+    attributes of the objects among them."""
+    found: dict[int, Any] = {}
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, torch.nn.Module):
+                found[id(value)] = value
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                try:
+                    attributes = list(vars(value).values())
+                except TypeError:
+                    continue
+                for item in attributes:
+                    if isinstance(item, torch.nn.Module):
+                        found[id(item)] = item
+        frame = frame.f_back
+    return list(found.values())
+
+
+def _compiled(module: Any) -> bool:
+    return (
+        type(module).__name__ == "OptimizedModule"
+        or getattr(module, "_compiled_call_impl", None) is not None
+    )
+
+
+def find(optimizer_params: list[Any], frame: Any) -> Any:
+    """The module of the loop whose optimizer steps ``optimizer_params`` (None: none found,
+    or one the forward of which is left alone: see the module docstring)."""
+    wanted = {id(p) for p in optimizer_params}
+    if not wanted:
+        return None
+    modules = _candidates(frame)
+    if any(_compiled(m) for m in modules):
+        return None
+    best, key = None, (0, 0)
+    for module in modules:
+        held, total = _holding(module, wanted)
+        if held and (held, total) > key:
+            best, key = module, (held, total)
+    if best is None or type(best).__name__ in WRAPPERS:
+        return None
+    return best
+
+
+def watch(model: torch.nn.Module) -> None:
+    """Time ``model``'s forward from now on and make it the session's model."""
+    target = weakref.ref(model)
+    cls = type(model)
+    forward = cls.forward
+
+    def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # Another instance of the class (an EMA copy, a teacher), a compiled region (see
+        # :mod:`.compiled`) or a forward inside the model's own: the original, untouched.
+        if self is not target() or compiled.tracing() or compiled.OUTER[0]:
+            return forward(self, *args, **kwargs)
+        s = SESSION
+        if s.passive or s.tel is None or s.phase_depth("forward"):
+            return forward(self, *args, **kwargs)
+        s.enter("forward")
+        s.model_inputs(self, args, kwargs)
+        try:
+            out = forward(self, *args, **kwargs)
+        finally:
+            s.exit("forward")
+        time_backward(out)
+        return out
+
+    forward_.__doc__ = forward.__doc__
+    patches.replace(cls, "forward", forward_)
+    SESSION.model = target
+
+
+def discover(optimizer_params: list[Any]) -> None:
+    """Once a process, at the plain loop's first optimizer step: find its model and watch it.
+    Never raises into the job (a failure is counted and the loop runs on unwatched)."""
+    s = SESSION
+    if _done or s.passive or s.model is not None:
+        return
+    _done.append(True)
+    patches.on_restore(_done.clear)  # installed again (the overhead bench's switch): again
+    try:
+        model = find(optimizer_params, sys._getframe(1))
+        if model is not None:
+            watch(model)
+    except Exception:
+        s.errors += 1
