@@ -101,7 +101,7 @@ def watch(model: torch.nn.Module) -> None:
     def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Another instance of the class (an EMA copy, a teacher), a compiled region (see
         # :mod:`.compiled`) or a forward inside the model's own: the original, untouched.
-        if self is not target() or compiled.tracing() or compiled.OUTER[0]:
+        if compiled.tracing() or compiled.OUTER[0] or self is not target():
             return forward(self, *args, **kwargs)
         s = SESSION
         if s.passive or s.tel is None or s.phase_depth("forward"):
