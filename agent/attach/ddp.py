@@ -33,7 +33,7 @@ from .census import Census
 from .flight_recorder import READER as RECORDER
 from .optimizer_slots import optimizer_name, sharded_by, state_slots
 from .session import SESSION, EngineReader, precision_of
-from .torch_loop import optimizer_state, state_size, time_backward
+from .torch_loop import optimizer_state, state_size, timed_forward
 
 
 class DDPReader(EngineReader):
@@ -145,14 +145,7 @@ def install() -> None:
         s = SESSION
         if s.passive or s.tel is None:
             return forward(self, *inputs, **kwargs)
-        s.enter("forward")
-        s.model_inputs(self.module, inputs, kwargs)
-        try:
-            out = forward(self, *inputs, **kwargs)
-        finally:
-            s.exit("forward")
-        time_backward(out)
-        return out
+        return timed_forward(forward, self, self.module, inputs, kwargs)
 
     compiled.register(compiled.OWNERS, lambda module: isinstance(module, DistributedDataParallel))
     compiled.register(compiled.INPUTS, lambda module: isinstance(module, DistributedDataParallel))

@@ -30,11 +30,11 @@ from typing import Any
 
 from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
-from . import collectives, compiled, patches
+from . import compiled, patches
 from .census import Census
 from .optimizer_slots import optimizer_name, state_slots
 from .session import SESSION, EngineReader, precision_of
-from .torch_loop import optimizer_state, state_size, time_backward
+from .torch_loop import optimizer_state, state_size, timed_forward
 
 STAGES = {
     "FULL_SHARD": 3,
@@ -121,12 +121,7 @@ class FSDP1Reader(EngineReader):
             return
         host = self._offloaded(root)
         census.add("params", root.parameters(), host=host)
-        if host:
-            opt_census = Census()
-            optimizer_state(opt_census, SESSION.primary_optimizer())
-            census.host["optim"] += opt_census.device["optim"]
-        else:
-            optimizer_state(census, SESSION.primary_optimizer())
+        optimizer_state(census, SESSION.primary_optimizer(), host=host)
 
 
 def install() -> None:
@@ -172,18 +167,7 @@ def install_class(fsdp: Any) -> None:
         s = SESSION
         if s.passive or s.tel is None or s.phase_depth("forward"):  # an inner instance
             return forward(self, *inputs, **kwargs)
-        s.enter("forward")
-        s.model_inputs(self.module, inputs, kwargs)
-        log = collectives.LOG
-        label = log.label
-        log.label = "FSDP"
-        try:
-            out = forward(self, *inputs, **kwargs)
-        finally:
-            log.label = label
-            s.exit("forward")
-        time_backward(out)
-        return out
+        return timed_forward(forward, self, self.module, inputs, kwargs, label="FSDP")
 
     # A compiled root (``torch.compile(FSDP(model))``) is timed by the compiled model's wrapper
     # and compiled from FSDP1's own forward, as DDP's (:mod:`.compiled`).

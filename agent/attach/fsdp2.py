@@ -122,12 +122,7 @@ class FSDP2Reader(EngineReader):
         census.add("params", (fp._sharded_param_data for fp in trainable), host=host)
         # FSDP2 shards frozen parameters like the others: their shard is P, reported apart.
         census.add("params", (fp._sharded_param_data for fp in frozen), host=host, frozen=True)
-        if host:
-            opt_census = Census()
-            optimizer_state(opt_census, SESSION.primary_optimizer())
-            census.host["optim"] += opt_census.device["optim"]
-        else:
-            optimizer_state(census, SESSION.primary_optimizer())
+        optimizer_state(census, SESSION.primary_optimizer(), host=host)
 
     def memory_extras(self, memory: MemoryBytes) -> None:
         gathered = 0

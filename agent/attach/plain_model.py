@@ -28,7 +28,7 @@ import torch
 
 from . import compiled, patches
 from .session import SESSION
-from .torch_loop import time_backward
+from .torch_loop import timed_forward
 
 WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine")
 """Modules whose engines have readers of their own (their forward is wrapped there)."""
@@ -106,14 +106,7 @@ def watch(model: torch.nn.Module) -> None:
         s = SESSION
         if s.passive or s.tel is None or s.phase_depth("forward"):
             return forward(self, *args, **kwargs)
-        s.enter("forward")
-        s.model_inputs(self, args, kwargs)
-        try:
-            out = forward(self, *args, **kwargs)
-        finally:
-            s.exit("forward")
-        time_backward(out)
-        return out
+        return timed_forward(forward, self, self, args, kwargs)
 
     forward_.__doc__ = forward.__doc__
     patches.replace(cls, "forward", forward_)

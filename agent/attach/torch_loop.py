@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
-from . import patches
+from . import collectives, patches
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
 from .optimizer_slots import local_optimizer, optimizer_name, sharded_by, state_slots
@@ -115,11 +115,13 @@ def state_size(optimizer: Any) -> int:
     return len(getattr(local_optimizer(optimizer), "state", ()))
 
 
-def optimizer_state(census: Census, optimizer: Any) -> None:
+def optimizer_state(census: Census, optimizer: Any, *, host: bool = False) -> None:
     """O of any reader: the state of the loop's (primary) optimizer, held by its local
-    optimizer under torch's ZeRO-1 (this rank's shard)."""
+    optimizer under torch's ZeRO-1 (this rank's shard); ``host``: offloaded (FSDP's CPU
+    offload steps the optimizer on the host)."""
     if optimizer is not None:
-        census.add("optim", tensors_in(getattr(local_optimizer(optimizer), "state", {})))
+        state = getattr(local_optimizer(optimizer), "state", {})
+        census.add("optim", tensors_in(state), host=host)
 
 
 def read_by(optimizer: Any) -> None:
@@ -203,6 +205,30 @@ def _turn_off_backward(exc: BaseException) -> None:
     if not _backward_off:
         _backward_off.append(repr(exc))
         SESSION.lost("the backward phase", f"autograd's queue_callback failed ({exc!r})")
+
+
+def timed_forward(
+    forward: Any, module: Any, model: Any, inputs: tuple, kwargs: dict, label: str | None = None
+) -> Any:
+    """``forward(module, *inputs, **kwargs)`` as the step's forward: the phase around it, the
+    model's inputs handed to the agent (tokens, FLOPs), the backward through its output timed;
+    ``label`` names the collectives it issues. The engines' forward wrappers (DDP, FSDP1, a
+    plain loop's model) call it once they know the call is the step's."""
+    s = SESSION
+    s.enter("forward")
+    s.model_inputs(model, inputs, kwargs)
+    log = collectives.LOG
+    before = log.label
+    if label is not None:
+        log.label = label
+    try:
+        out = forward(module, *inputs, **kwargs)
+    finally:
+        if label is not None:
+            log.label = before
+        s.exit("forward")
+    time_backward(out)
+    return out
 
 
 def time_backward(output: Any) -> None:
