@@ -21,6 +21,7 @@ step the model was found in has no forward phase.
 from __future__ import annotations
 
 import sys
+import types
 import weakref
 from typing import Any
 
@@ -48,20 +49,20 @@ def _holding(module: torch.nn.Module, wanted: set[int]) -> tuple[int, int]:
 
 def _candidates(frame: Any) -> list[Any]:
     """Modules in the frames from ``frame`` outwards: their locals, and one level into the
-    attributes of the objects among them."""
+    attributes of the objects among them (not of classes or imported modules: a script's
+    globals hold ``torch`` itself)."""
     found: dict[int, Any] = {}
     while frame is not None:
         for value in list(frame.f_locals.values()):
-            if isinstance(value, torch.nn.Module):
-                found[id(value)] = value
-            elif hasattr(value, "__dict__") and not isinstance(value, type):
-                try:
-                    attributes = list(vars(value).values())
-                except TypeError:
-                    continue
-                for item in attributes:
-                    if isinstance(item, torch.nn.Module):
-                        found[id(item)] = item
+            try:
+                if isinstance(value, torch.nn.Module):
+                    found[id(value)] = value
+                elif not isinstance(value, (type, types.ModuleType)) and hasattr(value, "__dict__"):
+                    for item in list(vars(value).values()):
+                        if isinstance(item, torch.nn.Module):
+                            found[id(item)] = item
+            except Exception:  # an object whose attributes cannot be read: not the model's
+                continue
         frame = frame.f_back
     return list(found.values())
 
