@@ -24,6 +24,11 @@ every step, and the kernel's high-water mark (VmHWM, reset after the fixture is 
 first fold done, where /proc allows), so the garbage a policy postpones between whole-heap
 collections counts; and the long run a step's CPU, median and max.
 
+``--work`` puts the model's work (tokens, counted FLOPs, the device's peak) in every report, as
+the agent's reports of a model it saw run forward carry it: the step's close then also works
+out the cluster's tokens/s and MFU over every rank's work (zeroscope.state.throughput), which
+the fixture's reports without it skip.
+
 ``--relayed`` folds the reports as a viewer of a relayed job gets them: each passed through a
 node relay's batcher (zeroscope/collector/relay_batch.py ``NodeBatcher``: the relay's own code,
 which puts the summary every view needs inside the report) and decoded from the batch's bytes,
@@ -150,10 +155,17 @@ def _relayed(run: list[Any]) -> list[Any]:
 
 
 def bench(
-    ranks: int, steps: int, freeze: bool = True, policy: str = "none", relayed: bool = False
+    ranks: int,
+    steps: int,
+    freeze: bool = True,
+    policy: str = "none",
+    relayed: bool = False,
+    work: bool = False,
 ) -> dict[str, float]:
     _set_policy(policy)
-    run = synthetic_run(RunShape(ranks=ranks, steps=steps + 1, collectives=True, straggle_from=1))
+    extra = {"work": True} if work else {}  # only asked of a tree whose fixture has it
+    shape = RunShape(ranks=ranks, steps=steps + 1, collectives=True, straggle_from=1, **extra)
+    run = synthetic_run(shape)
     if relayed:
         run = _relayed(run)
     if freeze:
@@ -244,6 +256,9 @@ def main() -> None:
     parser.add_argument(
         "--relayed", action="store_true", help="the reports as a relay sends them on"
     )
+    parser.add_argument(
+        "--work", action="store_true", help="each report carries the model's work (tokens, FLOPs)"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     if args.long:
@@ -261,8 +276,9 @@ def main() -> None:
             f"{lr['step_cpu_max_s'] * 1e3:.1f} ms; load average {load:.1f} at the start"
         )
         return
-    r = bench(args.ranks, args.steps, not args.no_freeze, args.gc, args.relayed)
+    r = bench(args.ranks, args.steps, not args.no_freeze, args.gc, args.relayed, args.work)
     how = ", relayed (each report's summary made by its relay)" if args.relayed else ""
+    how += ", with the model's work in every report" if args.work else ""
     print(
         f"ingest of one {args.ranks}-rank step{how}: wall median {r['ingest_s'] * 1e3:.1f} ms "
         f"(max {r['ingest_max_s'] * 1e3:.1f}), CPU median {r['ingest_cpu_s'] * 1e3:.1f} ms = "

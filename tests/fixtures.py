@@ -27,6 +27,7 @@ from zeroscope.agent.schema import (
     Phases,
     StepReport,
     Transfer,
+    Work,
 )
 from zeroscope.state.formulas import model_state_bytes
 
@@ -52,6 +53,10 @@ class RunShape:
     device: str = "cpu"
     job_id: str = "demo-0001"
     collectives: bool = True
+    work: bool = False
+    """Each report carries the model's work (tokens, counted FLOPs, the device's peak), as the
+    agent's reports of a model it saw run forward do (a step's close then works out the
+    cluster's tokens/s and MFU over every rank's)."""
 
 
 def _scale_after(scale: float, hysteresis: int, overflow: bool) -> tuple[float, int, bool]:
@@ -62,6 +67,24 @@ def _scale_after(scale: float, hysteresis: int, overflow: bool) -> tuple[float, 
     if hysteresis > 1:
         return scale, hysteresis - 1, False
     return max(scale / 2, 1.0), 1, True
+
+
+def _work(s: RunShape) -> Work:
+    """One rank's work in a step: 4 sequences of 1,024 tokens through a model of ``psi``
+    parameters (6 FLOPs a parameter a token), on a device of 312 TFLOP/s."""
+    tokens = 4 * 1024
+    return Work(
+        tokens=tokens,
+        positions=tokens,
+        seq_len=1024,
+        flops=6.0 * s.psi * tokens,
+        flops_step=1,
+        peak_flops=312e12,
+        peak_source="datasheet",
+        dense_params=s.psi,
+        layers=s.layers,
+        hidden=1024,
+    )
 
 
 def synthetic_run(shape: RunShape | None = None) -> list[Message]:
@@ -190,6 +213,7 @@ def synthetic_run(shape: RunShape | None = None) -> list[Message]:
                     samples=4,
                     host=host,
                     dropped=3 if (r == 1 and step == s.drops_at) else 0,
+                    work=_work(s) if s.work else None,
                 )
             )
         out += _synchronize(reports, wall)

@@ -463,3 +463,48 @@ def test_the_peak_a_run_shows_is_the_one_its_mfu_divides_by() -> None:
     assert out["mfu"] == pytest.approx(out["tflops_per_s"] / out["peak_tflops"])
     # steps 2-3 with both ranks' peaks (2e14), step 4 with one (1e14), each 2 s
     assert out["peak_tflops"] == pytest.approx((2e14 * 4 + 1e14 * 2) / 6 / 1e12)
+
+
+def test_a_steps_figures_over_many_ranks_equal_their_definitions() -> None:
+    """``of_step`` over many ranks' works (the close of a 16,384-rank step asks it of every
+    rank's) against the definitions written out: each sum over the ranks in order, NA when a
+    rank lacks the figure, and the reason every rank's NA joined (each reason once, in order)."""
+    import random
+
+    from zeroscope.state.throughput import _joined, _reason, of_step
+
+    rng = random.Random(5)
+    for _ in range(200):
+        works: list[Work | None] = []
+        for _ in range(rng.randint(1, 40)):
+            roll = rng.random()
+            if roll < 0.05:
+                works.append(None)
+                continue
+            works.append(
+                _work(
+                    tokens=None if roll < 0.1 else rng.randint(1, 10**6),
+                    flops=None if 0.1 <= roll < 0.15 else rng.uniform(1e9, 1e12),
+                    peak_flops=None if 0.15 <= roll < 0.2 else rng.uniform(1e14, 1e15),
+                    peak_source=rng.choice(["datasheet H100", "measured matmul"]),
+                    na=rng.choice(["", "inputs are not sequences", "shape not counted"]),
+                )
+            )
+        seconds = rng.uniform(0.5, 2.0)
+        got = of_step(works, seconds)
+        known = [w for w in works if w is not None]
+        whole = len(known) == len(works)
+
+        def total(values: list, whole: bool = whole) -> float | None:
+            return sum(v for v in values if v is not None) if whole and None not in values else None
+
+        tokens = total([w.tokens for w in known])
+        flops = total([w.flops for w in known])
+        assert got.tokens_per_step == tokens
+        assert got.flops_per_step == flops
+        assert got.tokens_per_s == (None if tokens is None else tokens / seconds)
+        predicted = total([predicted_flops(w) for w in known])
+        assert got.predicted_flops_per_step == predicted
+        reasons = _joined(*(_reason(w) for w in works))
+        if got.mfu is not None or "MFU NA" not in got.na:
+            assert got.na == reasons
