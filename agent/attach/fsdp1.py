@@ -171,11 +171,8 @@ def install_class(fsdp: Any) -> None:
 
     # A compiled root (``torch.compile(FSDP(model))``) is timed by the compiled model's wrapper
     # and compiled from FSDP1's own forward, as DDP's (:mod:`.compiled`).
-    def root(module: Any) -> bool:
-        return isinstance(module, fsdp) and not _building[0]
-
-    compiled.register(compiled.OWNERS, root)
-    compiled.register(compiled.INPUTS, root)
+    compiled.register(compiled.OWNERS, lambda module: isinstance(module, fsdp))
+    compiled.register(compiled.INPUTS, lambda module: isinstance(module, fsdp))
     compiled.register(
         compiled.ORIGINAL_FORWARD, lambda module: forward if isinstance(module, fsdp) else None
     )

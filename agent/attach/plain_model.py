@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from . import compiled, patches
+from .optimizer_slots import local_optimizer
 from .session import SESSION
-from .torch_loop import timed_forward
+from .torch_loop import optimizer_params, timed_forward
 
 WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine")
 """Modules whose engines have readers of their own (their forward is wrapped there)."""
@@ -114,16 +115,18 @@ def watch(model: torch.nn.Module) -> None:
     SESSION.model = target
 
 
-def discover(optimizer_params: list[Any]) -> None:
-    """Once a process, at the plain loop's first optimizer step: find its model and watch it.
-    Never raises into the job (a failure is counted and the loop runs on unwatched)."""
+def discover(optimizer: Any) -> None:
+    """Once a process, at the plain loop's first optimizer step: find the model whose
+    parameters ``optimizer`` steps and watch it. Never raises into the job (a failure is
+    counted and the loop runs on unwatched)."""
     s = SESSION
     if _done or s.passive or s.model is not None:
         return
     _done.append(True)
     patches.on_restore(_done.clear)  # installed again (the overhead bench's switch): again
     try:
-        model = find(optimizer_params, sys._getframe(1))
+        params = optimizer_params(local_optimizer(optimizer))
+        model = find(params, sys._getframe(1))
         if model is not None:
             watch(model)
     except Exception:

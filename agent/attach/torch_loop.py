@@ -137,7 +137,7 @@ def read_by(optimizer: Any) -> None:
         s.found(OptimizerReader(optimizer), just_built=False)
         from .plain_model import discover  # the loop's model, from the frames calling step()
 
-        discover(optimizer_params(local_optimizer(optimizer)))
+        discover(optimizer)
 
 
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
