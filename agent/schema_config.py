@@ -70,6 +70,11 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     """Parameter-sized tensors the optimizer keeps per parameter (SGD with momentum 1, Adam 2,
     with amsgrad 3: agent/attach/optimizer_slots.py); -1: not known, the prediction takes
     Adam's. Used where the optimizer steps the held parameters (``no_master_copy``)."""
+    optimizer_state_elements: int = 0
+    """Where the loop steps its parameters with more than one optimizer (matrices with one, the
+    rest with another), the parameter-sized state elements they keep in all: each group's
+    slots (as ``optimizer_slots``) x the elements it steps; 0: one optimizer (its slots hold)
+    or some optimizer's slots unknown. The prediction of O takes it over the slots."""
     params_sharded_at_step: bool = False
     """Stage 2 whose parameters are sharded again at the step (FSDP2 with
     ``reshard_after_forward=False`` reshards after backward): P is the shard, not the paper's

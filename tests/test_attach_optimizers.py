@@ -1,5 +1,6 @@
 """Which optimizer's ``step()`` ends a step of a plain torch loop. Two optimizers stepping in
-turn (a GAN) keep the first as the step's end; a script that swaps its optimizer while still
+turn (a GAN, or matrices with one and the rest with another) end the step at the last of them,
+and O is both optimizers' state; a script that swaps its optimizer while still
 holding the old one has its steps reported again once the new one has stepped
 ``TAKE_OVER_AFTER`` times (before, no step was reported for the rest of the run: a new user's
 SGD warm-up then Adam showed 30 steps of 300). Oracles: the loop's own count of each
@@ -15,7 +16,8 @@ import torch
 def _loop(rank: int, world: int, dead: str, how: str) -> dict:
     os.environ["ZEROSCOPE_COLLECTOR"] = dead
     from zeroscope.agent.attach import install
-    from zeroscope.agent.attach.session import SESSION, TAKE_OVER_AFTER
+    from zeroscope.agent.attach.optimizer_cycle import TAKE_OVER_AFTER
+    from zeroscope.agent.attach.session import SESSION
 
     install.install()
     torch.manual_seed(0)
@@ -47,11 +49,11 @@ def _loop(rank: int, world: int, dead: str, how: str) -> dict:
     }
 
 
-def test_two_optimizers_in_turn_keep_the_first_as_the_steps_end() -> None:
+def test_two_optimizers_in_turn_give_one_step_an_iteration() -> None:
     from tests.distributed import free_port, run_ranks
 
     (r,) = run_ranks(_loop, 1, f"tcp://127.0.0.1:{free_port()}", "gan", timeout=120)
-    assert r["reported"] == list(range(1, 21))  # one step per iteration, at opt_d's step
+    assert r["reported"] == list(range(1, 21))  # one step per iteration
 
 
 def test_a_swapped_optimizer_takes_over_the_steps() -> None:
@@ -159,3 +161,80 @@ def test_a_closure_step_shows_the_loss_step_returns() -> None:
     (r,) = run_ranks(_lbfgs, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
     assert r["evaluations"] > 5  # several evaluations a step: the mean would differ
     assert r["shown"] == r["returned"]
+
+
+def _split(rank: int, world: int, dead: str) -> dict:
+    """Matrices stepped by SGD with momentum, biases and norms by AdamW, both every iteration
+    (the Muon + AdamW recipes' shape)."""
+    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    from zeroscope.agent.attach import install
+    from zeroscope.agent.attach.session import SESSION
+
+    install.install()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.LayerNorm(64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    )
+    mats = [p for p in net.parameters() if p.ndim == 2]
+    rest = [p for p in net.parameters() if p.ndim != 2]
+    sgd = torch.optim.SGD(mats, lr=1e-2, momentum=0.9)
+    adamw = torch.optim.AdamW(rest, lr=1e-3)
+    shown: list[dict] = []
+    after_first: list[int] = []  # steps reported once the first optimizer of an iteration ran
+    after_both: list[int] = []
+    for i in range(6):
+        loss = net(torch.randn(8, 16)).pow(2).mean()
+        sgd.zero_grad()
+        adamw.zero_grad()
+        loss.backward()
+        sgd.step()
+        after_first.append(SESSION.steps)
+        adamw.step()
+        after_both.append(SESSION.steps)
+        if i == 0:  # the agent started at the first step: watch every report from here
+            end = SESSION.tel.step_end
+
+            def step_end(**figures: object) -> None:
+                memory = figures["memory"]
+                shown.append({"optim": memory.optim, "params": memory.params})  # type: ignore[attr-defined]
+                end(**figures)
+
+            SESSION.tel.step_end = step_end
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for opt in (sgd, adamw)
+        for st in opt.state.values()
+        for t in st.values()
+        if isinstance(t, torch.Tensor)
+    )
+    config, counts, _ = SESSION.reader.hello()  # type: ignore[union-attr]
+    return {
+        "after_first": after_first,
+        "after_both": after_both,
+        "shown": shown,
+        "state_bytes": state_bytes,
+        "param_bytes": sum(p.numel() * 4 for p in net.parameters()),
+        "optimizer": config.optimizer,
+        "elements": config.optimizer_state_elements,
+        "expected_elements": sum(p.numel() for p in mats) + 2 * sum(p.numel() for p in rest),
+        "trainable": counts.trainable,
+        "numel": sum(p.numel() for p in net.parameters()),
+    }
+
+
+def test_two_optimizers_every_iteration_end_the_step_at_the_last_and_count_both() -> None:
+    """Before, the step ended at SGD's ``step()`` (AdamW's fell into the next step), O was
+    SGD's momentum alone and the Hello said ``SGD``: AdamW's state was missing from O."""
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    # Iteration 1 ends at SGD (no cycle known yet); from the second on, at AdamW's step().
+    assert r["after_both"] == list(range(1, 7))
+    assert r["after_first"] == [1] + list(range(1, 6))
+    # Each counted step's O is both optimizers' state, as the test counts it; P every parameter.
+    counted = [s for s in r["shown"] if s["optim"] is not None]
+    assert counted and all(s["optim"] == r["state_bytes"] for s in counted), counted
+    assert all(s["params"] == r["param_bytes"] for s in counted)
+    assert r["optimizer"] == "SGD+AdamW"
+    assert r["elements"] == r["expected_elements"]  # momentum 1 a matrix element, AdamW 2
+    assert r["trainable"] == r["numel"]

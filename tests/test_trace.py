@@ -152,3 +152,33 @@ def test_trace_of_a_killed_writer_replays_to_its_last_committed_step(tmp_path: P
         for m in r.messages(to_step=committed):
             per_step[m.step] = per_step.get(m.step, 0) + 1
         assert per_step == {s: 2 for s in range(1, committed + 1)}
+
+
+def test_a_hello_said_again_is_the_one_read_and_the_config_follows_its_rank(tmp_path: Path) -> None:
+    """A rank says its Hello again once it knows more (a loop's second optimizer, learned at
+    its second step): replay reads each rank's newest, and the view's config follows the
+    rank whose Hello gave it, not another rank's later one. Before, the first was kept."""
+    from zeroscope.agent.schema import ConfigSummary
+    from zeroscope.state import ClusterState
+
+    def said(rank: int, optimizer: str) -> Hello:
+        return Hello(
+            schema_version=schema.SCHEMA_VERSION,
+            job_id="job",
+            rank=rank,
+            world_size=2,
+            config=ConfigSummary(stage=0, precision="fp32", dp_world_size=2, optimizer=optimizer),
+        )
+
+    path = tmp_path / "t.zst"
+    w = TraceWriter(path, job_id="job")
+    for m in (said(0, "SGD"), said(1, "SGD"), said(0, "SGD+AdamW"), said(1, "SGD+AdamW")):
+        w.append(m, schema.encode(m))
+    w.close()
+    with TraceReader(path) as r:
+        assert [h.config.optimizer for h in r.hellos()] == ["SGD+AdamW"] * 2
+    live = ClusterState()
+    live.ingest_all([said(0, "SGD"), said(1, "SGD"), said(0, "SGD+AdamW")])
+    assert live.config is not None and live.config.optimizer == "SGD+AdamW"
+    live.ingest(said(1, "Adam"))  # another rank's word does not replace the first rank's
+    assert live.config.optimizer == "SGD+AdamW"

@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import compiled, patches
 from .census import Census
 from .flight_recorder import READER as RECORDER
-from .optimizer_slots import optimizer_name, sharded_by, state_slots
+from .optimizer_slots import optimizers_name, optimizers_slots, sharded_by, state_elements
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, timed_forward
 
@@ -52,7 +52,7 @@ class DDPReader(EngineReader):
         ddp = self._ddp()
         assert ddp is not None
         params = list(ddp.module.parameters())
-        opt = SESSION.primary_optimizer()
+        opt = SESSION.cycle.primary()
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) beside DDP: O sharded over its group, the
         # gradients still all-reduced whole by DDP's reducer, the updated shards broadcast.
         zero = sharded_by(opt) > 1
@@ -63,9 +63,10 @@ class DDPReader(EngineReader):
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
             grad_buckets_separate=not ddp.gradient_as_bucket_view,
             grads_all_reduced=zero,
-            optimizer=optimizer_name(opt),
+            optimizer=optimizers_name(SESSION.cycle.optimizers()),
             no_master_copy=True,
-            optimizer_slots=state_slots(opt),
+            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
+            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
         )
         counts = ParamCounts(
             total=sum(p.numel() for p in params),
@@ -78,7 +79,7 @@ class DDPReader(EngineReader):
         return config, counts, str(params[0].device) if params else "cpu"
 
     def layout(self) -> Any:
-        return state_size(SESSION.primary_optimizer())
+        return state_size(SESSION.cycle.optimizers())
 
     def count_grads(self, census: Census) -> None:
         ddp = self._ddp()
@@ -118,7 +119,7 @@ class DDPReader(EngineReader):
         # Frozen parameters (no gradient, no optimizer state) are replicated like the others.
         census.add("params", (p for p in params if not p.requires_grad), frozen=True)
         census.add("params", params)
-        optimizer_state(census, SESSION.primary_optimizer())
+        optimizer_state(census, SESSION.cycle.optimizers())
 
 
 def install() -> None:

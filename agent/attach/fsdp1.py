@@ -32,7 +32,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
 from . import compiled, patches
 from .census import Census
-from .optimizer_slots import optimizer_name, state_slots
+from .optimizer_slots import optimizers_name, optimizers_slots, state_elements
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, timed_forward
 
@@ -90,17 +90,17 @@ class FSDP1Reader(EngineReader):
         mp = root.mixed_precision
         dtype = getattr(mp, "param_dtype", None) or held
         offload = "cpu" if self._offloaded(root) else "none"
-        opt = SESSION.primary_optimizer()
         config = ConfigSummary(
             stage=stage,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(root.process_group.size()),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=optimizer_name(opt),
+            optimizer=optimizers_name(SESSION.cycle.optimizers()),
             held_precision=precision_of(held) if held is not None else None,
             no_master_copy=True,
-            optimizer_slots=state_slots(opt),
+            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
+            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
             params_sharded_at_step=stage == 2,
         )
         counted = [_COUNTS.get(m, (0, 0)) for m in type(root).fsdp_modules(root)]
@@ -108,7 +108,7 @@ class FSDP1Reader(EngineReader):
         return config, counts, str(root.compute_device)
 
     def layout(self) -> Any:
-        return state_size(SESSION.primary_optimizer())
+        return state_size(SESSION.cycle.optimizers())
 
     def count_grads(self, census: Census) -> None:
         root = self._root()
@@ -121,7 +121,7 @@ class FSDP1Reader(EngineReader):
             return
         host = self._offloaded(root)
         census.add("params", root.parameters(), host=host)
-        optimizer_state(census, SESSION.primary_optimizer(), host=host)
+        optimizer_state(census, SESSION.cycle.optimizers(), host=host)
 
 
 def install() -> None:

@@ -28,7 +28,7 @@ from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
 from . import collectives, compiled, patches
 from .census import Census, local_tensor
-from .optimizer_slots import state_slots
+from .optimizer_slots import optimizers_name, optimizers_slots, state_elements
 from .private_api import missing
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
@@ -72,17 +72,17 @@ class FSDP2Reader(EngineReader):
         dtype = getattr(mp, "param_dtype", None) or (first.orig_dtype if first else None)
         world = first.mesh_info.shard_mesh_size if first is not None else 1
         offload = "cpu" if self._offloaded(params) else "none"
-        opt = SESSION.primary_optimizer()
         config = ConfigSummary(
             stage=3 if reshard else 2,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(world),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=type(opt).__name__ if opt is not None else "",
+            optimizer=optimizers_name(SESSION.cycle.optimizers()),
             held_precision=precision_of(first.orig_dtype) if first is not None else None,
             no_master_copy=True,
-            optimizer_slots=state_slots(opt),
+            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
+            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
             params_sharded_at_step=not reshard,
         )
         total = sum(fp._orig_size.numel() for fp in params)
@@ -92,7 +92,7 @@ class FSDP2Reader(EngineReader):
         return config, counts, str(root._device)
 
     def layout(self) -> Any:
-        return state_size(SESSION.primary_optimizer())
+        return state_size(SESSION.cycle.optimizers())
 
     def private_missing(self) -> list[str]:
         root = self._root()
@@ -122,7 +122,7 @@ class FSDP2Reader(EngineReader):
         census.add("params", (fp._sharded_param_data for fp in trainable), host=host)
         # FSDP2 shards frozen parameters like the others: their shard is P, reported apart.
         census.add("params", (fp._sharded_param_data for fp in frozen), host=host, frozen=True)
-        optimizer_state(census, SESSION.primary_optimizer(), host=host)
+        optimizer_state(census, SESSION.cycle.optimizers(), host=host)
 
     def memory_extras(self, memory: MemoryBytes) -> None:
         gathered = 0

@@ -107,7 +107,7 @@ def _enabled(scaler: Any) -> bool:
 def _begin(scaler: Any, optimizer: Any) -> _Step | None:
     """``scaler.step(optimizer)`` starts: the step's scale, if this scaler drives steps."""
     s = SESSION
-    if s.primary_optimizer(optimizer) is not optimizer:
+    if s.cycle.primary(optimizer) is not optimizer:
         return None
     s.claim_source("grad-scaler")
     read_by(optimizer)

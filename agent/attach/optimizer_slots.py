@@ -98,3 +98,36 @@ def state_slots(optimizer: Any) -> int:
         return counts.pop() if len(counts) == 1 else UNKNOWN
     except Exception:
         return UNKNOWN
+
+
+def optimizers_name(optimizers: list[Any]) -> str:
+    """The loop's optimizers as the Hello names them: one's name, or each joined by ``+`` (a
+    loop stepping its matrices with one and the rest with another: ``SGD+AdamW``)."""
+    return "+".join(optimizer_name(o) for o in optimizers if o is not None)
+
+
+def optimizers_slots(optimizers: list[Any]) -> int:
+    """:func:`state_slots` of every optimizer, when they agree; :data:`UNKNOWN` otherwise (the
+    prediction's one figure per parameter cannot hold a mix) or with none."""
+    counts = {state_slots(o) for o in optimizers if o is not None}
+    return counts.pop() if len(counts) == 1 else UNKNOWN
+
+
+def state_elements(optimizers: list[Any]) -> int:
+    """Parameter-sized state elements several optimizers keep in all (each group's slots x
+    its parameters' elements; ConfigSummary.optimizer_state_elements); 0 for one optimizer,
+    one whose slots are unknown, or torch's ZeRO-1 (its local optimizer steps a shard)."""
+    live = [o for o in optimizers if o is not None]
+    if len(live) < 2 or any(local_optimizer(o) is not o for o in live):
+        return 0
+    total = 0
+    try:
+        for optimizer in live:
+            rule = SLOTS.get(type(optimizer).__name__)
+            if rule is None:
+                return 0
+            for group in optimizer.param_groups:
+                total += rule(group) * sum(p.numel() for p in group["params"])
+    except Exception:
+        return 0
+    return total

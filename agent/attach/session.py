@@ -26,7 +26,6 @@ import contextlib
 import os
 import sys
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,14 +39,11 @@ from . import collectives, patches
 from .accumulation import unscaled
 from .census import Census
 from .losses import LOSSES_HELD, mean_loss, read_host_losses
+from .optimizer_cycle import OptimizerCycle
 
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
 MEMORY_EVERY_ENV = "ZEROSCOPE_MEMORY_EVERY"
 
-TAKE_OVER_AFTER = 8
-"""Steps another optimizer takes, with the primary idle, before it ends the steps (a GAN's two
-optimizers alternate and never reach it; a critic stepping five times per generator step, even
-counted twice under a GradScaler, does once and then keeps the steps)."""
 MAX_PHASES_PER_STEP = 16_384
 """Phases one step may time (4,096 micro-batches' forward, backward and more). Each phase is a
 raw mark held until the step ends, and each forward's inputs a shape: a loop whose step end the
@@ -119,14 +115,13 @@ class AttachSession:
         """Engines under construction now: DeepSpeed's runs its optimizer's ``step()`` to make
         the optimizer state (the fp16 and bf16 optimizers, with zero gradients), which is no
         training step; the plain loop's optimizer hooks leave it alone."""
-        self._hello_for: tuple[int, str] | None = None
-        self._optimizer: Any = None  # weakref to the primary torch optimizer
+        self._hello_for: tuple[int, str, int] | None = None
+        self.cycle = OptimizerCycle()
+        """Which optimizers a loop steps, which of them ends a step (optimizer_cycle.py)."""
         self.model: Any = None
         """A weakref to the model a frontend (the HF Trainer) trains: a plain optimizer's
         reader counts its parameters that the optimizer does not step (frozen) in P."""
         self._losses: list[Any] = []
-        self._others = 0
-        """Steps other optimizers took since the primary one last did."""
         self._divisor: float | None = None
         """The divisor every micro-batch loss of the step was handed in with (None: no loss
         yet; 0: they differ)."""
@@ -199,25 +194,6 @@ class AttachSession:
 
     def drives(self, source: str) -> bool:
         return not self.passive and STEP_SOURCES[source] == self.source
-
-    def primary_optimizer(self, optimizer: Any = None) -> Any:
-        """The optimizer whose ``step()`` ends a step of a plain torch loop: the first one seen
-        stepping; another takes over once the first is gone, or once it has stepped
-        :data:`TAKE_OVER_AFTER` times with the first idle (a script that swapped its optimizer
-        and still holds the old one: its steps were no longer reported at all). ``optimizer``:
-        the one about to step (its steps are counted), else None (a question only)."""
-        current = self._optimizer() if self._optimizer is not None else None
-        if optimizer is None:
-            return current
-        if optimizer is current:
-            self._others = 0
-            return current
-        self._others += 1
-        if current is None or self._others >= TAKE_OVER_AFTER:
-            self._optimizer = weakref.ref(optimizer)
-            self._others = 0
-            return optimizer
-        return current
 
     def _start(self) -> None:
         if self.tel is not None or self.passive:
@@ -418,8 +394,9 @@ class AttachSession:
 
     def _send(self, tel: Any, reader: EngineReader, figures: dict[str, Any]) -> None:
         engine = f"{self.frontend}+{reader.kind}" if self.frontend else reader.kind
-        if self._hello_for != (id(reader), engine):
-            self._hello_for = (id(reader), engine)
+        said = (id(reader), engine, self.cycle.version)  # again when the optimizers changed
+        if self._hello_for != said:
+            self._hello_for = said
             config, params, device = reader.hello()
             known = self.frontend_config
             if known and reader.kind != "deepspeed":  # DeepSpeed says its own

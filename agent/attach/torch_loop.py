@@ -31,7 +31,13 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import collectives, patches
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
-from .optimizer_slots import local_optimizer, optimizer_name, sharded_by, state_slots
+from .optimizer_slots import (
+    local_optimizer,
+    optimizers_name,
+    optimizers_slots,
+    sharded_by,
+    state_elements,
+)
 from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
 
 
@@ -69,18 +75,30 @@ class OptimizerReader(EngineReader):
     def alive(self) -> bool:
         return self._optimizer() is not None
 
+    def _params(self) -> list[torch.Tensor]:
+        """The parameters every optimizer of the loop steps (each once)."""
+        seen: set[int] = set()
+        out = []
+        for opt in SESSION.cycle.optimizers() or [self._optimizer()]:
+            for p in optimizer_params(opt):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
     def _frozen(self) -> list[torch.Tensor]:
-        """The known model's parameters this optimizer does not step (none without a model:
-        a bare loop's optimizer is all the reader sees)."""
+        """The known model's parameters no optimizer steps (none without a model: a bare
+        loop's optimizers are all the reader sees)."""
         model = SESSION.model() if SESSION.model is not None else None
         if model is None:
             return []
-        stepped = {id(p) for p in optimizer_params(self._optimizer())}
+        stepped = {id(p) for p in self._params()}
         return [p for p in model.parameters() if id(p) not in stepped]
 
     def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
         opt = self._optimizer()
-        params = optimizer_params(opt)
+        opts = SESSION.cycle.optimizers() or [opt]
+        params = self._params()
         numel = sum(local_tensor(p).numel() for p in params)
         frozen = sum(local_tensor(p).numel() for p in self._frozen())
         first = local_tensor(params[0]) if params else torch.empty(0)
@@ -89,39 +107,40 @@ class OptimizerReader(EngineReader):
             stage=1 if shards > 1 else 0,  # torch's ZeRO-1 shards O over its group
             precision=precision_of(first.dtype),
             dp_world_size=shards if shards > 1 else world_size(),
-            optimizer=optimizer_name(opt),
+            optimizer=optimizers_name(opts),
             no_master_copy=True,
-            optimizer_slots=state_slots(opt),
+            optimizer_slots=optimizers_slots(opts),
+            optimizer_state_elements=state_elements(opts),
         )
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 
     def layout(self) -> Any:
-        return state_size(self._optimizer())
+        return state_size(SESSION.cycle.optimizers() or [self._optimizer()])
 
     def count_grads(self, census: Census) -> None:
-        census.add("grads", (p.grad for p in optimizer_params(self._optimizer())))
+        census.add("grads", (p.grad for p in self._params()))
 
     def count_state(self, census: Census) -> None:
-        opt = self._optimizer()
-        census.add("params", optimizer_params(opt))
+        census.add("params", self._params())
         if SESSION.model is not None:
             census.add("params", self._frozen(), frozen=True)
-        optimizer_state(census, opt)
+        optimizer_state(census, SESSION.cycle.optimizers() or [self._optimizer()])
 
 
-def state_size(optimizer: Any) -> int:
-    """Entries in an optimizer's state (0 until its first step creates them; a
+def state_size(optimizers: list[Any]) -> int:
+    """Entries in the optimizers' state (0 until their first step creates them; a
     ZeroRedundancyOptimizer's in its local optimizer)."""
-    return len(getattr(local_optimizer(optimizer), "state", ()))
+    return sum(len(getattr(local_optimizer(o), "state", ())) for o in optimizers)
 
 
-def optimizer_state(census: Census, optimizer: Any, *, host: bool = False) -> None:
-    """O of any reader: the state of the loop's (primary) optimizer, held by its local
-    optimizer under torch's ZeRO-1 (this rank's shard); ``host``: offloaded (FSDP's CPU
-    offload steps the optimizer on the host)."""
-    if optimizer is not None:
-        state = getattr(local_optimizer(optimizer), "state", {})
-        census.add("optim", tensors_in(state), host=host)
+def optimizer_state(census: Census, optimizers: list[Any], *, host: bool = False) -> None:
+    """O of any reader: the state of every optimizer the loop steps (SESSION.cycle.optimizers()),
+    each held by its local optimizer under torch's ZeRO-1 (this rank's shard); ``host``:
+    offloaded (FSDP's CPU offload steps the optimizer on the host)."""
+    for optimizer in optimizers:
+        if optimizer is not None:
+            state = getattr(local_optimizer(optimizer), "state", {})
+            census.add("optim", tensors_in(state), host=host)
 
 
 def read_by(optimizer: Any) -> None:
@@ -142,7 +161,11 @@ def read_by(optimizer: Any) -> None:
 
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s = SESSION
-    if s.passive or s.building or s.primary_optimizer(optimizer) is not optimizer:
+    if s.passive or s.building or s.cycle.begin(optimizer):
+        return  # (inside another optimizer's step(): a wrapper's own)
+    primary = s.cycle.primary(optimizer)
+    s.cycle.note_step(optimizer)
+    if primary is not optimizer:
         return
     s.claim_source("optimizer")
     read_by(optimizer)
@@ -156,10 +179,12 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 def _post_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s = SESSION
-    if s.building or not s.drives("optimizer") or s.primary_optimizer() is not optimizer:
+    if s.cycle.finish(optimizer) or s.building or not s.drives("optimizer"):
+        return
+    if not s.cycle.ends_step(optimizer):
         return
     s.exit("optimizer")
-    s.end_step("optimizer", lr=learning_rate(optimizer))
+    s.end_step("optimizer", lr=learning_rate(s.cycle.primary()))
 
 
 def first_tensor(output: Any, depth: int = 3) -> torch.Tensor | None:

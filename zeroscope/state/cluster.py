@@ -245,6 +245,8 @@ class ClusterState:
         """Bumped on every Hello: what is read from all the Hellos is cached until it moves."""
         self._mesh: tuple[int, str | None] | None = None
         self._none_missing: tuple[int, int] | None = None
+        self._config_rank: int | None = None
+        """The rank whose Hello gave ``config`` and ``params``."""
 
     # ----------------------------------------------------------------- ingest
     def rank(self, rank: int) -> RankState:
@@ -293,8 +295,10 @@ class ClusterState:
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
-            self.config = self.config or message.config
-            self.params = self.params or message.params
+            if self.config is None or message.rank == self._config_rank:
+                # The first rank's, and its own again when it says more (a Hello sent again)
+                self.config, self.params = message.config, message.params
+                self._config_rank = message.rank
             self.device = self.device or message.device
             self.engine = message.engine or self.engine
         elif isinstance(message, Event):

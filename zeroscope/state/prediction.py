@@ -69,10 +69,11 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
     buckets = "" if held == c.precision else f", held in {held} (computed in {c.precision})"
     if c.no_master_copy:  # the optimizer's state beside the held parameters, no master
         slots = c.optimizer_slots if c.optimizer_slots >= 0 else 2  # else Adam's m and v
-        share = t / (c.dp_world_size if c.stage >= 1 else 1)
-        o = slots * param_bytes(held) * share
+        elements = c.optimizer_state_elements or slots * t  # several optimizers: their sum
+        o = elements * param_bytes(held) / (c.dp_world_size if c.stage >= 1 else 1)
         m = replace(m, optim=o if m.optim else 0.0, host_optim=o if m.host_optim else 0.0)
-        named = f"{c.optimizer} " if c.optimizer_slots >= 0 else ""
+        known = c.optimizer_slots >= 0 or c.optimizer_state_elements > 0
+        named = f"{c.optimizer} " if known else ""
         buckets += f", O {named}without a master copy"
     if c.params_sharded_at_step and c.stage == 2 and m.params:
         m = replace(m, params=m.params / c.dp_world_size)

@@ -133,13 +133,15 @@ class TraceReader:
         return int(self._fetch("SELECT COUNT(*) FROM messages WHERE kind = ?", (kind,))[0][0])
 
     def hellos(self) -> list[schema.Hello]:
-        """Each rank's Hello (the first one per rank), in rank order."""
+        """Each rank's newest Hello, in rank order: a rank says its Hello again when what it
+        runs became known later (a loop's optimizers, learned from its second step on), and
+        after a reconnection (the same again)."""
         out: dict[int, schema.Hello] = {}
         for (payload,) in self._fetch(
             "SELECT payload FROM messages WHERE step IS NULL AND kind = 'hello' ORDER BY seq"
         ):
             msg = self._decode(payload)
-            if isinstance(msg, schema.Hello) and msg.rank not in out:
+            if isinstance(msg, schema.Hello):
                 out[msg.rank] = msg
         return [out[r] for r in sorted(out)]
 
