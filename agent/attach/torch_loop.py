@@ -2,8 +2,8 @@
 
 torch calls global optimizer hooks around every ``Optimizer.step`` (torch.optim.optimizer's
 ``register_optimizer_step_pre_hook`` / ``_post_hook``), whatever the optimizer class, so a loop
-that owns its optimizer needs nothing else. The first optimizer seen stepping ends the step (a
-GAN's second optimizer does not end it again); with DeepSpeed or the HF Trainer in the process
+that owns its optimizer needs nothing else. A loop stepping several optimizers each iteration
+ends its step at the last of them (:mod:`.optimizer_cycle`); with DeepSpeed or the HF Trainer in the process
 a more specific step source drives the steps and these hooks stay silent.
 
 Backward is timed around the ``Tensor.backward`` call that follows a timed forward (the wrapper
