@@ -8,7 +8,8 @@ sum is taken as a tensor and read on the sender thread, so no device sync). Any 
 (images, feature vectors) is not a sequence: tokens are NA, and ``Work.na`` says why.
 
 FLOPs: counting runs on one step, from the first forward of the step to its ``step_end``
-(every micro-batch, forward and backward), under agent/flops.py's dispatch mode: it counts the
+(every micro-batch, forward and backward; off from each backward's return to the next forward,
+:meth:`WorkMeter.pause`), under agent/flops.py's dispatch mode: it counts the
 matmul, convolution and attention kernels with torch's own formulas as they run and runs every
 op as called (torch's FlopCounterMode does not: it swaps some fused kernels for their
 decompositions, which moved a Llama's gradients; agent/flops.py says which). Later steps with
@@ -168,6 +169,9 @@ class WorkMeter:
         """A counted shape came back and its step was counted again (one check per model)."""
         self._checking = False
         self._varies = ""
+        self._paused = False
+        """The step's count is off between a backward's end and the next forward
+        (:meth:`pause`)."""
         """Why no count is reused: the check found the model's work changed with its data."""
         self._kinds: dict[Any, tuple[int, int] | str] = {}
         self._models: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
@@ -181,6 +185,10 @@ class WorkMeter:
         if not torch.is_grad_enabled():
             return
         try:
+            if self._paused:  # the step's next micro-batch: counted on
+                self._paused = False
+                if self._counter is not None:
+                    self._counter.__enter__()
             if self._module() is not module:  # another model (a script may train several)
                 if self._shapes:  # the step is its first model's (a GAN's D after its G)
                     return
@@ -212,6 +220,22 @@ class WorkMeter:
                     counter.__enter__()
                     self._counter, self._checking = counter, check and not due
                     self._counted_first.add(shape)
+        except Exception:
+            self.errors += 1
+
+    def pause(self) -> None:
+        """A backward returned: the count stops until the step's next forward (another
+        micro-batch) or its end. What runs between is no model's work (the optimizer's ops:
+        Muon's Newton-Schulz matmuls were counted as the model's), and a compiled
+        ``optimizer.step()`` must not run under the counter's dispatch mode: pushed outside the
+        compiled call and popped inside it, the job crashed at its next op ("Hit Python
+        dispatch key but no arguments had PyInterpreter")."""
+        counter = self._counter
+        if counter is None or self._paused:
+            return
+        try:
+            counter.__exit__(None, None, None)
+            self._paused = True
         except Exception:
             self.errors += 1
 
@@ -249,12 +273,14 @@ class WorkMeter:
         every op of the run under the counter's Python dispatch: a DDP MLP ran 60 % slower."""
         counter, self._counter = self._counter, None
         self._checking = False
+        paused, self._paused = self._paused, False
         self._na_flops = (
             f"FLOPs not counted: step {step} ran {MAX_COUNTED_FORWARDS:,} forwards without a "
             "step end seen (a loop whose optimizer zeroscope does not hook?), so counting "
             "stopped rather than slow the job"
         )
-        counter.__exit__(None, None, None)
+        if not paused:
+            counter.__exit__(None, None, None)
 
     def _compiled(self, module: Any) -> bool:
         """torch.compile is in play: a dispatch mode around a compiled call changes what
@@ -293,10 +319,12 @@ class WorkMeter:
         flops: tuple[float, int] | None = None
         counter, self._counter = self._counter, None
         checking, self._checking = self._checking, False
+        paused, self._paused = self._paused, False
         key = tuple(self._shapes)
         if counter is not None:
             try:
-                counter.__exit__(None, None, None)
+                if not paused:
+                    counter.__exit__(None, None, None)
                 if counter.failed:
                     self._na_flops = (
                         f"FLOPs not counted: torch's formula for {counter.failed} failed"

@@ -409,13 +409,13 @@ def install() -> None:
         patches.replace(Work, "get_future", get_future)
         from . import postimport
 
-        postimport.when_imported("torch._dynamo.eval_frame", lambda m: _kept_out(m, codes))
+        postimport.when_imported("torch._dynamo.eval_frame", lambda m: kept_out(m, codes))
         patches.on_restore(_stop)
         _installed.append(True)
         LOG.recording = True
 
 
-def _kept_out(eval_frame: Any, codes: list[Any]) -> None:
+def kept_out(eval_frame: Any, codes: list[Any], what: str = "around collectives") -> None:
     """Dynamo never compiles a frame of the wrappers. A compiled function that reaches a
     collective (FSDP1's forward calls them from Python; FSDP2's are kept out by torch) breaks
     its graph at the call, as at the C++ method without zeroscope; then, run eagerly, the
@@ -423,7 +423,9 @@ def _kept_out(eval_frame: Any, codes: list[Any]) -> None:
     compiles (a compiled 2-rank FSDP1 model went from 1 graph break and 0 compiled frames to 4
     and 5). Their code is marked to run eagerly, callees included (torch's frame execution
     strategy, as its ``skip_code`` sets it; nothing changes outside Dynamo's frame hook), so
-    what Dynamo sees is what it saw. If torch renamed it, said once and left as it is."""
+    what Dynamo sees is what it saw. The optimizer hooks are kept out the same way (a compiled
+    ``optimizer.step()``: agent/attach/torch_loop.py). If torch renamed it, said once and left
+    as it is."""
     try:
         skip = eval_frame.FrameAction.SKIP
         strategy = eval_frame.FrameExecStrategy(skip, skip)
@@ -432,7 +434,7 @@ def _kept_out(eval_frame: Any, codes: list[Any]) -> None:
     except Exception as exc:
         from .session import SESSION
 
-        SESSION.lost("compiled graphs as without zeroscope around collectives", repr(exc))
+        SESSION.lost(f"compiled graphs as without zeroscope {what}", repr(exc))
 
 
 def _stop() -> None:

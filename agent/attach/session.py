@@ -360,6 +360,16 @@ class AttachSession:
         self._due = (step, due)
         return due
 
+    def backward_done(self) -> None:
+        """A ``loss.backward()`` returned: the step's FLOP count pauses until the next forward
+        (agent/work.py ``WorkMeter.pause``)."""
+        work = getattr(self.tel, "work", None)
+        if work is not None and not self.passive:
+            try:
+                work.pause()
+            except Exception:
+                self.errors += 1
+
     def before_step(self, source: str) -> None:
         """Just before the optimizer step of ``source``: count gradients when due."""
         reader = self.reader

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
-from . import collectives, patches
+from . import collectives, patches, postimport
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
 from .optimizer_slots import (
@@ -324,6 +324,15 @@ def install() -> None:
 
     patches.on_restore(register_optimizer_step_pre_hook(_pre_step).remove)
     patches.on_restore(register_optimizer_step_post_hook(_post_step).remove)
+    # A compiled optimizer.step() (torch.compile around it) calls the hooks from its traced
+    # wrapper, which Dynamo then runs eagerly (a break in its hook loop, beside torch's own
+    # graph_break there); the hooks' frames and their callees are never compiled, where
+    # before Dynamo compiled one more graph out of them and broke at the agent's calls.
+    codes = [_pre_step.__code__, _post_step.__code__]
+    postimport.when_imported(
+        "torch._dynamo.eval_frame",
+        lambda m: collectives.kept_out(m, codes, "around the optimizer's step"),
+    )
     backward = torch.Tensor.backward
     plain_loop = STEP_SOURCES["optimizer"]
 
@@ -334,7 +343,10 @@ def install() -> None:
         if s.source <= plain_loop and not s.passive and _a_steps_loss(s):
             s.add_loss(self, divisor=divisor_of(self))
         if not state.armed or state.mode == "hook":
-            return backward(self, *args, **kwargs)
+            out = backward(self, *args, **kwargs)
+            if not state.calls:
+                s.backward_done()
+            return out
         state.armed = False
         state.calls += 1
         s.enter("backward")
@@ -343,6 +355,8 @@ def install() -> None:
         finally:
             state.calls -= 1
             s.exit("backward")
+            if not state.calls:
+                s.backward_done()
 
     backward_.__doc__ = backward.__doc__
     patches.replace(torch.Tensor, "backward", backward_)

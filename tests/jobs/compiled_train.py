@@ -1,6 +1,6 @@
 """A plain compiled PyTorch script: the same small MLP trained under ``torch.compile`` with
 DistributedDataParallel, FSDP2 compiled per block, FSDP2 compiled whole, FSDP1 compiled whole,
-and the bundled engine with ``engine.compile()`` (DeepSpeed's API; the only use of zeroscope here, as a user of the
+an eager DDP model whose optimizer step is compiled, and the bundled engine with ``engine.compile()`` (DeepSpeed's API; the only use of zeroscope here, as a user of the
 engine would write it), one after the other in one process.
 
 Per mode and rank it writes each step's loss (the exact float, hex) and what Dynamo itself
@@ -11,6 +11,7 @@ graphs) to ``--out``.RANK.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 
@@ -67,6 +68,8 @@ def wrap(mode: str, model: Net, backend: str) -> torch.nn.Module:
             fully_shard(block)
         fully_shard(model)
         return torch.compile(model, backend=backend)
+    if mode == "compiled-step":  # an eager DDP model, its optimizer's step() compiled
+        return DistributedDataParallel(model)
     if mode == "fsdp1":  # FSDP1's forward issues its all-gathers from Python
         fsdp = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
         return torch.compile(fsdp, backend=backend)
@@ -113,11 +116,19 @@ def train(mode: str, steps: int, backend: str) -> dict:
     import torch._dynamo
 
     torch._dynamo.reset()
+    gc.collect()  # the last mode's model and optimizer, held by what Dynamo compiled, go now
     torch._dynamo.utils.counters.clear()
     if mode == "engine":
         return {"losses": train_engine(steps, backend), **dynamo_counts()}
     model = wrap(mode, build_model(), backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = opt.step
+    if mode == "compiled-step":  # PyTorch's compiled-optimizer tutorial: compile around step()
+
+        @torch.compile(backend=backend)
+        def step() -> None:
+            opt.step()
+
     data = torch.Generator().manual_seed(dist.get_rank())
     losses = []
     for _ in range(steps):
@@ -125,7 +136,7 @@ def train(mode: str, steps: int, backend: str) -> dict:
         y = torch.randn(8, OUT, generator=data)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        opt.step()
+        step()
         opt.zero_grad()
         losses.append(loss.item().hex())
     return {"losses": losses, **dynamo_counts()}
