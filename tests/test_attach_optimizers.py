@@ -182,7 +182,8 @@ def _split(rank: int, world: int, dead: str) -> dict:
     shown: list[dict] = []
     after_first: list[int] = []  # steps reported once the first optimizer of an iteration ran
     after_both: list[int] = []
-    for i in range(6):
+
+    def iteration() -> None:
         loss = net(torch.randn(8, 16)).pow(2).mean()
         sgd.zero_grad()
         adamw.zero_grad()
@@ -191,15 +192,18 @@ def _split(rank: int, world: int, dead: str) -> dict:
         after_first.append(SESSION.steps)
         adamw.step()
         after_both.append(SESSION.steps)
-        if i == 0:  # the agent started at the first step: watch every report from here
-            end = SESSION.tel.step_end
 
-            def step_end(**figures: object) -> None:
-                memory = figures["memory"]
-                shown.append({"optim": memory.optim, "params": memory.params})  # type: ignore[attr-defined]
-                end(**figures)
+    iteration()  # the agent starts at the first step: watch every report from here
+    end = SESSION.tel.step_end
 
-            SESSION.tel.step_end = step_end
+    def step_end(**figures: object) -> None:
+        memory = figures["memory"]
+        shown.append({"optim": memory.optim, "params": memory.params})  # type: ignore[attr-defined]
+        end(**figures)
+
+    SESSION.tel.step_end = step_end
+    for _ in range(5):
+        iteration()
     state_bytes = sum(
         t.numel() * t.element_size()
         for opt in (sgd, adamw)
@@ -230,7 +234,7 @@ def test_two_optimizers_every_iteration_end_the_step_at_the_last_and_count_both(
     (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
     # Iteration 1 ends at SGD (no cycle known yet); from the second on, at AdamW's step().
     assert r["after_both"] == list(range(1, 7))
-    assert r["after_first"] == [1] + list(range(1, 6))
+    assert r["after_first"] == [1, 1, 2, 3, 4, 5]
     # Each counted step's O is both optimizers' state, as the test counts it; P every parameter.
     counted = [s for s in r["shown"] if s["optim"] is not None]
     assert counted and all(s["optim"] == r["state_bytes"] for s in counted), counted
