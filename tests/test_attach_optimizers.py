@@ -163,7 +163,7 @@ def test_a_closure_step_shows_the_loss_step_returns() -> None:
     assert r["shown"] == r["returned"]
 
 
-def _split(rank: int, world: int, dead: str) -> dict:
+def _split(rank: int, world: int, dead: str, every: int = 1) -> dict:
     """Matrices stepped by SGD with momentum, biases and norms by AdamW, both every iteration
     (the Muon + AdamW recipes' shape)."""
     os.environ["ZEROSCOPE_COLLECTOR"] = dead
@@ -190,7 +190,8 @@ def _split(rank: int, world: int, dead: str) -> dict:
         loss.backward()
         sgd.step()
         after_first.append(SESSION.steps)
-        adamw.step()
+        if len(after_first) % every == 0:  # AdamW every ``every``-th iteration
+            adamw.step()
         after_both.append(SESSION.steps)
 
     iteration()  # the agent starts at the first step: watch every report from here
@@ -232,9 +233,10 @@ def test_two_optimizers_every_iteration_end_the_step_at_the_last_and_count_both(
     from tests.distributed import free_port, run_ranks
 
     (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
-    # Iteration 1 ends at SGD (no cycle known yet); from the second on, at AdamW's step().
+    # Iterations 1 and 2 end at SGD (no cycle, then one: not yet seen twice); from the third
+    # on, at AdamW's step().
     assert r["after_both"] == list(range(1, 7))
-    assert r["after_first"] == [1, 1, 2, 3, 4, 5]
+    assert r["after_first"] == [1, 2, 2, 3, 4, 5]
     # Each counted step's O is both optimizers' state, as the test counts it; P every parameter.
     counted = [s for s in r["shown"] if s["optim"] is not None]
     assert counted and all(s["optim"] == r["state_bytes"] for s in counted), counted
@@ -242,3 +244,14 @@ def test_two_optimizers_every_iteration_end_the_step_at_the_last_and_count_both(
     assert r["optimizer"] == "SGD+AdamW"
     assert r["elements"] == r["expected_elements"]  # momentum 1 a matrix element, AdamW 2
     assert r["trainable"] == r["numel"]
+
+
+def test_a_second_optimizer_stepping_every_other_iteration_keeps_one_step_an_iteration() -> None:
+    """Cycles that differ (AdamW in every other one) never move the step's end off the first
+    optimizer: each iteration is one step (ending at the last optimizer of the cycle before
+    would have skipped every iteration without it)."""
+    from tests.distributed import free_port, run_ranks
+
+    (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", 2, timeout=120)
+    assert r["after_first"] == list(range(1, 7))
+    assert r["after_both"] == list(range(1, 7))

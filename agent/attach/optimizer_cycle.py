@@ -5,13 +5,15 @@ with one (Muon) and the embeddings, norms and biases with another (AdamW); a GAN
 discriminator's and a generator's. torch's global optimizer hooks see every ``step()``, not
 which belong to one iteration, so the iteration is read off the order they step in: the
 *primary* optimizer (the first seen stepping) opens a cycle, and every ``step()`` until its next
-one belongs to that cycle. From the second cycle on:
+one belongs to that cycle.
 
-- the step ends when the cycle's last optimizer's ``step()`` returns (before, the primary's did,
-  and the second optimizer's ``step()`` fell into the next step's time);
-- O is the state of every optimizer the newest whole cycle stepped, and the Hello names them
-  all (``SGD+AdamW``) with their state elements for the prediction (before, O was the
-  primary's alone: an AdamW over the embeddings was missing from it).
+- From the first whole cycle on, O is the state of every optimizer that cycle stepped, and the
+  Hello names them all (``SGD+AdamW``) with their state elements for the prediction (before, O
+  was the primary's alone: an AdamW over the embeddings was missing from it).
+- Once two cycles in a row stepped the same optimizers in the same order, the step ends when
+  the cycle's last optimizer's ``step()`` returns (before, the primary's did, and the second
+  optimizer's ``step()`` fell into the next step's time). A loop that steps its second
+  optimizer only some iterations keeps the primary's end: one step an iteration still.
 
 The first step is the primary's alone (no cycle is known yet): its report counts what the
 primary holds, and the Hello is said again once the cycle is known (:attr:`version`).
@@ -47,6 +49,8 @@ class OptimizerCycle:
         """Weakrefs of the optimizers the newest whole cycle stepped (one each, in order)."""
         self._ended = False
         """This cycle's step was ended (an optimizer stepping twice ends it once)."""
+        self._shape: tuple[int, ...] = ()
+        """The newest whole cycle's optimizers (ids), in the order they stepped."""
         self.version = 0
         """Bumped when the optimizers one cycle steps change: the Hello is said again."""
         self._running: list[int] = []
@@ -105,7 +109,12 @@ class OptimizerCycle:
                 if o is not None and id(o) not in ids:
                     ids.add(id(o))
                     members.append(ref)
-            self._ender = self._cycle[-1] if len(self._cycle) > 1 else None
+            # The last optimizer ends the step once two cycles in a row had the same shape: a
+            # loop that steps its second optimizer only some iterations (every other one) keeps
+            # the primary's end, one step an iteration, rather than skipping step ends.
+            shape = tuple(id(r()) for r in self._cycle)
+            stable, self._shape = shape == self._shape, shape
+            self._ender = self._cycle[-1] if stable and len(shape) > 1 else None
             if [r() for r in members] != [r() for r in self._stepping]:
                 if self._stepping or len(members) > 1:
                     self.version += 1
