@@ -56,6 +56,7 @@ class DDPReader(EngineReader):
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) beside DDP: O sharded over its group, the
         # gradients still all-reduced whole by DDP's reducer, the updated shards broadcast.
         zero = sharded_by(opt) > 1
+        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=1 if zero else 0,
             precision=precision_of(params[0].dtype) if params else "fp32",
@@ -63,10 +64,10 @@ class DDPReader(EngineReader):
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
             grad_buckets_separate=not ddp.gradient_as_bucket_view,
             grads_all_reduced=zero,
-            optimizer=optimizers_name(SESSION.cycle.optimizers()),
+            optimizer=optimizers_name(opts),
             no_master_copy=True,
-            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
-            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
+            optimizer_slots=optimizers_slots(opts),
+            optimizer_state_elements=state_elements(opts),
         )
         counts = ParamCounts(
             total=sum(p.numel() for p in params),

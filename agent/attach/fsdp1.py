@@ -90,17 +90,18 @@ class FSDP1Reader(EngineReader):
         mp = root.mixed_precision
         dtype = getattr(mp, "param_dtype", None) or held
         offload = "cpu" if self._offloaded(root) else "none"
+        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=stage,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(root.process_group.size()),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=optimizers_name(SESSION.cycle.optimizers()),
+            optimizer=optimizers_name(opts),
             held_precision=precision_of(held) if held is not None else None,
             no_master_copy=True,
-            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
-            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
+            optimizer_slots=optimizers_slots(opts),
+            optimizer_state_elements=state_elements(opts),
             params_sharded_at_step=stage == 2,
         )
         counted = [_COUNTS.get(m, (0, 0)) for m in type(root).fsdp_modules(root)]

@@ -72,17 +72,18 @@ class FSDP2Reader(EngineReader):
         dtype = getattr(mp, "param_dtype", None) or (first.orig_dtype if first else None)
         world = first.mesh_info.shard_mesh_size if first is not None else 1
         offload = "cpu" if self._offloaded(params) else "none"
+        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=3 if reshard else 2,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(world),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=optimizers_name(SESSION.cycle.optimizers()),
+            optimizer=optimizers_name(opts),
             held_precision=precision_of(first.orig_dtype) if first is not None else None,
             no_master_copy=True,
-            optimizer_slots=optimizers_slots(SESSION.cycle.optimizers()),
-            optimizer_state_elements=state_elements(SESSION.cycle.optimizers()),
+            optimizer_slots=optimizers_slots(opts),
+            optimizer_state_elements=state_elements(opts),
             params_sharded_at_step=not reshard,
         )
         total = sum(fp._orig_size.numel() for fp in params)

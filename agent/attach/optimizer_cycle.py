@@ -102,29 +102,36 @@ class OptimizerCycle:
                 self._cycle.append(weakref.ref(optimizer))
             return
         if self._cycle:
-            ids: set[int] = set()
-            members = []
-            for ref in self._cycle:
-                o = ref()
-                if o is not None and id(o) not in ids:
-                    ids.add(id(o))
-                    members.append(ref)
             # The last optimizer ends the step once two cycles in a row had the same shape: a
             # loop that steps its second optimizer only some iterations (every other one) keeps
-            # the primary's end, one step an iteration, rather than skipping step ends.
+            # the primary's end, one step an iteration, rather than skipping step ends. A loop
+            # of one optimizer repeats its shape every step: nothing more runs for it.
             shape = tuple(id(r()) for r in self._cycle)
             stable, self._shape = shape == self._shape, shape
             self._ender = self._cycle[-1] if stable and len(shape) > 1 else None
-            if [r() for r in members] != [r() for r in self._stepping]:
-                if self._stepping or len(members) > 1:
-                    self.version += 1
-                self._stepping = tuple(members)
+            if not stable:
+                self._members_of(self._cycle)
         self._cycle = [weakref.ref(optimizer)]
         self._ended = False
 
+    def _members_of(self, cycle: list[Any]) -> None:
+        """The optimizers a whole cycle stepped, each once in order; a change in them says the
+        Hello again."""
+        seen: set[int] = set()
+        members = []
+        for ref in cycle:
+            o = ref()
+            if o is not None and id(o) not in seen:
+                seen.add(id(o))
+                members.append(ref)
+        if [r() for r in members] != [r() for r in self._stepping]:
+            if self._stepping or len(members) > 1:
+                self.version += 1
+            self._stepping = tuple(members)
+
     def ends_step(self, optimizer: Any) -> bool:
         """Whether ``optimizer``'s returning ``step()`` ends this iteration's step: the cycle's
-        last optimizer (the primary alone, or until a whole cycle was seen), once a cycle."""
+        last optimizer (the primary while none is known: until two like cycles), once a cycle."""
         ender = self._ender() if self._ender is not None else None
         if self._ended or optimizer is not (ender or self.primary()):
             return False

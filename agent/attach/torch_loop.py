@@ -79,7 +79,7 @@ class OptimizerReader(EngineReader):
         """The parameters every optimizer of the loop steps (each once)."""
         seen: set[int] = set()
         out = []
-        for opt in SESSION.cycle.optimizers() or [self._optimizer()]:
+        for opt in SESSION.cycle.optimizers():
             for p in optimizer_params(opt):
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -97,7 +97,7 @@ class OptimizerReader(EngineReader):
 
     def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
         opt = self._optimizer()
-        opts = SESSION.cycle.optimizers() or [opt]
+        opts = SESSION.cycle.optimizers()
         params = self._params()
         numel = sum(local_tensor(p).numel() for p in params)
         frozen = sum(local_tensor(p).numel() for p in self._frozen())
@@ -115,7 +115,7 @@ class OptimizerReader(EngineReader):
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 
     def layout(self) -> Any:
-        return state_size(SESSION.cycle.optimizers() or [self._optimizer()])
+        return state_size(SESSION.cycle.optimizers())
 
     def count_grads(self, census: Census) -> None:
         census.add("grads", (p.grad for p in self._params()))
@@ -124,7 +124,7 @@ class OptimizerReader(EngineReader):
         census.add("params", self._params())
         if SESSION.model is not None:
             census.add("params", self._frozen(), frozen=True)
-        optimizer_state(census, SESSION.cycle.optimizers() or [self._optimizer()])
+        optimizer_state(census, SESSION.cycle.optimizers())
 
 
 def state_size(optimizers: list[Any]) -> int:
