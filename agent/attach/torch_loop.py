@@ -75,11 +75,15 @@ class OptimizerReader(EngineReader):
     def alive(self) -> bool:
         return self._optimizer() is not None
 
+    def _optimizers(self) -> list[Any]:
+        """The loop's optimizers (SESSION.cycle), or this reader's own before any stepped."""
+        return SESSION.cycle.optimizers() or [self._optimizer()]
+
     def _params(self) -> list[torch.Tensor]:
         """The parameters every optimizer of the loop steps (each once)."""
         seen: set[int] = set()
         out = []
-        for opt in SESSION.cycle.optimizers():
+        for opt in self._optimizers():
             for p in optimizer_params(opt):
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -97,7 +101,7 @@ class OptimizerReader(EngineReader):
 
     def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
         opt = self._optimizer()
-        opts = SESSION.cycle.optimizers()
+        opts = self._optimizers()
         params = self._params()
         numel = sum(local_tensor(p).numel() for p in params)
         frozen = sum(local_tensor(p).numel() for p in self._frozen())
@@ -115,7 +119,7 @@ class OptimizerReader(EngineReader):
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 
     def layout(self) -> Any:
-        return state_size(SESSION.cycle.optimizers())
+        return state_size(self._optimizers())
 
     def count_grads(self, census: Census) -> None:
         census.add("grads", (p.grad for p in self._params()))
@@ -124,7 +128,7 @@ class OptimizerReader(EngineReader):
         census.add("params", self._params())
         if SESSION.model is not None:
             census.add("params", self._frozen(), frozen=True)
-        optimizer_state(census, SESSION.cycle.optimizers())
+        optimizer_state(census, self._optimizers())
 
 
 def state_size(optimizers: list[Any]) -> int:
