@@ -15,6 +15,7 @@ every entry point catches its own failures and counts them in ``errors``.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -59,6 +60,9 @@ one that refused us): how long the last reports wait for ZeroMQ to redial a coll
 came back (its reconnect backoff tops out at 1 s, agent/publish.py); a restarted collector
 then records the run to its last step. Bounded, at exit only: the loop never waits for it."""
 
+CLOSE_WAIT_S = 3.0
+"""How long a second close (another thread's) waits for the first one's Bye to leave."""
+
 
 class LiveTelemetry(RankIdentity, Telemetry):
     """Measures and publishes one rank's steps (see module docstring)."""
@@ -95,6 +99,8 @@ class LiveTelemetry(RankIdentity, Telemetry):
         """The GPU named in Hello: allocator figures are read for it, not the current device
         (an agent-API user may never call ``torch.cuda.set_device``)."""
         self.closed = False
+        self._closing_thread: int | None = None
+        self._close_done = threading.Event()
         self.termination: TerminationBye | None = None
         """Sends a Bye on SIGTERM once agent/startup.py ``install_exit_hooks`` ran."""
         self._hello_sent = False
@@ -437,13 +443,24 @@ class LiveTelemetry(RankIdentity, Telemetry):
             )
         )
 
+    def saying_bye(self) -> bool:
+        """Whether this thread is in :meth:`close`, before its Bye left (a SIGTERM handler
+        that interrupted it lets it finish: agent/termination.py)."""
+        return self._closing_thread == threading.get_ident() and not self._close_done.is_set()
+
     def close(self, exit_code: int = 0, message: str = "", *, hurry: bool = False) -> None:
         """The Bye, after the reports still held. ``hurry`` (the process is being terminated,
         maybe hung in a collective): what is ready goes, nothing waits for the device or for
         long on the sender thread."""
         if self.closed:
+            # A close in progress on another thread (the rank's error or exit hooks, when
+            # torchrun's SIGTERM comes): its Bye is on its way; the caller ends the process
+            # only once it left (or its own deadline passed), or the Bye died with it.
+            if self._closing_thread != threading.get_ident():
+                self._close_done.wait(CLOSE_WAIT_S)
             return
         self.closed = True
+        self._closing_thread = threading.get_ident()
         try:
             self.sampler.stop(0.2 if hurry else 2.0)
             pub = self.publisher
@@ -473,3 +490,4 @@ class LiveTelemetry(RankIdentity, Telemetry):
             self.errors += 1
         finally:
             self.publisher.close()
+            self._close_done.set()

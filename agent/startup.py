@@ -94,7 +94,9 @@ def install_exit_hooks(agent: LiveTelemetry) -> None:
     sys.excepthook = excepthook
     atexit.register(agent.close)
     _bye_before_os_exit(agent)
-    agent.termination = TerminationBye(lambda code, message: agent.close(code, message, hurry=True))
+    agent.termination = TerminationBye(
+        lambda code, message: agent.close(code, message, hurry=True), saying=agent.saying_bye
+    )
     agent.termination.install()
 
 

@@ -36,10 +36,15 @@ BYE_DEADLINE_S = 2.0
 
 class TerminationBye:
     """Send a Bye on SIGTERM, then die of SIGTERM. ``say_bye(code, message)`` must not
-    raise; it is called at most once."""
+    raise; it is called at most once. ``saying()`` tells whether the current thread is saying
+    a Bye already (the rank's error or exit hooks): a SIGTERM that interrupts it lets it
+    finish, and ``say_bye`` then waits for that Bye to leave before the process dies."""
 
-    def __init__(self, say_bye: Callable[[int, str], None]) -> None:
+    def __init__(
+        self, say_bye: Callable[[int, str], None], saying: Callable[[], bool] | None = None
+    ) -> None:
         self._say_bye = say_bye
+        self._saying = saying
         self._once = threading.Lock()
         self._read_fd = -1
         self.installed = False
@@ -87,7 +92,17 @@ class TerminationBye:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """The main thread's path: normally the watcher has it already (the fd is written
-        before this runs); act only if it did not come (the fd is not ours any more)."""
+        before this runs); act only if it did not come (the fd is not ours any more).
+
+        When the signal lands in this thread's own Bye (torchrun's SIGTERM reaching a rank whose
+        error is being reported: a peer's death raised in it first), holding it here would hold
+        that Bye too, and the process would die without it at the deadline. So the Bye goes on,
+        and a thread ends the process once it left (the watcher's own ``say_bye`` waits for it)."""
+        if self._saying is not None and self._saying():
+            threading.Thread(
+                target=self._terminate, name="zeroscope-sigterm-end", daemon=True
+            ).start()
+            return
         self._terminate(wait_s=0.5)
         time.sleep(BYE_DEADLINE_S + 1)  # the watcher is ending the process
         _default_and_reraise()

@@ -46,6 +46,16 @@ if mode == "fork":
     os.kill(child, signal.SIGTERM)
     _, status = os.waitpid(child, 0)
     print("child", os.waitstatus_to_exitcode(status), flush=True)
+if mode == "closing" and rank == 0:
+    # A peer's death raises here first; torchrun's SIGTERM comes while the error's Bye is
+    # being said (the agent's close, from its excepthook): sent at the close's first step.
+    stop = tel.sampler.stop
+    def terminated_while_closing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        return stop(*args, **kwargs)
+    tel.sampler.stop = terminated_while_closing
+    raise RuntimeError("Connection reset by peer")
 print("ready", flush=True)
 if rank == 1:
     time.sleep(60)  # the peer that never comes to the all-reduce
@@ -134,6 +144,30 @@ def test_a_rank_hung_in_a_collective_says_bye_on_sigterm_and_dies_of_it() -> Non
     (bye,) = byes
     assert bye.exit_code == STOP_CODE == 143 and bye.step == 1
     assert interrupted(bye.message) == "SIGTERM"
+
+
+def closing_job(address: str) -> int:
+    """Rank 0 raises, and SIGTERM comes while its agent says the error's Bye: its exit code."""
+    port = free_port()
+    procs = [start("closing", r, port, address) for r in (0, 1)]
+    try:
+        return procs[0].wait(timeout=30)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_sigterm_during_the_errors_bye_lets_it_leave_then_ends_the_rank() -> None:
+    # Before: the SIGTERM's own Bye found the agent closed and ended the process at once, and
+    # the main thread's handler held the close it interrupted: no Bye at all (a CI run's
+    # killed-rank test then read "no rank said Bye" instead of the rank that died).
+    code, byes = with_collector(closing_job)
+    assert code == -signal.SIGTERM  # it still dies of the signal, as without zeroscope
+    assert [(b.exit_code, b.message) for b in byes] == [
+        (1, "RuntimeError: Connection reset by peer")
+    ]
 
 
 @pytest.mark.slow

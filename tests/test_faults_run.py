@@ -125,7 +125,9 @@ def test_a_killed_rank_is_named_with_its_last_step_live_and_in_the_trace(tmp_pat
     lines = run.stdout.splitlines()
     assert lines[-1] == "job exit code 137"
     assert "rank 1 failed first (exit code 137): killed by SIGKILL" in run.stderr.splitlines()
-    (died,) = [ln for ln in lines if ln.startswith("rank r1 died without a word after step ")]
+    died_lines = [ln for ln in lines if ln.startswith("rank r1 died without a word after step ")]
+    assert len(died_lines) == 1, run.stdout[-3000:]
+    (died,) = died_lines
     assert died.endswith(" (killed or crashed: no Bye)")
     # Its last report (step 7) may die with it, unsent in its socket's buffer: a SIGKILL
     # gives no chance to flush. What the view says is what arrived.

@@ -26,10 +26,10 @@ class _Group:
         return self.seq
 
 
-NOW_WALL, NOW_PERF = time.time_ns(), time.perf_counter_ns()
-
-
-def _entry(seq: int, name: str = "gloo:all_reduce", numel: int = 10, **kw: Any) -> dict:
+def _entry(
+    seq: int, name: str = "gloo:all_reduce", numel: int = 10, wall_ns: int = 0, **kw: Any
+) -> dict:
+    """One ring entry, issued ``seq`` ms after ``wall_ns`` (torch's wall clock)."""
     e = {
         "process_group": ["0", "default_pg"],
         "collective_seq_id": seq,
@@ -38,7 +38,7 @@ def _entry(seq: int, name: str = "gloo:all_reduce", numel: int = 10, **kw: Any) 
         "input_dtypes": ["Float"],
         "output_sizes": [[2 * numel]] if "gather" in name else [[numel]],
         "output_dtypes": ["Float"],
-        "time_created_ns": NOW_WALL + seq * 10**6,  # issued 1 ms apart
+        "time_created_ns": wall_ns + seq * 10**6,  # issued 1 ms apart
         "state": "scheduled",
         "is_p2p": False,
     }
@@ -50,21 +50,24 @@ def test_each_entry_is_taken_once_claimed_ones_are_left_and_overwritten_ones_are
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "4")
+    # Both clocks read now, not at import: minutes of a busy suite lie between the two, and the
+    # wall clock may be slewed or stepped meanwhile (a 0.73 s step failed a CI run).
+    now_wall, now_perf = time.time_ns(), time.perf_counter_ns()
     entries: list[dict] = []
     reader = FlightRecorderReader(dump=lambda: json.dumps({"entries": entries}).encode())
     group = _Group("0")
     group.seq = 3  # issued before the model was built: never taken
     reader.watch(group, "DDP")
     # Step 1: seq 4 (the reducer's), 5 (a wrapped call, claimed), 6 (the reducer's).
-    entries[:] = [_entry(s) for s in (3, 4, 5, 6)]
+    entries[:] = [_entry(s, wall_ns=now_wall) for s in (3, 4, 5, 6)]
     group.seq = 5
     reader.claim(group, 4)  # the wrapper read 4 before its call, 5 after
     group.seq = 6
     mark = reader.mark()
     assert mark is not None and mark.marks == {"0": 6}
     ops = mark.expand()
-    # Wall clock (torch's) to this step's host axis: seq 4 issued 4 ms after NOW_PERF.
-    got = [(op.resolve(NOW_PERF).nbytes, op.resolve(NOW_PERF).start_s) for op in ops]
+    # Wall clock (torch's) to this step's host axis: seq 4 issued 4 ms after now_perf.
+    got = [(op.resolve(now_perf).nbytes, op.resolve(now_perf).start_s) for op in ops]
     assert got == [(40, pytest.approx(4e-3, abs=5e-3)), (40, pytest.approx(6e-3, abs=5e-3))]
     assert got[1][1] - got[0][1] == pytest.approx(2e-3, abs=1e-6)
     assert all(op.resolve(0).clock == "none" for op in ops)
@@ -72,7 +75,7 @@ def test_each_entry_is_taken_once_claimed_ones_are_left_and_overwritten_ones_are
     # Step 2: seqs 7..10; the ring (4 entries) kept only 8..11 when read: 7 is lost.
     group.seq = 10
     mark = reader.mark()
-    entries[:] = [_entry(s) for s in (8, 9, 10, 11)]
+    entries[:] = [_entry(s, wall_ns=now_wall) for s in (8, 9, 10, 11)]
     assert mark is not None and len(mark.expand()) == 3
     assert reader.lost == 1
     assert "ring (4 entries) was overwritten" in capsys.readouterr().err
