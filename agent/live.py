@@ -15,6 +15,7 @@ every entry point catches its own failures and counts them in ``errors``.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import Any
@@ -173,6 +174,10 @@ class LiveTelemetry(RankIdentity, Telemetry):
         self._pipeline = step
 
     def phase(self, name: PhaseName) -> PhaseScope:  # type: ignore[override]
+        if name == "forward":
+            torch = sys.modules.get("torch")
+            if torch is not None and not torch.is_grad_enabled():
+                name = "eval"  # an evaluation's forward (agent/timeline.py)
         return PhaseScope(self, name)
 
     def _use_device_events(self, make: Any) -> None:
@@ -491,3 +496,5 @@ class LiveTelemetry(RankIdentity, Telemetry):
         finally:
             self.publisher.close()
             self._close_done.set()
+            if self.termination is not None:
+                self.termination.bye_left()  # a SIGTERM that came meanwhile ends the rank

@@ -45,6 +45,8 @@ class TerminationBye:
     ) -> None:
         self._say_bye = say_bye
         self._saying = saying
+        self._after_bye = False
+        """A SIGTERM landed in this process's own Bye: :meth:`bye_left` ends the process."""
         self._once = threading.Lock()
         self._read_fd = -1
         self.installed = False
@@ -97,11 +99,14 @@ class TerminationBye:
         When the signal lands in this thread's own Bye (torchrun's SIGTERM reaching a rank whose
         error is being reported: a peer's death raised in it first), holding it here would hold
         that Bye too, and the process would die without it at the deadline. So the Bye goes on,
-        and a thread ends the process once it left (the watcher's own ``say_bye`` waits for it)."""
+        and the thread saying it ends the process as it left (:meth:`bye_left`), before the
+        rank's exit could go on to exit with its own code (the watcher's ``say_bye`` waits for
+        that Bye too); the deadline still holds."""
         if self._saying is not None and self._saying():
-            threading.Thread(
-                target=self._terminate, name="zeroscope-sigterm-end", daemon=True
-            ).start()
+            self._after_bye = True
+            deadline = threading.Timer(BYE_DEADLINE_S, _default_and_reraise)
+            deadline.daemon = True
+            deadline.start()
             return
         self._terminate(wait_s=0.5)
         time.sleep(BYE_DEADLINE_S + 1)  # the watcher is ending the process
@@ -118,6 +123,12 @@ class TerminationBye:
         with contextlib.suppress(Exception):
             self._say_bye(STOP_CODE, STOP_MESSAGE)
         _default_and_reraise()
+
+    def bye_left(self) -> None:
+        """Called by the thread that said the Bye, once it left: a SIGTERM that came during it
+        ends the process now, of SIGTERM, as it would have without zeroscope."""
+        if self._after_bye:
+            _default_and_reraise()
 
     def _before_fork(self) -> None:
         """The child must be born with SIGTERM's default action: a parent that terminates a
