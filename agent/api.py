@@ -40,7 +40,9 @@ from .schema import (
     TransferDirection,
 )
 
-PhaseName = Literal["data", "forward", "backward", "optimizer"]
+PhaseName = Literal["data", "forward", "backward", "optimizer", "eval"]
+"""A "forward" entered with autograd off (``torch.no_grad()``, ``inference_mode()``) is timed
+as "eval": an evaluation's forward, not the step's training."""
 
 COLLECTOR_ENV = "ZEROSCOPE_COLLECTOR"
 """Address the agent publishes to (e.g. ``tcp://127.0.0.1:5555``); set by ``zeroscope run``."""

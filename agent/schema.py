@@ -153,6 +153,11 @@ class Phases(msgspec.Struct, omit_defaults=True):
     forward: float | None = None
     backward: float | None = None
     optimizer: float | None = None
+    eval: float | None = None
+    """An evaluation between two training steps, in the later one (a trainer's eval every N
+    steps): forwards with autograd off, and before the step's first training forward,
+    everything from the previous step's end to the last of them (its batches, its metrics).
+    Kept out of ``forward``, so a step after an evaluation does not read as a slow forward."""
 
 
 class PhaseSpan(msgspec.Struct, array_like=True, gc=False):

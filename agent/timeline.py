@@ -30,7 +30,7 @@ from typing import Any
 
 from .schema import Phases, PhaseSpan
 
-PHASE_NAMES = ("data", "forward", "backward", "optimizer")
+PHASE_NAMES = ("data", "forward", "backward", "optimizer", "eval")
 
 MAX_CUT_OPEN = 64
 """Phases left open across step ends that the timeline remembers (a scope entered by hand and
@@ -140,6 +140,7 @@ class StepTimeline:
         cut = self._cut
         data_seen = False
         forward_ns = None
+        evals: list[tuple[RawMark, RawMark]] = []  # eval forwards before the first forward
         for mark in marks:
             scope = mark[0]
             if scope is None:
@@ -147,7 +148,10 @@ class StepTimeline:
             key = id(scope)
             entered = opened.pop(key, None)
             if entered is not None:
-                spans.append((scope.name, entered, mark))
+                if forward_ns is None and scope.name == "eval":
+                    evals.append((entered, mark))
+                else:
+                    spans.append((scope.name, entered, mark))
                 continue
             if cut and cut.pop(key, None) is not None:  # the exit of a phase a step end cut
                 continue
@@ -157,10 +161,18 @@ class StepTimeline:
             elif name == "forward" and forward_ns is None:
                 forward_ns = int(mark[1])
                 # Time from the previous step's end to the first forward is data loading,
-                # unless the loop timed a data phase itself.
+                # unless the loop timed a data phase itself. An evaluation in it (forwards
+                # with autograd off) is one span up to its last forward, its batches and
+                # metrics included; the data loading is what follows it.
                 if not data_seen and previous is not None:
-                    spans.append(("data", previous, mark))
+                    since = previous
+                    if evals:
+                        since = evals[-1][1]
+                        spans.append(("eval", previous, since))
+                        evals = []
+                    spans.append(("data", since, mark))
             opened[key] = mark
+        spans.extend(("eval", a, b) for a, b in evals)
         for mark in opened.values():
             spans.append((mark[0].name, mark, end))
         if len(cut) > MAX_CUT_OPEN:  # entered by hand and never exited: forget them

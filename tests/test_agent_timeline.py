@@ -92,6 +92,39 @@ def test_step_end_inside_a_phase_closes_it_in_that_step(
                    for p in r.phase_spans)  # fmt: skip
 
 
+def test_an_evaluation_between_steps_is_its_own_phase_not_the_next_forward(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    tel, sink = agent
+    with tel.phase("forward"):
+        time.sleep(0.01)
+    tel.step_end(memory=MemoryBytes())
+    # A trainer's evaluation after step 1: two forwards with autograd off, metrics between.
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(2):
+            with tel.phase("forward"):
+                time.sleep(0.02)
+            time.sleep(0.03)  # its metrics, its next batch
+    evaluation = time.perf_counter() - t0
+    time.sleep(0.02)  # the training batch
+    t1 = time.perf_counter()
+    with tel.phase("forward"):
+        time.sleep(0.01)
+    forward = time.perf_counter() - t1
+    tel.step_end(memory=MemoryBytes())
+    _, second = sink.reports()
+    # Before: the two eval forwards were summed into step 2's forward (0.05 s against its own
+    # 0.01 s), and everything else between the steps read as data loading.
+    assert second.phases.forward is not None and 0.01 <= second.phases.forward <= forward
+    ev = second.phases.eval
+    assert ev is not None and 0.02 + 0.03 + 0.02 <= ev <= evaluation  # up to its last forward
+    assert second.phases.data is not None and second.phases.data >= 0.03 + 0.02
+    assert [p.name for p in second.phase_spans] == ["eval", "data", "forward"]
+    spans = second.phase_spans
+    assert spans[0].start_s == 0.0 and spans[1].start_s == spans[0].duration_s  # back to back
+
+
 SLEEP_S = 0.2
 
 

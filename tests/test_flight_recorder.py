@@ -177,6 +177,50 @@ def test_a_half_full_ring_wakes_the_sender_so_no_collective_is_lost(
     assert (taken, lost) == (issued, 0)
 
 
+def test_a_burst_between_two_step_ends_wakes_the_sender_before_the_ring_turns_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An HF Trainer's evaluation after step 3 issues ~130 gathers through the wrappers
+    (claimed) before step 4 ends; steps 1-3's reducer entries, unread (short steps: no read
+    due yet), were overwritten under it and lost (a real DDP run lost every all-reduce of its
+    first three steps)."""
+    import threading
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    ring = _Ring(16)
+    reader = FlightRecorderReader(dump=ring.dump)
+    reader.wake = wake = threading.Event()
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    marks: list[Any] = []
+    taken = 0
+
+    def sender() -> None:  # reads only when woken (no time-bound read comes in time)
+        nonlocal taken
+        if wake.is_set():
+            wake.clear()
+            taken += sum(len(m.expand()) for m in marks if m.due(now_ns=m.made_ns))
+            marks.clear()
+
+    for _ in range(3):  # steps 1-3: one bucket all-reduce each (the reducer's), none urgent
+        ring.issue(group)
+        mark = reader.mark()
+        assert mark is not None and not mark.urgent
+        marks.append(mark)
+        sender()
+    assert taken == 0
+    for _ in range(40):  # the evaluation: 40 gathers through the wrappers, 2.5 rings
+        before = group.seq
+        ring.issue(group)
+        reader.claim(group, before)
+        sender()
+    ring.issue(group)  # step 4's all-reduce
+    mark = reader.mark()
+    assert mark is not None
+    taken += len(mark.expand())
+    assert (taken, reader.lost) == (4, 0)  # every reducer entry, none lost
+
+
 def _urgent_reads(
     per_step: int,
     steps: int,

@@ -233,6 +233,9 @@ class FlightRecorderReader:
         self.most_per_step = 0
         """The most watched entries (scaled by ``share``) one step issued: the ring a job
         needs at least, said if entries were lost."""
+        self.wake: Any = None
+        """The sender's wake-up (a ``threading.Event``; agent/outbox.py), set by the attach's
+        session: a burst between two step ends asks for a read before the ring turns over."""
 
     def watch(self, group: Any, label: str) -> None:
         """Read ``group``'s unseen collectives from now on (a private call per step end: a
@@ -263,8 +266,24 @@ class FlightRecorderReader:
         """Training thread, after a wrapped call on a watched group: the entries it made are
         the wrappers' own (see the module docstring)."""
         g = self.groups.get(group.group_name)
-        if g is not None:
-            g.claimed.update(range(before + 1, int(group._get_sequence_number_for_group()) + 1))
+        if g is None:
+            return
+        after = int(group._get_sequence_number_for_group())
+        g.claimed.update(range(before + 1, after + 1))
+        # A burst between two step ends (an evaluation's gathers through the wrappers, 130 on
+        # a small HF eval set) turns the ring over under the entries of the steps before it
+        # that no read took yet (DDP's reducer's, waiting for a read at a step end that comes
+        # too late): at half the ring, those steps' reports are due now (the other half is
+        # the sender's time to come round: one read per such burst).
+        if (
+            not self.wanted
+            and self._last_marks.get(g.name, g.taken) > g.taken
+            and (after - g.taken) * self.share >= self.ring // 2
+        ):
+            self.wanted = True
+            wake = self.wake
+            if wake is not None:
+                wake.set()
 
     def mark(self) -> RecorderMark | None:
         """At a step end (training thread): each watched group's last sequence number."""

@@ -205,6 +205,7 @@ class AttachSession:
         tel = start_agent()
         if isinstance(tel, LiveTelemetry):
             tel._collectives = collectives.LOG  # collectives come from the class-level wrappers
+            collectives.RECORDER.wake = tel._outbox.wake
         api.set_telemetry(tel)
         self.tel = tel
         if self._first_step:
@@ -245,8 +246,8 @@ class AttachSession:
         depth = self._depth.get(name, 0)
         self._depth[name] = depth + 1
         tel = self.tel
-        if depth or tel is None:
-            return
+        if depth or tel is None or (name == "forward" and self._depth.get("eval")):
+            return  # (an evaluation's forwards are its own: one "eval" phase around them)
         self._phases += 1
         if self._phases > MAX_PHASES_PER_STEP:
             self._too_long()

@@ -28,7 +28,7 @@ from typing import Any
 
 HELP = "convert a trace (e.g. to Chrome/Perfetto JSON)"
 
-_PHASES = ("data", "forward", "backward", "optimizer")
+_PHASES = ("data", "forward", "backward", "optimizer", "eval")
 _TID_STEPS, _TID_COMM, _TID_XFER = 0, 100, 200
 
 

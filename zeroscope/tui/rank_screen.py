@@ -39,6 +39,7 @@ PHASES = (
     ("forward", "F", "blue"),
     ("backward", "B", "magenta"),
     ("optimizer", "O", "yellow"),
+    ("eval", "E", "green"),
 )
 
 
