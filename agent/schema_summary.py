@@ -144,6 +144,8 @@ class StepSummary(msgspec.Struct, array_like=True, gc=False):
     forward_backward_s: float | None = None
     """The step's forward plus backward phase time [s] (None = neither reported): the compute
     a stage-3 prefetch can hide its fetches behind, priced per step by the advisor."""
+    eval_s: float | None = None
+    """The evaluation run before this step, within its time (``Phases.eval``) [s]; None = none."""
 
     @property
     def compute_s(self) -> float | None:

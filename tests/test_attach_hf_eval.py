@@ -27,6 +27,9 @@ def test_an_evaluation_is_its_own_phase_and_no_step_loses_its_all_reduce(tmp_pat
         SCRIPT, [*args, "--workdir", str(tmp_path / "w")], job_env(), tmp_path / "t.zstrace", 300
     )
     assert "Flight Recorder ring" not in done.stderr  # nothing overwritten before a read
+    # The step line says the evaluation in its time, the steps after an evaluation only.
+    said = [int(ln.split()[1]) for ln in done.stdout.splitlines() if "  (eval " in ln]
+    assert said == [EVERY + 1, 2 * EVERY + 1]
     outs = read_outputs(tmp_path / "o")
     trace = read_trace(tmp_path / "t.zstrace")
     for rank in (0, 1):

@@ -55,7 +55,7 @@ CLASS_MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
             "zero_overlap_comm",
         ),
     },
-    "transformers.trainer": {"Trainer": ("__init__", "training_step", "add_callback")},
+    "transformers.trainer": {"Trainer": ("__init__", "training_step", "add_callback", "evaluate")},
     "transformers.trainer_callback": {
         # The events the attach's callback relies on: a release that stopped calling them
         # would leave the optimizer phase (and the step ends) unseen.

@@ -90,6 +90,13 @@ class StepAggregate:
             return self._closed[1]
         return max(map(_DURATION, self.summaries.values()))
 
+    @property
+    def eval_time(self) -> float | None:
+        """The longest rank's evaluation inside this step's time (an eval before it) [s]; None
+        when no rank ran one."""
+        times = [s.eval_s for s in self.summaries.values() if s.eval_s is not None]
+        return max(times) if times else None
+
     _median: float | None = None
 
     @property

@@ -22,9 +22,12 @@ def step_line(agg: StepAggregate) -> str:
     slowest = agg.slowest_rank
     excess = agg.slowest_excess
     flags = " SKIPPED" if agg.skipped else ""
+    evaluation = agg.eval_time
     return (
         f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
-        f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
+        # An evaluation ran before the step, in its time: said, or the step reads as slow.
+        + (f"(eval {units.seconds(evaluation)})  " if evaluation is not None else "")
+        + f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
         f"mem r{worst} P {units.params_size(w.params, w.frozen_params)} G {units.size(w.grads)} "
         f"O {units.size(w.optim)} A {units.size(w.activations)}"
         # Offloaded parts live in host memory: say how much, or O 0B reads as no optimizer.

@@ -137,6 +137,7 @@ def summarize(report: StepReport) -> StepSummary:
         sequence=folded.sequence,
         work=report.work,
         forward_backward_s=_forward_backward(report),
+        eval_s=report.phases.eval,
     )
 
 
