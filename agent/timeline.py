@@ -172,7 +172,8 @@ class StepTimeline:
                         evals = []
                     spans.append(("data", since, mark))
             opened[key] = mark
-        spans.extend(("eval", a, b) for a, b in evals)
+        if previous is not None:  # (before step 1: an evaluation before training, not its)
+            spans.extend(("eval", a, b) for a, b in evals)
         for mark in opened.values():
             spans.append((mark[0].name, mark, end))
         if len(cut) > MAX_CUT_OPEN:  # entered by hand and never exited: forget them
@@ -184,10 +185,11 @@ class StepTimeline:
 
 
 def _loop_start(marks: list[RawMark], end: RawMark) -> RawMark:
-    """Step 1's start: its first phase mark, else its first mark (a collective, a transfer),
-    else its end."""
+    """Step 1's start: its first phase mark (an evaluation's aside: one run before training,
+    ``trainer.evaluate()`` first, is no part of the step), else its first mark (a collective,
+    a transfer), else its end."""
     for mark in marks:
-        if mark[0] is not None:
+        if mark[0] is not None and mark[0].name != "eval":
             return mark
     return marks[0] if marks else end
 

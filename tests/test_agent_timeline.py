@@ -125,6 +125,23 @@ def test_an_evaluation_between_steps_is_its_own_phase_not_the_next_forward(
     assert spans[0].start_s == 0.0 and spans[1].start_s == spans[0].duration_s  # back to back
 
 
+def test_an_evaluation_before_training_is_no_part_of_step_one(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    tel, sink = agent
+    with torch.no_grad(), tel.phase("forward"):  # trainer.evaluate() before trainer.train()
+        time.sleep(0.05)
+    t0 = time.perf_counter()
+    with tel.phase("forward"):
+        time.sleep(0.01)
+    tel.step_end(memory=MemoryBytes())
+    step = time.perf_counter() - t0
+    (first,) = sink.reports()
+    # Before: step 1 started at the evaluation's forward and held it (0.06 s for 0.01 s).
+    assert first.phases.eval is None and [p.name for p in first.phase_spans] == ["forward"]
+    assert 0.01 <= first.duration_s <= step
+
+
 SLEEP_S = 0.2
 
 
