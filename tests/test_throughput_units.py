@@ -12,7 +12,7 @@ from tests.throughput_support import KnownGPT, closed_form
 from zeroscope.agent import peak as peak_mod
 from zeroscope.agent import work as work_mod
 from zeroscope.agent.peak import PeakProbe, datasheet_peak, measure_matmul
-from zeroscope.agent.schema import SCHEMA_VERSION, Hello, StepReport, Work, decode, encode
+from zeroscope.agent.schema import SCHEMA_VERSION, Hello, Phases, StepReport, Work, decode, encode
 from zeroscope.agent.work import WorkMeter, work_report
 from zeroscope.state import ClusterState
 from zeroscope.state.lines import step_line, summary_lines
@@ -83,6 +83,22 @@ def test_rank_and_cluster_figures_by_hand() -> None:
     # 6·N·T + 12·L·h·s·T on the positions computed (padding included).
     assert predicted_flops(_work()) == 6 * 1000 * 128 + 12 * 2 * 16 * 64 * 128
     assert "tok/s 40" in step_line(agg) and "MFU 0.38%" in step_line(agg)
+
+
+def test_an_evaluation_in_a_step_is_out_of_its_rates() -> None:
+    # Rank 1's step holds a 3 s evaluation before its 1 s of training (the eval phase): its
+    # counted work (training forwards and backwards) is over the 1 s, as are the cluster's,
+    # whose training time is its slowest rank's less that rank's evaluation: max(2, 4 - 3).
+    state = _state(2)
+    state.ingest(_report(0, 1, 2.0, _work()))
+    late = _report(1, 1, 4.0, _work(tokens=60, flops=2e12, peak_flops=3e14))
+    late.phases = Phases(forward=0.5, backward=0.5, eval=3.0)
+    (agg,) = state.ingest(late)
+    r1 = rank_step(agg.summaries[1])
+    assert r1.tokens_per_s == 60 / 1.0 and r1.tflops_per_s == pytest.approx(2.0)
+    c = cluster_step(agg)
+    assert c.tokens_per_s == 160 / 2.0 and c.mfu == pytest.approx(6e12 / (2.0 * 4e14))
+    assert "(eval 3.00s)" in step_line(agg) and "tok/s 80" in step_line(agg)
 
 
 def test_run_figures_leave_the_first_step_out() -> None:

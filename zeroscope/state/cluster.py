@@ -97,6 +97,15 @@ class StepAggregate:
         times = [s.eval_s for s in self.summaries.values() if s.eval_s is not None]
         return max(times) if times else None
 
+    @property
+    def train_time(self) -> float:
+        """The step's time less the evaluation in it: its slowest rank's [s] (the step time
+        when no rank ran one). What the step's counted work (training forwards and backwards
+        only) is a rate over."""
+        if self.eval_time is None:
+            return self.step_time
+        return max(s.duration_s - (s.eval_s or 0.0) for s in self.summaries.values())
+
     _median: float | None = None
 
     @property

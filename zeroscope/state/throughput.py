@@ -6,6 +6,8 @@ Definitions (one place; every view formats these):
 
 - tokens/s = tokens of the step / step time. A rank's: its own tokens / its step time; the
   cluster's: every rank's tokens added up / the cluster's step time (its slowest rank's).
+  Step time here is the training time: an evaluation run inside a step (``StepSummary.eval_s``)
+  is left out, as its forwards are out of the tokens and FLOPs counted.
 - TFLOP/s = model FLOPs of the step (forward + backward, counted by the agent with torch's
   FLOP formulas: agent/flops.py) / step time / 10^12. Model FLOPs, not hardware FLOPs:
   activation recomputation is counted only if it ran on the counted step.
@@ -155,13 +157,18 @@ def of_step(works: list[Work | None], seconds: float) -> Throughput:
 
 def rank_step(summary: StepSummary) -> Throughput:
     """One rank's figures in one step (its own step time)."""
-    return of_step([summary.work], summary.duration_s)
+    return of_step([summary.work], _train_s(summary))
+
+
+def _train_s(summary: StepSummary) -> float:
+    """The rank's step time less the evaluation in it (module docstring)."""
+    return summary.duration_s - (summary.eval_s or 0.0)
 
 
 def cluster_step(agg: StepAggregate) -> Throughput:
     """The cluster's figures in one step: the ranks' work over the step's time."""
     ranks = sorted(agg.summaries)
-    return of_step([agg.summaries[r].work for r in ranks], agg.step_time)
+    return of_step([agg.summaries[r].work for r in ranks], agg.train_time)
 
 
 def reported_step(agg: StepAggregate) -> Throughput | None:
@@ -276,7 +283,7 @@ def rank_run(rs: RankState, first_step: int | None) -> Throughput:
     history = list(rs.history)
     steady = [s for s in history if s.step != first_step] or history
     known = _last_peaks([(0, s.work) for s in steady]).get(0)
-    return _steady([(s.duration_s, [_with_peak(s.work, known)]) for s in steady])
+    return _steady([(_train_s(s), [_with_peak(s.work, known)]) for s in steady])
 
 
 def cluster_run(state: ClusterState) -> Throughput:
@@ -288,7 +295,7 @@ def cluster_run(state: ClusterState) -> Throughput:
     return _steady(
         [
             (
-                a.step_time,
+                a.train_time,
                 [_with_peak(a.summaries[r].work, peaks.get(r)) for r in sorted(a.summaries)],
             )
             for a in steady
