@@ -156,8 +156,8 @@ class Phases(msgspec.Struct, omit_defaults=True):
     eval: float | None = None
     """An evaluation between two training steps, in the later one (a trainer's eval every N
     steps): forwards with autograd off, and before the step's first training forward,
-    everything from the previous step's end to the last of them (its batches, its metrics).
-    Kept out of ``forward``, so a step after an evaluation does not read as a slow forward."""
+    everything from the first of them to the last (its batches, its metrics). Kept out of
+    ``forward`` and ``data``, so a step after an evaluation does not read as a slow one."""
 
 
 class PhaseSpan(msgspec.Struct, array_like=True, gc=False):

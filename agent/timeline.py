@@ -162,14 +162,16 @@ class StepTimeline:
                 forward_ns = int(mark[1])
                 # Time from the previous step's end to the first forward is data loading,
                 # unless the loop timed a data phase itself. An evaluation in it (forwards
-                # with autograd off) is one span up to its last forward, its batches and
-                # metrics included; the data loading is what follows it.
+                # with autograd off, an HF Trainer's evaluate()) is one span from its first
+                # entry to its last exit, its batches and metrics included; the time around
+                # it stays the loop's own between steps (a trainer's logging before it, the
+                # training batch after it), as in a step without one.
                 if not data_seen and previous is not None:
                     since = previous
                     if evals:
-                        since = evals[-1][1]
-                        spans.append(("eval", previous, since))
-                        evals = []
+                        spans.append(("data", previous, evals[0][0]))
+                        spans.append(("eval", evals[0][0], evals[-1][1]))
+                        since, evals = evals[-1][1], []
                     spans.append(("data", since, mark))
             opened[key] = mark
         if previous is not None:  # (before step 1: an evaluation before training, not its)

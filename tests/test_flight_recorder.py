@@ -221,6 +221,38 @@ def test_a_burst_between_two_step_ends_wakes_the_sender_before_the_ring_turns_ov
     assert (taken, reader.lost) == (4, 0)  # every reducer entry, none lost
 
 
+def test_steps_of_their_usual_size_never_wake_the_sender_from_a_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DDP job whose every step also gathers through the wrappers (an HF Trainer's loss
+    gathers): the reads stay the step ends' urgent ones, no dump more per step (each walks
+    the whole ring: what reading costs the job)."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "128")
+    ring = _Ring(128)
+    reader = FlightRecorderReader(dump=ring.dump)
+    group = _Group("0")
+    reader.watch(group, "DDP")
+    marks: list[Any] = []
+    taken = 0
+    for _ in range(60):
+        for _ in range(3):  # the step's gathers, claimed
+            before = group.seq
+            ring.issue(group)
+            reader.claim(group, before)
+            assert not reader.wanted  # no read asked for between step ends
+        ring.issue(group)  # the reducer's all-reduce
+        mark = reader.mark()
+        assert mark is not None
+        marks.append(mark)
+        if mark.urgent:
+            taken += sum(len(m.expand()) for m in marks)
+            marks.clear()
+    dumps = reader.dumps
+    taken += sum(len(m.expand()) for m in marks)  # the job's end: the rest
+    assert reader.lost == 0 and taken == 60  # every reducer entry, once
+    assert dumps <= 60 * 4 // (128 - 32)  # one read per ring less its headroom
+
+
 def _urgent_reads(
     per_step: int,
     steps: int,

@@ -233,6 +233,9 @@ class FlightRecorderReader:
         self.most_per_step = 0
         """The most watched entries (scaled by ``share``) one step issued: the ring a job
         needs at least, said if entries were lost."""
+        self.typical = 0
+        """The watched entries (scaled) of a typical recent step, as of the last step end: a
+        step past twice that before its end is a burst (:meth:`claim`)."""
         self.wake: Any = None
         """The sender's wake-up (a ``threading.Event``; agent/outbox.py), set by the attach's
         session: a burst between two step ends asks for a read before the ring turns over."""
@@ -273,12 +276,18 @@ class FlightRecorderReader:
         # A burst between two step ends (an evaluation's gathers through the wrappers, 130 on
         # a small HF eval set) turns the ring over under the entries of the steps before it
         # that no read took yet (DDP's reducer's, waiting for a read at a step end that comes
-        # too late): at half the ring, those steps' reports are due now (the other half is
-        # the sender's time to come round: one read per such burst).
+        # too late). Once this step has issued more than twice a typical step's entries and
+        # the ring is a quarter turned over since the oldest unread one, those steps'
+        # reports are due now: the rest of the ring is the sender's time to come round, one
+        # read per burst. Steps of their usual size never wake it here (their reads stay
+        # the step ends' own: no dump more per step).
+        last = self._last_marks.get(g.name, g.taken)
+        share = self.share
         if (
             not self.wanted
-            and self._last_marks.get(g.name, g.taken) > g.taken
-            and (after - g.taken) * self.share >= self.ring // 2
+            and last > g.taken
+            and (after - last) * share > 2 * self.typical
+            and (after - g.taken) * share >= self.ring // 4
         ):
             self.wanted = True
             wake = self.wake
@@ -326,6 +335,7 @@ class FlightRecorderReader:
         recent = self._recent
         recent.append(int(step * share + 0.5))
         typical = sorted(recent)[-2] if len(recent) > 1 else recent[0]
+        self.typical = typical
         headroom = max(self.ring // 4, 2 * typical)
         return int(backlog * share) >= self.ring - headroom and self.ring > 0
 
