@@ -5,12 +5,13 @@ without zeroscope (the exit the user sees is unchanged)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -84,11 +85,22 @@ def start(mode: str, rank: int, port: int, address: str | None) -> subprocess.Po
     )
 
 
-def terminate_rank0(mode: str, address: str | None) -> tuple[int, float, str]:
-    """Rank 0's exit status, seconds from SIGTERM to its end, and its output."""
+@contextlib.contextmanager
+def two_ranks(mode: str, address: str | None) -> Iterator[list[subprocess.Popen[str]]]:
+    """The job's two ranks in ``mode`` (rank 0 reporting to ``address``), killed at the end."""
     port = free_port()
     procs = [start(mode, r, port, address) for r in (0, 1)]
     try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def terminate_rank0(mode: str, address: str | None) -> tuple[int, float, str]:
+    """Rank 0's exit status, seconds from SIGTERM to its end, and its output."""
+    with two_ranks(mode, address) as procs:
         stdout = procs[0].stdout
         assert stdout is not None
         lines = []
@@ -102,10 +114,6 @@ def terminate_rank0(mode: str, address: str | None) -> tuple[int, float, str]:
         code = procs[0].wait(timeout=30)
         took = time.monotonic() - t0
         return code, took, "".join(lines) + stdout.read()
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def with_collector(run: Callable[[str], T]) -> tuple[T, list[Bye]]:
@@ -121,18 +129,12 @@ def with_collector(run: Callable[[str], T]) -> tuple[T, list[Bye]]:
 
 def user_handler_job(address: str) -> tuple[int, str]:
     """SIGTERM to a rank whose script set its own handler: its exit code and its output."""
-    port = free_port()
-    procs = [start("user-handler", r, port, address) for r in (0, 1)]
-    try:
+    with two_ranks("user-handler", address) as procs:
         out = procs[0].stdout
         assert out is not None
         assert out.readline().startswith("ready")
         procs[0].send_signal(signal.SIGTERM)
         return procs[0].wait(timeout=30), out.read()
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.slow
@@ -148,14 +150,8 @@ def test_a_rank_hung_in_a_collective_says_bye_on_sigterm_and_dies_of_it() -> Non
 
 def closing_job(address: str) -> int:
     """Rank 0 raises, and SIGTERM comes while its agent says the error's Bye: its exit code."""
-    port = free_port()
-    procs = [start("closing", r, port, address) for r in (0, 1)]
-    try:
+    with two_ranks("closing", address) as procs:
         return procs[0].wait(timeout=30)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @pytest.mark.slow

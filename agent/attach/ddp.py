@@ -31,7 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import compiled, patches
 from .census import Census
 from .flight_recorder import READER as RECORDER
-from .optimizer_slots import optimizers_name, optimizers_slots, sharded_by, state_elements
+from .optimizer_slots import optimizer_config, sharded_by
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, timed_forward
 
@@ -56,7 +56,6 @@ class DDPReader(EngineReader):
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) beside DDP: O sharded over its group, the
         # gradients still all-reduced whole by DDP's reducer, the updated shards broadcast.
         zero = sharded_by(opt) > 1
-        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=1 if zero else 0,
             precision=precision_of(params[0].dtype) if params else "fp32",
@@ -64,10 +63,7 @@ class DDPReader(EngineReader):
             reduce_bucket_size=int(ddp.bucket_bytes_cap),
             grad_buckets_separate=not ddp.gradient_as_bucket_view,
             grads_all_reduced=zero,
-            optimizer=optimizers_name(opts),
-            no_master_copy=True,
-            optimizer_slots=optimizers_slots(opts),
-            optimizer_state_elements=state_elements(opts),
+            **optimizer_config(SESSION.cycle.optimizers()),
         )
         counts = ParamCounts(
             total=sum(p.numel() for p in params),

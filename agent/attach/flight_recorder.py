@@ -273,6 +273,8 @@ class FlightRecorderReader:
             return
         after = int(group._get_sequence_number_for_group())
         g.claimed.update(range(before + 1, after + 1))
+        if self.wanted:  # a read is asked for already
+            return
         # A burst between two step ends (an evaluation's gathers through the wrappers, 130 on
         # a small HF eval set) turns the ring over under the entries of the steps before it
         # that no read took yet (DDP's reducer's, waiting for a read at a step end that comes
@@ -284,8 +286,7 @@ class FlightRecorderReader:
         last = self._last_marks.get(g.name, g.taken)
         share = self.share
         if (
-            not self.wanted
-            and last > g.taken
+            last > g.taken
             and (after - last) * share > 2 * self.typical
             and (after - g.taken) * share >= self.ring // 4
         ):

@@ -32,7 +32,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 
 from . import compiled, patches
 from .census import Census
-from .optimizer_slots import optimizers_name, optimizers_slots, state_elements
+from .optimizer_slots import optimizer_config
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, timed_forward
 
@@ -90,18 +90,14 @@ class FSDP1Reader(EngineReader):
         mp = root.mixed_precision
         dtype = getattr(mp, "param_dtype", None) or held
         offload = "cpu" if self._offloaded(root) else "none"
-        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=stage,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(root.process_group.size()),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=optimizers_name(opts),
+            **optimizer_config(SESSION.cycle.optimizers()),
             held_precision=precision_of(held) if held is not None else None,
-            no_master_copy=True,
-            optimizer_slots=optimizers_slots(opts),
-            optimizer_state_elements=state_elements(opts),
             params_sharded_at_step=stage == 2,
         )
         counted = [_COUNTS.get(m, (0, 0)) for m in type(root).fsdp_modules(root)]

@@ -28,7 +28,7 @@ from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
 from . import collectives, compiled, patches
 from .census import Census, local_tensor
-from .optimizer_slots import optimizers_name, optimizers_slots, state_elements
+from .optimizer_slots import optimizer_config
 from .private_api import missing
 from .session import SESSION, EngineReader, precision_of
 from .torch_loop import optimizer_state, state_size, time_backward
@@ -72,18 +72,14 @@ class FSDP2Reader(EngineReader):
         dtype = getattr(mp, "param_dtype", None) or (first.orig_dtype if first else None)
         world = first.mesh_info.shard_mesh_size if first is not None else 1
         offload = "cpu" if self._offloaded(params) else "none"
-        opts = SESSION.cycle.optimizers()
         config = ConfigSummary(
             stage=3 if reshard else 2,
             precision=precision_of(dtype) if dtype is not None else "fp32",
             dp_world_size=int(world),
             offload_optimizer=offload,
             offload_param=offload,
-            optimizer=optimizers_name(opts),
+            **optimizer_config(SESSION.cycle.optimizers()),
             held_precision=precision_of(first.orig_dtype) if first is not None else None,
-            no_master_copy=True,
-            optimizer_slots=optimizers_slots(opts),
-            optimizer_state_elements=state_elements(opts),
             params_sharded_at_step=not reshard,
         )
         total = sum(fp._orig_size.numel() for fp in params)

@@ -13,7 +13,7 @@ keeps Adam's figure and says nothing it cannot back).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 UNKNOWN = -1
 
@@ -98,6 +98,27 @@ def state_slots(optimizer: Any) -> int:
         return counts.pop() if len(counts) == 1 else UNKNOWN
     except Exception:
         return UNKNOWN
+
+
+class OptimizerConfig(TypedDict):
+    """The ConfigSummary fields a torch loop's optimizers give (:func:`optimizer_config`)."""
+
+    optimizer: str
+    optimizer_slots: int
+    optimizer_state_elements: int
+    no_master_copy: bool
+
+
+def optimizer_config(optimizers: list[Any]) -> OptimizerConfig:
+    """What every reader of torch optimizers (a plain loop, DDP, FSDP, FSDP2) says of them in
+    its Hello: their names, slots and state elements; no master copy (torch's optimizers step
+    the parameters themselves)."""
+    return OptimizerConfig(
+        optimizer=optimizers_name(optimizers),
+        optimizer_slots=optimizers_slots(optimizers),
+        optimizer_state_elements=state_elements(optimizers),
+        no_master_copy=True,
+    )
 
 
 def optimizers_name(optimizers: list[Any]) -> str:

@@ -31,13 +31,7 @@ from zeroscope.agent.schema import ConfigSummary, ParamCounts
 from . import collectives, patches, postimport
 from .accumulation import divisor_of
 from .census import Census, local_tensor, tensors_in
-from .optimizer_slots import (
-    local_optimizer,
-    optimizers_name,
-    optimizers_slots,
-    sharded_by,
-    state_elements,
-)
+from .optimizer_slots import local_optimizer, optimizer_config, sharded_by
 from .session import SESSION, STEP_SOURCES, EngineReader, precision_of
 
 
@@ -101,7 +95,6 @@ class OptimizerReader(EngineReader):
 
     def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
         opt = self._optimizer()
-        opts = self._optimizers()
         params = self._params()
         numel = sum(local_tensor(p).numel() for p in params)
         frozen = sum(local_tensor(p).numel() for p in self._frozen())
@@ -111,10 +104,7 @@ class OptimizerReader(EngineReader):
             stage=1 if shards > 1 else 0,  # torch's ZeRO-1 shards O over its group
             precision=precision_of(first.dtype),
             dp_world_size=shards if shards > 1 else world_size(),
-            optimizer=optimizers_name(opts),
-            no_master_copy=True,
-            optimizer_slots=optimizers_slots(opts),
-            optimizer_state_elements=state_elements(opts),
+            **optimizer_config(self._optimizers()),
         )
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)
 
