@@ -82,11 +82,13 @@ class LiveTelemetry(RankIdentity, Telemetry):
         engine: str = "zeroscope",
         sample_interval: float = 0.5,
         local_world_size: int = 0,
+        spawned: bool = False,
     ) -> None:
         self.publisher = publisher
         self.rank, self.world_size = rank, world_size
         self.local_rank, self.node_rank = local_rank, node_rank
         self.local_world_size = local_world_size
+        self.spawned = spawned
         self.job_id = job_id
         self.engine = engine
         self.errors = 0

@@ -31,6 +31,7 @@ class RankIdentity:
     local_rank: int
     node_rank: int
     local_world_size: int
+    spawned: bool
     job_id: str
     engine: str
     errors: int
@@ -117,6 +118,7 @@ class RankIdentity:
                 local_world_size=self.local_world_size,
                 device_memory_bytes=device_capacity(device, self.local_world_size),
                 init_rss_peak_bytes=rss_peak(),
+                spawned=self.spawned,
             )
         )
 

@@ -92,6 +92,10 @@ class Hello(_Base, tag="hello"):
     init_rss_peak_bytes: int = 0
     """The process's peak resident memory up to this Hello (``ru_maxrss``): what start-up
     (model construction, engine build) cost the host; 0 = not said."""
+    spawned: bool = False
+    """Started by the job itself (``torch.multiprocessing.spawn``), not by the launcher: its
+    rank is its process group's, not the launcher's number for a process (which names the
+    process that spawned it)."""
 
 
 class MemoryBytes(msgspec.Struct, omit_defaults=True):

@@ -11,6 +11,7 @@ import sys
 from typing import Any, NoReturn
 
 from .api import COLLECTOR_ENV, NullTelemetry, Telemetry
+from .exit_status import ExitStatus
 from .live import LiveTelemetry
 from .publish import TOKEN_ENV, Publisher
 from .schema import SenderClaim
@@ -18,6 +19,11 @@ from .termination import TerminationBye
 
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
+SPAWNED_ENV = "ZEROSCOPE_SPAWNED_BY"
+"""Set (to the spawning process's pid) for the ranks a job starts itself with
+``torch.multiprocessing.spawn`` (agent/attach/spawned.py): they inherit the launcher's
+``RANK``/``WORLD_SIZE`` of the process that spawned them, so who they are is their process
+group's."""
 
 CONNECT_TIMEOUT_S = 5.0
 """At start-up only: how long a rank waits for its collector connection before going on (the
@@ -31,8 +37,7 @@ def start_agent() -> Telemetry:
     try:
         device_timing_environment()
         env = os.environ
-        rank = int(env.get("RANK", "0"))
-        world_size = int(env.get("WORLD_SIZE", "1"))
+        rank, world_size, local_rank, local_world_size, spawned = identity(env)
         node_rank = int(env.get("GROUP_RANK", "0"))
         # The handshake says who this is, so a collector that refuses it can still name it.
         claim = SenderClaim(
@@ -44,9 +49,10 @@ def start_agent() -> Telemetry:
             publisher,
             rank=rank,
             world_size=world_size,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_rank=local_rank,
             node_rank=node_rank,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", "0")),
+            local_world_size=local_world_size,
+            spawned=spawned,
             job_id=env.get(JOB_ID_ENV)
             or f"{socket.gethostname()}-{env.get('MASTER_PORT', os.getppid())}",
             engine=env.get(ENGINE_ENV, "zeroscope"),
@@ -56,6 +62,27 @@ def start_agent() -> Telemetry:
     except Exception as exc:
         print(f"zeroscope: telemetry disabled ({exc!r})", file=sys.stderr)
         return NullTelemetry()
+
+
+def identity(env: Any) -> tuple[int, int, int, int, bool]:
+    """(rank, world size, local rank, local world size (0: unknown), spawned) of this process: the
+    launcher's variables, or, in a rank the job spawned itself (:data:`SPAWNED_ENV`), its
+    default process group's, as the launcher's say who spawned it. Spawned on a one-node job,
+    the ranks are that node's; on more nodes, which of them share one is not known."""
+    rank = int(env.get("RANK", "0"))
+    world = int(env.get("WORLD_SIZE", "1"))
+    local = (int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "0")))
+    spawner = env.get(SPAWNED_ENV)
+    dist = sys.modules.get("torch.distributed")
+    if spawner and spawner != str(os.getpid()) and dist is not None:
+        try:
+            if dist.is_initialized():
+                rank, world = int(dist.get_rank()), int(dist.get_world_size())
+                local = (rank, world) if env.get("GROUP_WORLD_SIZE", "1") == "1" else (0, 0)
+                return rank, world, *local, True
+        except Exception:
+            pass
+    return rank, world, *local, False
 
 
 def device_timing_environment() -> None:
@@ -75,7 +102,7 @@ def device_timing_environment() -> None:
 
 
 def install_exit_hooks(agent: LiveTelemetry) -> None:
-    """Bye at interpreter exit; an uncaught exception sends an ``error`` Event and a Bye
+    """Bye at interpreter exit (with the status ``sys.exit`` was given); an uncaught exception sends an ``error`` Event and a Bye
     with exit code 1, then the previous excepthook prints the user's traceback as usual;
     SIGTERM (a launcher stopping the job) sends a Bye before the process dies of it
     (agent/termination.py)."""
@@ -92,7 +119,16 @@ def install_exit_hooks(agent: LiveTelemetry) -> None:
         previous(tp, value, tb)
 
     sys.excepthook = excepthook
-    atexit.register(agent.close)
+    status = ExitStatus(lambda: agent.step)
+    status.install()
+
+    def bye_at_exit() -> None:
+        code, reason = status.at_exit()  # sys.exit(n): its status, not 0
+        if reason and not agent.closed:
+            agent.event("error", reason)
+        agent.close(code, reason)
+
+    atexit.register(bye_at_exit)
     _bye_before_os_exit(agent)
     agent.termination = TerminationBye(
         lambda code, message: agent.close(code, message, hurry=True), saying=agent.saying_bye

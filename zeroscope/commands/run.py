@@ -227,7 +227,13 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
 
 def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
-    said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
+    # The launcher numbers its processes; ranks the job spawned itself are numbered by their
+    # process group (their spawner is the launcher's rank): their Byes name no launcher rank.
+    said = {
+        r: rs.bye.message
+        for r, rs in state.ranks.items()
+        if rs.bye and rs.bye.exit_code and not (rs.hello and rs.hello.spawned)
+    }
     end = job.end(said)  # the job's output has ended: no line of it is left to finish
     console.flush_due(force=True)
     # A rank that failed with its own error before reporting explains the silence itself.

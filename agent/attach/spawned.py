@@ -1,0 +1,66 @@
+"""Ranks a job starts itself: ``torch.multiprocessing.spawn`` (PyTorch's DDP tutorial) under
+``zeroscope run``.
+
+Such a script is run as ``python train.py``: its process spawns the ranks, each calling
+``init_process_group(rank=r, world_size=n)`` with its own ``MASTER_PORT``. Under torchrun (and
+so under ``zeroscope run``, one worker) the spawned ranks inherit the worker's
+``TORCHELASTIC_USE_AGENT_STORE=True``, which tells their rendezvous that torchrun's agent
+already hosts the store: every rank, rank 0 included, waits as a client on a port nobody
+serves, and the job hangs for the store's 30-minute timeout (plain torchrun does the same).
+And each inherits the worker's ``RANK=0`` / ``WORLD_SIZE=1``, which is who the agent said it
+was: every spawned rank reported as rank 0 of 1.
+
+So the spawn call is wrapped: the processes it starts get the environment ``python train.py``
+would have given them (no agent store), and a mark saying their identity is their process
+group's (agent/startup.py reads the rank and world size from ``torch.distributed`` there).
+The job's own process keeps its environment: both are put back when the call returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Any
+
+from zeroscope.agent.startup import SPAWNED_ENV
+
+from . import patches
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""torchrun's word to its own workers that the rendezvous store is its agent's (torch's
+``_torchelastic_use_agent_store``): wrong for ranks a worker starts with its own rendezvous."""
+
+
+def install() -> None:
+    """Wrap ``torch.multiprocessing``'s process starter, under both names a job reaches it by
+    (``mp.spawn`` calls the one in its own module)."""
+    import torch.multiprocessing as mp
+
+    spawn_module = importlib.import_module("torch.multiprocessing.spawn")  # ``mp.spawn`` is
+    # the function: the module is reached by its name
+
+    original = spawn_module.start_processes
+    wrapped = _starting_ranks(original)
+    patches.replace(spawn_module, "start_processes", wrapped)
+    if getattr(mp, "start_processes", None) is original:
+        patches.replace(mp, "start_processes", wrapped)
+
+
+def _starting_ranks(start: Any) -> Any:
+    @functools.wraps(start)
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        env = os.environ
+        saved = {name: env.get(name) for name in (AGENT_STORE_ENV, SPAWNED_ENV)}
+        env.pop(AGENT_STORE_ENV, None)
+        env[SPAWNED_ENV] = str(os.getpid())
+        try:
+            return start(*args, **kwargs)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    env.pop(name, None)
+                else:
+                    env[name] = value
+
+    return start_processes
