@@ -9,6 +9,10 @@ the status for exit hooks, so ``sys.exit`` is wrapped: the wrapper notes the sta
 exception being handled when it was called (the reason a wrapper exits), then calls the real
 one. Only the main thread's call ends the process (elsewhere it ends a thread), and a
 ``SystemExit`` the job catches and goes on from is forgotten once another step ends.
+
+The attach wraps it as the process starts (:data:`STATUS`), before the script runs, so a script
+that took the name first (``from sys import exit``) is covered too; the agent, started later,
+counts its steps for it.
 """
 
 from __future__ import annotations
@@ -21,13 +25,24 @@ from typing import Any, NoReturn
 class ExitStatus:
     """What ``sys.exit`` was last asked on the main thread (:meth:`install`), for the Bye."""
 
-    def __init__(self, steps: Any) -> None:
-        self._steps = steps
+    def __init__(self, steps: Any = None) -> None:
+        self._steps = steps or (lambda: 0)
         """The agent's step count now (a step ended after the call: the job went on)."""
         self._noted: tuple[int, str, int] | None = None
         """(code, reason, step count) of the last call."""
+        self._installed = False
+
+    def count_steps(self, steps: Any) -> None:
+        """The agent started: its step count from now (no step ended before it began)."""
+        self._steps = steps
+        if self._noted is not None:
+            self._noted = (*self._noted[:2], steps())
 
     def install(self) -> None:
+        """Wrap ``sys.exit`` (once)."""
+        if self._installed:
+            return
+        self._installed = True
         real = sys.exit
         main = threading.main_thread()
 
@@ -65,3 +80,7 @@ class ExitStatus:
         if noted is None or noted[2] != self._steps():
             return 0, ""
         return noted[0], noted[1]
+
+
+STATUS = ExitStatus()
+"""The process's own (the attach installs it at start-up, the agent counts its steps)."""

@@ -11,7 +11,7 @@ import sys
 from typing import Any, NoReturn
 
 from .api import COLLECTOR_ENV, NullTelemetry, Telemetry
-from .exit_status import ExitStatus
+from .exit_status import STATUS
 from .live import LiveTelemetry
 from .publish import TOKEN_ENV, Publisher
 from .schema import SenderClaim
@@ -119,8 +119,9 @@ def install_exit_hooks(agent: LiveTelemetry) -> None:
         previous(tp, value, tb)
 
     sys.excepthook = excepthook
-    status = ExitStatus(lambda: agent.step)
-    status.install()
+    status = STATUS
+    status.install()  # (the attach did at start-up, before the script took the name)
+    status.count_steps(lambda: agent.step)
 
     def bye_at_exit() -> None:
         code, reason = status.at_exit()  # sys.exit(n): its status, not 0

@@ -85,19 +85,21 @@ def test_a_spawned_rank_that_raises_says_its_error_and_the_job_fails_as_alone(
 
 
 EXITS_3 = """
-import sys, torch, torch.distributed as dist
+from sys import exit  # taken before the agent starts (at DDP's construction)
+import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 dist.init_process_group("gloo")
 model = DistributedDataParallel(torch.nn.Linear(8, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(3):
     opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()
-sys.exit(3)
+exit(3)
 """
 
 
 @pytest.mark.slow
 def test_ranks_leaving_through_sys_exit_say_its_status(tmp_path: Path) -> None:
+    """(``from sys import exit`` at the script's top: the wrapper is in place before it.)"""
     script = tmp_path / "exits_3.py"
     script.write_text(EXITS_3)
     trace = tmp_path / "t.zstrace"
@@ -170,4 +172,19 @@ def test_a_caught_exit_the_job_goes_on_from_and_other_threads_exits_are_forgotte
     thread = threading.Thread(target=leave, args=(5,))  # would end that thread only
     thread.start()
     thread.join()
+    assert status.at_exit() == (0, "")
+
+
+def test_an_exit_noted_before_the_agent_started_holds_until_a_step_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    status = ExitStatus()  # as the attach installs it, before any agent
+    status.install()
+    status.install()  # once: a second call wraps nothing more
+    leave(6)
+    steps = Steps()
+    status.count_steps(steps)  # the agent starts (an exit caught in a setup it went on from)
+    assert status.at_exit() == (6, "")
+    steps.n += 1
     assert status.at_exit() == (0, "")

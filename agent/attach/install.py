@@ -134,6 +134,9 @@ def install() -> None:
 
     if not launcher_process():
         configure_environment()  # before the job creates its process groups
+        from zeroscope.agent.exit_status import STATUS
+
+        STATUS.install()  # before the script runs: ``from sys import exit`` gets the wrapper
 
     api.on_claim(_stand_down)
     postimport.when_imported("torch.distributed", _torch_ready)
