@@ -181,7 +181,9 @@ def test_an_exit_noted_before_the_agent_started_holds_until_a_step_ends(
     monkeypatch.setattr(sys, "exit", sys.exit)
     status = ExitStatus()  # as the attach installs it, before any agent
     status.install()
+    wrapped = sys.exit
     status.install()  # once: a second call wraps nothing more
+    assert sys.exit is wrapped
     leave(6)
     steps = Steps()
     status.count_steps(steps)  # the agent starts (an exit caught in a setup it went on from)
