@@ -480,7 +480,9 @@ class LiveTelemetry(RankIdentity, Telemetry):
                 pub.wait_live(RECONNECT_WAIT_S)
             with contextlib.suppress(Exception):
                 if hurry:
-                    self._outbox.drain(block=False, wait_s=0.2)
+                    # The recorder's read is a host one, a few ms: the last steps' reports
+                    # waited for it (a rank ending by os._exit, a forked one's only way out).
+                    self._outbox.drain(block=False, wait_s=0.2, read=True)
                 else:
                     self._outbox.drain(block=True)
             self.publisher.poll_connection()

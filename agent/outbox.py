@@ -133,11 +133,12 @@ class Outbox:
                 pass  # the sender emptied it meanwhile
         handed.append(item)
 
-    def drain(self, block: bool = False, wait_s: float | None = None) -> None:
+    def drain(self, block: bool = False, wait_s: float | None = None, read: bool = False) -> None:
         """Send, in order, every event and every report whose step has completed; ``block``
         (at close, the loop is over) sends everything, waiting for the device if needed.
         ``wait_s``: the most to wait for the sender thread's turn (default: forever, or
-        CLOSE_WAIT_S with ``block``)."""
+        CLOSE_WAIT_S with ``block``). ``read``: reports waiting for the Flight Recorder's next
+        read have it now (a hurried close: ``PendingReport.finish``)."""
         # At close, a sender thread that did not stop (stuck in a send) must not hang the exit.
         if wait_s is None:
             wait_s = CLOSE_WAIT_S if block else -1
@@ -148,7 +149,7 @@ class Outbox:
             batch: list[Message] = []
             beats: list[Message] = []
             try:
-                self._drain(block, batch, beats)
+                self._drain(block, batch, beats, read)
                 self._raised_meanwhile(batch)
             finally:
                 # A heartbeat names the last step ended (up to which the reports are in this
@@ -160,7 +161,9 @@ class Outbox:
         finally:
             self._lock.release()
 
-    def _drain(self, block: bool, batch: list[Message], beats: list[Message]) -> None:
+    def _drain(
+        self, block: bool, batch: list[Message], beats: list[Message], read: bool = False
+    ) -> None:
         handed, waiting = self._handed, self._waiting
         lost = self.lost - self._lost_counted
         if lost:
@@ -189,7 +192,7 @@ class Outbox:
             pending = waiting[0]
             pending.age = step - 1 - pending.facts.step  # step ends since its own
             try:
-                if not pending.finish(block):
+                if not pending.finish(block, read):
                     return
             except Exception:  # an unreadable report is dropped (counted), never raised
                 self.errors += 1

@@ -230,13 +230,15 @@ class PendingReport:
         self._failed: set[int] = set()
         self._device = False
 
-    def finish(self, block: bool = False) -> bool:
+    def finish(self, block: bool = False, read: bool = False) -> bool:
         """Fill the report if everything it waits for has completed (or it may wait no longer:
-        ``block`` at close, or too old); False = keep waiting."""
+        ``block`` at close, or too old); False = keep waiting. ``read``: the Flight Recorder is
+        read now whatever its schedule (a hurried close: a host read, the device not waited
+        for)."""
         if capture.state.underway and not block:
             return False  # no event may be touched while the training thread captures a graph
         if self._mark is not None:
-            if not block and not self._mark.due():
+            if not (block or read) and not self._mark.due():
                 return False  # not counted against MAX_DEFER_STEPS: the reader bounds it
             mark, self._mark = self._mark, None
             try:

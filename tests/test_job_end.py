@@ -177,6 +177,20 @@ def test_the_first_failure_decides_the_code_and_the_line() -> None:
     assert (end.code, end.error) == (3, "exited with code 3 without a traceback")
 
 
+def test_a_job_that_spawned_its_ranks_fails_as_the_job_naming_no_rank() -> None:
+    # torch.multiprocessing.spawn under torchrun: torchrun's rank 0 is the spawner, which
+    # prints the spawned rank's traceback (unprefixed); the reporting rank 0 is another process,
+    # stopped by the spawner (its Bye: SIGTERM), and must not be named as the failure.
+    spawned = RankError(None, "RuntimeError: rank 1 broke at step 3", seq=1)
+    exits = Outcome(exits=(RankExit(rank=0, exitcode=1),))
+    reported = {0: "SIGTERM: stopped from outside", 1: "RuntimeError: rank 1 broke at step 3"}
+    end = classify(1, exits, [spawned], reported=reported, named=False)
+    assert end == JobEnd(1, error="RuntimeError: rank 1 broke at step 3")
+    assert end.sentences() == ["the job failed (exit code 1): RuntimeError: rank 1 broke at step 3"]
+    # As the launcher's ranks (named), the same outcome names torchrun's rank 0.
+    assert classify(1, exits, [spawned], reported=reported).rank == 0
+
+
 def test_a_stop_on_request_is_said_so_whatever_the_ranks_did() -> None:
     exits = Outcome(exits=(RankExit(rank=0, exitcode=1), RankExit(rank=1, exitcode=-9)))
     for returncode in (1, 130, -9, 0):

@@ -47,8 +47,13 @@ def spawn_runs(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_ranks_the_job_spawns_itself_report_as_their_process_groups_ranks(tmp_path: Path) -> None:
-    alone, under = spawn_runs(tmp_path, "--steps", str(STEPS))
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_ranks_the_job_spawns_itself_report_as_their_process_groups_ranks(
+    tmp_path: Path, method: str
+) -> None:
+    """(Forked ranks end by ``os._exit``: their last reports, waiting for the Flight Recorder's
+    next read, went with the hurried Bye unread before: "2 ranks reported, no step completed".)"""
+    alone, under = spawn_runs(tmp_path, "--steps", str(STEPS), "--start-method", method)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert under.returncode == 0, under.stderr[-3000:]
     spawner = int(under.stdout.split("spawner ", 1)[1].split()[0])
@@ -81,6 +86,9 @@ def test_a_spawned_rank_that_raises_says_its_error_and_the_job_fails_as_alone(
     # sys.exit(1): the Bye has that status and the exception it exited of.
     assert (said[1].exit_code, said[1].message) == (1, "RuntimeError: rank 1 broke at step 3")
     assert "rank 1 exited with code 1: RuntimeError: rank 1 broke at step 3" in under.stdout
+    # The failure is the job's: torchrun's process 0 is the spawner, not the reporting rank 0.
+    assert "the job failed (exit code 1): RuntimeError: rank 1 broke at step 3" in under.stderr
+    assert "failed first" not in under.stderr
     assert "exited cleanly" not in under.stdout + under.stderr
 
 

@@ -2,7 +2,9 @@
 ``torch.multiprocessing.spawn`` (run as ``python spawn_train.py``), each rendezvousing on the
 port the script picks. Each rank writes its losses (``repr``: every bit) and its process id to
 ``--out``.RANK. ``--fail-at S``: rank 1 raises at step S (torch's spawn then exits it with 1,
-stops the other rank and raises in the parent)."""
+stops the other rank and raises in the parent). ``--start-method fork``: the ranks are forked
+(``mp.start_processes``), and leave through ``os._exit`` as multiprocessing's forked children
+do."""
 
 from __future__ import annotations
 
@@ -46,6 +48,11 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--start-method", default="spawn")
     a = parser.parse_args()
     print(f"spawner {os.getpid()}", flush=True)
-    mp.spawn(worker, args=(2, a.port, a.steps, a.fail_at, a.out), nprocs=2, join=True)
+    args = (2, a.port, a.steps, a.fail_at, a.out)
+    if a.start_method == "spawn":
+        mp.spawn(worker, args=args, nprocs=2, join=True)
+    else:
+        mp.start_processes(worker, args=args, nprocs=2, join=True, start_method=a.start_method)

@@ -152,10 +152,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.headless or not sys.stdout.isatty():
             job = Job(argv, env, log)
+            job.spawned_ranks = lambda: spawned_ranks(state)
             interrupts.attach(job)
             return run_headless(job, source, state, str(trace))
         # The TUI owns the terminal: the job's own output goes only to the log.
         job = Job(argv, env, log, forward=False, terminal=True)
+        job.spawned_ranks = lambda: spawned_ranks(state)
         interrupts.attach(job)
         return run_live(job, source, state, str(trace))
     finally:
@@ -212,6 +214,11 @@ def _launcher_argv(args: argparse.Namespace, script: str) -> list[str]:
     return deepspeed_argv(args, script, args.script_args)
 
 
+def spawned_ranks(state: ClusterState) -> bool:
+    """Whether the job's ranks were spawned by the job itself (docs/engines/torchrun.md)."""
+    return any(rs.hello is not None and rs.hello.spawned for rs in state.ranks.values())
+
+
 def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str) -> int:
     """One line per completed step while the job runs, then the summary. (Ctrl-C and SIGTERM
     stop the job: zeroscope.run.job.Interrupts, installed by main.)"""
@@ -229,11 +236,7 @@ def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
     # The launcher numbers its processes; ranks the job spawned itself are numbered by their
     # process group (their spawner is the launcher's rank): their Byes name no launcher rank.
-    said = {
-        r: rs.bye.message
-        for r, rs in state.ranks.items()
-        if rs.bye and rs.bye.exit_code and not (rs.hello and rs.hello.spawned)
-    }
+    said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
     end = job.end(said)  # the job's output has ended: no line of it is left to finish
     console.flush_due(force=True)
     # A rank that failed with its own error before reporting explains the silence itself.

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
 import psutil
@@ -60,6 +60,9 @@ class Job:
         """Why zeroscope stopped the job ("Ctrl-C" ...), None while it was not asked to."""
         self.stop_code = 130
         self.scanner = ErrorScanner()
+        self.spawned_ranks: Callable[[], bool] = lambda: False
+        """Whether the job's ranks were spawned by the job itself (their Hellos say so): the
+        launcher's process numbers then name no rank (``classify``'s ``named``)."""
         self._end: JobEnd | None = None
         self._pending: tuple[int, float] | None = None
         """A stop waiting for torchrun to handle signals: (signal, give-up instant)."""
@@ -208,7 +211,13 @@ class Job:
             errors = self.scanner.errors()
             outcome = self.outcome()
             self._end = classify(
-                returncode, outcome, errors, self.stopped, self.stop_code, reported
+                returncode,
+                outcome,
+                errors,
+                self.stopped,
+                self.stop_code,
+                reported,
+                named=not self.spawned_ranks(),
             )
             self._watchdog.close()
         return self._end
@@ -245,7 +254,9 @@ class Job:
             who = f"r{e.rank}" if e.rank is not None else "the job"
             ranks = (e.rank,) if e.rank is not None else ()
             return [Alert("raised", "critical", f"{who} failed: {e.line}", ranks)]
-        end = classify(returncode, self.outcome(), self.scanner.errors())
+        end = classify(
+            returncode, self.outcome(), self.scanner.errors(), named=not self.spawned_ranks()
+        )
         return end_alerts(end)
 
 

@@ -118,10 +118,14 @@ def classify(
     stopped: str | None = None,
     stop_code: int = 130,
     reported: Mapping[int, str] | None = None,
+    *,
+    named: bool = True,
 ) -> JobEnd:
     """The job's end from torchrun's ``returncode`` (negative: killed by that signal), the
     outcome file, the ranks' error lines, zeroscope's own stop (``stopped``: why) and the
-    errors the ranks' agents reported (``reported``, rank -> their Bye's message)."""
+    errors the ranks' agents reported (``reported``, rank -> their Bye's message). ``named``:
+    torchrun's process numbers are the job's ranks (not so when the job spawned its ranks
+    itself: the failure is the job's, said with its error, and no rank is named)."""
     if stopped:
         return JobEnd(stop_code, stopped=stopped)
     code = returncode if returncode >= 0 else 128 - returncode
@@ -133,6 +137,8 @@ def classify(
         # error line is the first unprefixed traceback's, if any.
         first = next((e.line for e in errors), None)
         return JobEnd(code, error=first)
+    if not named:
+        return JobEnd(failed.code, error=how_it_ended(failed, errors))
     sigterm = -int(signal.SIGTERM)
     followers = tuple(
         e.rank
