@@ -13,6 +13,7 @@ cleanly" above torchrun's "exit code 3"."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from tests.attach_support import job_env, read_trace, run_job
 from tests.distributed import free_port
 from zeroscope.agent.exit_status import ExitStatus
 from zeroscope.agent.schema import Bye
+from zeroscope.agent.startup import SPAWNED_ENV, identity, spawner_mark
 from zeroscope.store.trace import TraceReader
 
 SCRIPT = Path(__file__).resolve().parent / "jobs" / "spawn_train.py"
@@ -198,3 +200,46 @@ def test_an_exit_noted_before_the_agent_started_holds_until_a_step_ends(
     assert status.at_exit() == (6, "")
     steps.n += 1
     assert status.at_exit() == (0, "")
+
+
+# -- who a process is ------------------------------------------------------------------------
+
+
+class Group:
+    """The process group a spawned rank joined (``torch.distributed``'s three calls)."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def get_rank() -> int:
+        return 3
+
+    @staticmethod
+    def get_world_size() -> int:
+        return 4
+
+
+def test_a_rank_is_its_groups_only_when_spawned_with_the_spawners_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.distributed", Group)
+    launcher = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    # The spawner's own environment (torchrun's one worker), as it spawns:
+    mark = f"{os.getpid() + 1}:0:1"  # (another process's pid: the child is not the spawner)
+    # no mark: the launcher's numbers
+    assert identity(launcher) == (0, 1, 0, 1, False)
+    # spawned with the spawner's environment: the group's numbers, this node's ranks
+    assert identity({**launcher, SPAWNED_ENV: mark}) == (3, 4, 3, 4, True)
+    # on more than one node: which ranks share one is not known
+    both = {**launcher, SPAWNED_ENV: mark, "GROUP_WORLD_SIZE": "2"}
+    assert identity(both) == (3, 4, 0, 0, True)
+    # the spawner given its own numbers by what started it (torch's elastic agent's workers)
+    own = {**launcher, "RANK": "2", "WORLD_SIZE": "4", SPAWNED_ENV: mark}
+    assert identity(own) == (2, 4, 0, 1, False)
+    # the spawner itself (its mark is its own pid)
+    mine = {**launcher, SPAWNED_ENV: f"{os.getpid()}:0:1"}
+    assert identity(mine) == (0, 1, 0, 1, False)
+    # the mark is what the spawner writes
+    assert spawner_mark(launcher) == f"{os.getpid()}:0:1"

@@ -23,7 +23,7 @@ import importlib
 import os
 from typing import Any
 
-from zeroscope.agent.startup import SPAWNED_ENV
+from zeroscope.agent.startup import SPAWNED_ENV, spawner_mark
 
 from . import patches
 
@@ -53,7 +53,7 @@ def _starting_ranks(start: Any) -> Any:
         env = os.environ
         saved = {name: env.get(name) for name in (AGENT_STORE_ENV, SPAWNED_ENV)}
         env.pop(AGENT_STORE_ENV, None)
-        env[SPAWNED_ENV] = str(os.getpid())
+        env[SPAWNED_ENV] = spawner_mark(env)
         try:
             return start(*args, **kwargs)
         finally:
