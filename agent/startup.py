@@ -20,16 +20,11 @@ from .termination import TerminationBye
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
 SPAWNED_ENV = "ZEROSCOPE_SPAWNED_BY"
-"""Set for the ranks a job starts itself with ``torch.multiprocessing.spawn``
-(agent/attach/spawned.py), to :func:`spawner_mark`: they inherit the launcher's ``RANK`` /
-``WORLD_SIZE`` of the process that spawned them, so who they are is their process group's."""
-
-
-def spawner_mark(env: Any) -> str:
-    """The spawning process, and the rank and world size the launcher gave it: a child whose
-    environment still says those is a rank the job spawned; one whose spawner gave it its own
-    (torch's elastic agent starts its workers through the same call) is the launcher's."""
-    return f"{os.getpid()}:{env.get('RANK', '')}:{env.get('WORLD_SIZE', '')}"
+"""Set (to the spawning process's pid) for the ranks a job starts itself with
+``torch.multiprocessing.spawn`` or ``start_processes`` (agent/attach/spawned.py): they inherit
+the launcher's ``RANK``/``WORLD_SIZE`` of the process that spawned them (or whatever the
+spawning code, accelerate's ``notebook_launcher``, set), so who they are is their process
+group's."""
 
 
 CONNECT_TIMEOUT_S = 5.0
@@ -79,10 +74,9 @@ def identity(env: Any) -> tuple[int, int, int, int, bool]:
     rank = int(env.get("RANK", "0"))
     world = int(env.get("WORLD_SIZE", "1"))
     local = (int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "0")))
-    pid, _, said = env.get(SPAWNED_ENV, "").partition(":")
-    inherited = said == f"{env.get('RANK', '')}:{env.get('WORLD_SIZE', '')}"
+    spawner = env.get(SPAWNED_ENV)
     dist = sys.modules.get("torch.distributed")
-    if pid and pid != str(os.getpid()) and inherited and dist is not None:
+    if spawner and spawner != str(os.getpid()) and dist is not None:
         try:
             if dist.is_initialized():
                 rank, world = int(dist.get_rank()), int(dist.get_world_size())

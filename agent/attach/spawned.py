@@ -23,9 +23,10 @@ import importlib
 import os
 from typing import Any
 
-from zeroscope.agent.startup import SPAWNED_ENV, spawner_mark
+from zeroscope.agent.startup import SPAWNED_ENV
 
 from . import patches
+from .install import launcher_process
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 """torchrun's word to its own workers that the rendezvous store is its agent's (torch's
@@ -50,10 +51,12 @@ def install() -> None:
 def _starting_ranks(start: Any) -> Any:
     @functools.wraps(start)
     def start_processes(*args: Any, **kwargs: Any) -> Any:
+        if launcher_process():  # a launcher's own workers (function entrypoints) are its ranks
+            return start(*args, **kwargs)
         env = os.environ
         saved = {name: env.get(name) for name in (AGENT_STORE_ENV, SPAWNED_ENV)}
         env.pop(AGENT_STORE_ENV, None)
-        env[SPAWNED_ENV] = spawner_mark(env)
+        env[SPAWNED_ENV] = str(os.getpid())
         try:
             return start(*args, **kwargs)
         finally:
