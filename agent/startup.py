@@ -67,8 +67,8 @@ def start_agent() -> Telemetry:
 
 
 def identity(env: Any) -> tuple[int, int, int, int, bool]:
-    """(rank, world size, local rank, local world size (0: unknown), spawned) of this process: the
-    launcher's variables, or, in a rank the job spawned itself (:data:`SPAWNED_ENV`), its
+    """(rank, world size, local rank, local world size (0: unknown), spawned) of this process:
+    the launcher's variables, or, in a rank the job spawned itself (:data:`SPAWNED_ENV`), its
     default process group's, as the launcher's say who spawned it. Spawned on a one-node job,
     the ranks are that node's; on more nodes, which of them share one is not known."""
     rank = int(env.get("RANK", "0"))
@@ -104,10 +104,10 @@ def device_timing_environment() -> None:
 
 
 def install_exit_hooks(agent: LiveTelemetry) -> None:
-    """Bye at interpreter exit (with the status ``sys.exit`` was given); an uncaught exception sends an ``error`` Event and a Bye
-    with exit code 1, then the previous excepthook prints the user's traceback as usual;
-    SIGTERM (a launcher stopping the job) sends a Bye before the process dies of it
-    (agent/termination.py)."""
+    """Bye at interpreter exit (with the status ``sys.exit`` was given: agent/exit_status.py);
+    an uncaught exception sends an ``error`` Event and a Bye with exit code 1, then the
+    previous excepthook prints the user's traceback as usual; SIGTERM (a launcher stopping the
+    job) sends a Bye before the process dies of it (agent/termination.py)."""
     previous = sys.excepthook
 
     def excepthook(tp: type[BaseException], value: BaseException, tb: Any) -> None:

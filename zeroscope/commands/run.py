@@ -234,8 +234,8 @@ def run_headless(job: Job, source: QueueSource, state: ClusterState, trace: str)
 
 def _finish(job: Job, state: ClusterState, trace: str) -> int:
     """The summary, how the job ended (once, in plain words), and its exit code."""
-    # The launcher numbers its processes; ranks the job spawned itself are numbered by their
-    # process group (their spawner is the launcher's rank): their Byes name no launcher rank.
+    # (Ranks the job spawned itself are numbered by their process group, not the launcher:
+    # ``job.spawned_ranks`` has their failure said as the job's, naming none of these.)
     said = {r: rs.bye.message for r, rs in state.ranks.items() if rs.bye and rs.bye.exit_code}
     end = job.end(said)  # the job's output has ended: no line of it is left to finish
     console.flush_due(force=True)
