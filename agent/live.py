@@ -34,11 +34,11 @@ from .outbox import DRAIN_INTERVAL_S, Outbox
 from .pending import RawTransfer, StepFacts, StepFigures
 from .phase_scope import PhaseScope
 from .publish import Publisher
+from .rank_close import RankClose
 from .rank_identity import RankIdentity
 from .sampler import Sampler
 from .scalars import NO_SCALAR, DeferredScalar
 from .schema import (
-    Bye,
     CollectiveOp,
     ConfigSummary,
     Event,
@@ -55,17 +55,8 @@ from .termination import TerminationBye
 from .timeline import RawMark, StepAxis
 from .work import WorkMeter
 
-RECONNECT_WAIT_S = 3.0
-"""At the end of a run whose collector was lost mid-run (never one that was never reached, nor
-one that refused us): how long the last reports wait for ZeroMQ to redial a collector that
-came back (its reconnect backoff tops out at 1 s, agent/publish.py); a restarted collector
-then records the run to its last step. Bounded, at exit only: the loop never waits for it."""
 
-CLOSE_WAIT_S = 3.0
-"""How long a second close (another thread's) waits for the first one's Bye to leave."""
-
-
-class LiveTelemetry(RankIdentity, Telemetry):
+class LiveTelemetry(RankIdentity, RankClose, Telemetry):
     """Measures and publishes one rank's steps (see module docstring)."""
 
     enabled = True
@@ -449,56 +440,3 @@ class LiveTelemetry(RankIdentity, Telemetry):
                 rank=self.rank, step=self.step - 1 + self._base, wall_ns=time.time_ns(), host=sample
             )
         )
-
-    def saying_bye(self) -> bool:
-        """Whether this thread is in :meth:`close`, before its Bye left (a SIGTERM handler
-        that interrupted it lets it finish: agent/termination.py)."""
-        return self._closing_thread == threading.get_ident() and not self._close_done.is_set()
-
-    def close(self, exit_code: int = 0, message: str = "", *, hurry: bool = False) -> None:
-        """The Bye, after the reports still held. ``hurry`` (the process is being terminated,
-        maybe hung in a collective): what is ready goes, nothing waits for the device or for
-        long on the sender thread."""
-        if self.closed:
-            # A close in progress on another thread (the rank's error or exit hooks, when
-            # torchrun's SIGTERM comes): its Bye is on its way; the caller ends the process
-            # only once it left (or its own deadline passed), or the Bye died with it.
-            if self._closing_thread != threading.get_ident():
-                self._close_done.wait(CLOSE_WAIT_S)
-            return
-        self.closed = True
-        self._closing_thread = threading.get_ident()
-        try:
-            self.sampler.stop(0.2 if hurry else 2.0)
-            pub = self.publisher
-            pub.poll_connection()  # the sampler may not have seen the last events yet
-            if not hurry and pub.reached and not pub.refused:
-                # The collector went away mid-run (restarted, or its host rebooted): its
-                # successor may be up already, ZeroMQ redialling on its backoff. The last
-                # reports and the Bye go only over a live connection, so give it a moment
-                # (at once when one is up: the socket is writable).
-                pub.wait_live(RECONNECT_WAIT_S)
-            with contextlib.suppress(Exception):
-                if hurry:
-                    # The recorder's read is a host one, a few ms: the last steps' reports
-                    # waited for it (a rank ending by os._exit, a forked one's only way out).
-                    self._outbox.drain(block=False, wait_s=0.2, read=True)
-                else:
-                    self._outbox.drain(block=True)
-            self.publisher.poll_connection()
-            self.publisher.send(
-                Bye(
-                    rank=self.rank,
-                    step=self.step - 1 + self._base,
-                    wall_ns=time.time_ns(),
-                    exit_code=exit_code,
-                    message=message,
-                )
-            )
-        except Exception:
-            self.errors += 1
-        finally:
-            self.publisher.close()
-            self._close_done.set()
-            if self.termination is not None:
-                self.termination.bye_left()  # a SIGTERM that came meanwhile ends the rank
