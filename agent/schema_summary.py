@@ -148,6 +148,12 @@ class StepSummary(msgspec.Struct, array_like=True, gc=False):
     """The evaluation run before this step, within its time (``Phases.eval``) [s]; None = none."""
 
     @property
+    def train_s(self) -> float:
+        """The step's time less the evaluation in it [s]: what its counted work (training
+        forwards and backwards only) is a rate over (zeroscope/state/throughput.py)."""
+        return self.duration_s - (self.eval_s or 0.0)
+
+    @property
     def compute_s(self) -> float | None:
         """Compute time: the step minus the time waiting in collectives [s]. Under synchronous
         collectives every rank's step time is the same; this is what differs. NA when some

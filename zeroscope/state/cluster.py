@@ -104,7 +104,7 @@ class StepAggregate:
         only) is a rate over."""
         if self.eval_time is None:
             return self.step_time
-        return max(s.duration_s - (s.eval_s or 0.0) for s in self.summaries.values())
+        return max(s.train_s for s in self.summaries.values())
 
     _median: float | None = None
 

@@ -157,12 +157,7 @@ def of_step(works: list[Work | None], seconds: float) -> Throughput:
 
 def rank_step(summary: StepSummary) -> Throughput:
     """One rank's figures in one step (its own step time)."""
-    return of_step([summary.work], _train_s(summary))
-
-
-def _train_s(summary: StepSummary) -> float:
-    """The rank's step time less the evaluation in it (module docstring)."""
-    return summary.duration_s - (summary.eval_s or 0.0)
+    return of_step([summary.work], summary.train_s)
 
 
 def cluster_step(agg: StepAggregate) -> Throughput:
@@ -283,7 +278,7 @@ def rank_run(rs: RankState, first_step: int | None) -> Throughput:
     history = list(rs.history)
     steady = [s for s in history if s.step != first_step] or history
     known = _last_peaks([(0, s.work) for s in steady]).get(0)
-    return _steady([(_train_s(s), [_with_peak(s.work, known)]) for s in steady])
+    return _steady([(s.train_s, [_with_peak(s.work, known)]) for s in steady])
 
 
 def cluster_run(state: ClusterState) -> Throughput:
