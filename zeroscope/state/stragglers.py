@@ -29,12 +29,12 @@ import bisect
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from math import isnan
 from operator import attrgetter
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import msgspec
 
-from . import columns
 from .sequences import peers
 
 if TYPE_CHECKING:
@@ -45,10 +45,7 @@ if TYPE_CHECKING:
 
 LagKind = Literal["straggler", "slow_link"]
 
-_UNEXPOSED = attrgetter("unexposed")
-_DURATION = attrgetter("duration_s")
-_EXPOSED = attrgetter("exposed_s")
-_BUSY = attrgetter("busy_s")
+_COMPUTE = attrgetter("compute_s")
 
 
 class Standing(msgspec.Struct, frozen=True, gc=False):
@@ -126,60 +123,31 @@ def judge_by_stage(
 
 def judge(summaries: dict[int, StepSummary]) -> dict[int, Standing]:
     """Every rank's standing in one step (empty below two ranks, or when some rank's compute
-    is NA: its wait in collectives was not measured, so no rank can be set against it).
-
-    Worked on arrays (zeroscope.state.columns: a 16,384-rank step's close is ~20 ms of Python
-    loops otherwise), each figure the Python expression in the comment beside it, bit for bit."""
-    n = len(summaries)
-    if n < 2:
+    is NA: its wait in collectives was not measured, so no rank can be set against it)."""
+    if len(summaries) < 2:
         return {}
-    values = summaries.values()
-    if any(map(_UNEXPOSED, values)):
-        return {}  # some rank's compute_s is NA
-    np = columns._np()
-    duration = columns.floats(values, _DURATION)
-    wait = columns.floats(values, _EXPOSED)
-    busy = columns.floats(values, _BUSY)
-    left = duration - wait
-    compute = np.where(left < 0.0, 0.0, left)  # StepSummary.compute_s: max(left, 0.0)
     ranks = list(summaries)
-    if columns.has_nan(compute):  # NaN: not sorted under <, so not the sort's order either
-        return _judge_in_python(ranks, compute.tolist(), busy.tolist())
-    cs = columns.sort(compute)
-    top, second = cs[-1], cs[-2]
-    lag = np.where(compute == top, second, top) - compute  # the slowest other rank's beyond r's
-    own = busy - np.where(lag > 0.0, lag, 0.0)  # max(0.0, lag), NaN kept as it
-    if columns.has_nan(own):
-        links_list = own.tolist()
-        return _judge_bisecting(
-            ranks, compute.tolist(), links_list, cs.tolist(), sorted(links_list)
-        )
-    links = columns.sort(own)
-    c_hi, c_lo, c_above, c_mid, c_below = _thresholds(cs.tolist())
-    l_hi, l_lo, l_above, l_mid, l_below = _thresholds(links.tolist())
-    others = np.where(compute > c_hi, c_above, np.where(compute > c_lo, c_mid, c_below))
-    link_others = np.where(own > l_hi, l_above, np.where(own > l_lo, l_mid, l_below))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (compute / others).tolist()
-    if not (others > 0.0).all():  # compute / others if others > 0 else None
-        for i in np.flatnonzero(~(others > 0.0)).tolist():
-            ratio[i] = None
-    made = map(Standing, (compute - others).tolist(), (own - link_others).tolist(), ratio)
-    return dict(zip(ranks, made, strict=True))
-
-
-def _judge_in_python(
-    ranks: list[int], compute: list[float], busy: list[float]
-) -> dict[int, Standing]:
-    """:func:`judge` of a step with a NaN compute time, as Python orders it: ``sorted`` leaves
-    NaN where the other values put it, and the slowest two ranks are read from that order."""
+    measured = list(map(_COMPUTE, summaries.values()))
+    if None in measured:
+        return {}
+    compute = cast("list[float]", measured)
     cs = sorted(compute)
     top, second = cs[-1], cs[-2]
     own = []
-    for b, c in zip(busy, compute, strict=True):
-        lag = (second if c == top else top) - c
-        own.append(b - (lag if lag > 0.0 else 0.0))
-    return _judge_bisecting(ranks, compute, own, cs, sorted(own))
+    for s, c in zip(summaries.values(), compute):
+        lag = (second if c == top else top) - c  # the slowest other rank's compute beyond r's
+        own.append(s.busy_s - (lag if lag > 0.0 else 0.0))  # max(0.0, lag), written out
+    links = sorted(own)
+    if any(map(isnan, cs)) or any(map(isnan, links)):
+        return _judge_bisecting(ranks, compute, own, cs, links)  # NaN: not sorted under <
+    c_hi, c_lo, c_above, c_mid, c_below = _thresholds(cs)
+    l_hi, l_lo, l_above, l_mid, l_below = _thresholds(links)
+    out = {}
+    for r, c, link in zip(ranks, compute, own):
+        others = c_above if c > c_hi else c_mid if c > c_lo else c_below
+        link_others = l_above if link > l_hi else l_mid if link > l_lo else l_below
+        out[r] = Standing(c - others, link - link_others, c / others if others > 0 else None)
+    return out
 
 
 def _judge_bisecting(
