@@ -43,7 +43,9 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """Largest message a receiver accepts (a StepReport of a huge ZeRO-3 model with thousands of
 collectives is well under 1 MiB)."""
 
-CollectiveOp = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "p2p"]
+CollectiveOp = Literal[
+    "all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "p2p", "all_to_all"
+]
 CollectiveClock = Literal["device", "host", "none"]
 """What measured a collective's ``duration_s``: CUDA events on the device's clock, the host's
 clock where the host really waits for the op (CPU / gloo), or nothing (``none``: the op was

@@ -24,8 +24,10 @@ that:
 - bytes follow nccl-tests (``agent/schema.py``): the full gathered size for all-gather and
   reduce-scatter, the buffer for all-reduce and broadcast.
 
-``alltoall``, ``gather``, ``scatter`` and ``barrier`` are not recorded (the wire schema has no
-op for them, and none of the engines here uses them in a step).
+All-to-all (an expert-parallel layer's token routing: ``all_to_all_single`` / ``all_to_all``)
+is recorded as ``all_to_all``, its bytes what this rank sends. ``gather``, ``scatter`` and
+``barrier`` are not recorded (the wire schema has no op for them, and none of the engines here
+uses them in a step).
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ OPS: dict[str, tuple[CollectiveOp, Callable[[tuple], int]]] = {
     "reduce_scatter_single_coalesced": ("reduce_scatter", _second),
     "broadcast": ("broadcast", _first),
     "reduce": ("reduce", _first),
+    # (output, input[, splits]) or (output list, input list): S = what this rank sends, as
+    # nccl-tests' alltoall counts it (an expert-parallel layer's splits differ per rank)
+    "all_to_all_single": ("all_to_all", _second),
+    "alltoall_base": ("all_to_all", _second),
+    "alltoall": ("all_to_all", _second),
     "send": ("p2p", _first),
     "recv": ("p2p", _first),
     "recv_anysource": ("p2p", _first),

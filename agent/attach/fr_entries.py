@@ -30,9 +30,12 @@ OPS: dict[str, CollectiveOp] = {
     "reduce": "reduce",
     "send": "p2p",
     "recv": "p2p",
+    "all_to_all": "all_to_all",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
 }
 """The Flight Recorder's op names (after the backend's ``gloo:`` / ``nccl:``) as wire ops;
-others (barrier, all-to-all, gather, scatter) have no wire op and are skipped."""
+others (barrier, gather, scatter) have no wire op and are skipped."""
 
 DTYPE_BYTES = {
     "Float": 4,

@@ -47,6 +47,17 @@ def volume_series(state: ClusterState) -> list[float | None]:
     return median_rank_series(state, lambda s: s.comm_volume)
 
 
+OUTSIDE_TRAFFIC_MODEL = ("all_to_all",)
+"""Ops the engine's traffic model (zeroscope.state.prediction: parameters and gradients) does
+not hold: an expert-parallel layer's token routing moves activations, sized by the batch."""
+
+
+def model_volume(s: StepSummary) -> float:
+    """A step's volume the traffic model is to be held against: all of it but
+    :data:`OUTSIDE_TRAFFIC_MODEL`'s [bytes]."""
+    return s.comm_volume - sum(s.ops[op].volume for op in OUTSIDE_TRAFFIC_MODEL if op in s.ops)
+
+
 def busbw_series(state: ClusterState, op: str) -> list[float | None]:
     """The median rank's busbw of ``op`` per step (OpTotals.busbw) [bytes/s]."""
     return median_rank_series(state, lambda s: s.ops[op].busbw if op in s.ops else None)

@@ -54,7 +54,10 @@ class CommScreen(StateScreen):
     def _volume(self, width: int) -> Text:
         view = self._view()
         expected = view.predicted
-        text = Text(f"last step {units.size(view.last_volume)} per rank; ")
+        text = Text(f"last step {units.size(view.last_volume)} per rank")
+        for op, moved in view.outside_model.items():
+            text.append(f" ({op} {units.size(moved)} of it: the model's token routing)")
+        text.append("; ")
         if expected is None:
             text.append("prediction NA")
         else:
@@ -66,7 +69,9 @@ class CommScreen(StateScreen):
                 text.append(f" ({view.paper_ratio:.2f}x of it)", style="dim")
             reasons = view.differences
             text.append(
-                "\nratio = measured / predicted (1.00x: the traffic model met exactly); "
+                "\nratio = measured / predicted (1.00x: the traffic model met exactly"
+                + ("; all-to-all left out of both" if view.outside_model else "")
+                + "); "
                 + (
                     "the paper's figure differs here: " + "; ".join(reasons)
                     if reasons

@@ -33,6 +33,7 @@ LANES = (
     ("broadcast", "white"),
     ("reduce", "white"),
     ("p2p", "white"),
+    ("all_to_all", "bright_magenta"),
 )
 PHASES = (
     ("data", "D", "grey50"),

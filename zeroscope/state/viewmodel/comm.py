@@ -5,16 +5,24 @@ exposed share against the exposed alert's threshold (``AlertRules.exposed_level`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from zeroscope.state.alerts import Level
-from zeroscope.state.history import busbw_series, volume_series
+from zeroscope.state.history import (
+    OUTSIDE_TRAFFIC_MODEL,
+    busbw_series,
+    median_rank_series,
+    model_volume,
+    volume_series,
+)
 from zeroscope.state.prediction import TrafficPrediction, paper_differences, predicted_traffic
 from zeroscope.state.rank import OpTotals
 
 if TYPE_CHECKING:
     from zeroscope.state.cluster import ClusterState
+    from zeroscope.state.rank import StepSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +32,8 @@ class CommView:
     last_volume: float | None
     predicted: TrafficPrediction | None
     ratio: float | None
-    """Last step's volume over the prediction."""
+    """Last step's volume over the prediction, less :attr:`outside_model` (the model's own
+    traffic is not in it)."""
     ratio_level: Level
     paper_ratio: float | None
     differences: list[str]
@@ -40,6 +49,10 @@ class CommView:
     exposed_last: float | None
     exposed_level: Level
     exposed_limit: float
+    outside_model: dict[str, float] = field(default_factory=dict)
+    """The last step's volume of each op the traffic model does not hold
+    (``OUTSIDE_TRAFFIC_MODEL``: an expert-parallel layer's all-to-all), the median rank's; only
+    those it moved."""
     busbw_none: str = "no collectives reported"
     """What the busbw pane says when no op has a measured busbw: none reported, or reported
     with no clock to time them (DDP's buckets on gloo: bytes and counts exact, time unknown)."""
@@ -47,16 +60,22 @@ class CommView:
 
 def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
     series = volume_series(state)
-    last = series[-1] if series else None
+    held = median_rank_series(state, model_volume)  # the volume the model is held against
+    last = held[-1] if held else None
     expected = predicted_traffic(state)
     ratio = expected.ratio(last) if expected else None
+    outside = {
+        op: v
+        for op in OUTSIDE_TRAFFIC_MODEL
+        if (v := _last(median_rank_series(state, partial(_op_volume, op=op))))
+    }
     c, p = state.config, state.params
     busbw = {op: busbw_series(state, op) for op in ops}
     exposed = [a.exposed_share for a in state.complete_steps()]
     exposed_last = exposed[-1] if exposed else None
     return CommView(
         volume=series,
-        last_volume=last,
+        last_volume=series[-1] if series else None,
         predicted=expected,
         ratio=ratio,
         ratio_level=state.rules.traffic_level(ratio),
@@ -68,6 +87,7 @@ def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
         exposed_last=exposed_last,
         exposed_level=state.rules.exposed_level(exposed_last),
         exposed_limit=state.rules.exposed_max,
+        outside_model=outside,
         busbw_none=(
             "busbw NA: no clock timed the collectives reported (bytes and counts are exact, "
             "their time unknown: docs/engines/timing.md)"
@@ -75,6 +95,15 @@ def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
             else "no collectives reported"
         ),
     )
+
+
+def _op_volume(s: StepSummary, op: str) -> float | None:
+    totals = s.ops.get(op)
+    return totals.volume if totals is not None else None
+
+
+def _last(series: list[float | None]) -> float | None:
+    return series[-1] if series else None
 
 
 def _newest(series: list[float | None]) -> tuple[float, int] | None:
