@@ -1,5 +1,6 @@
-"""Ranks a job starts itself: ``torch.multiprocessing.spawn`` (PyTorch's DDP tutorial) under
-``zeroscope run``.
+"""Ranks a job starts itself: ``torch.multiprocessing.spawn`` (PyTorch's DDP tutorial) or
+``multiprocessing.Process`` (its "Writing Distributed Applications" tutorial) under ``zeroscope
+run``.
 
 Such a script is run as ``python train.py``: its process spawns the ranks, each calling
 ``init_process_group(rank=r, world_size=n)`` with its own ``MASTER_PORT``. Under torchrun (and
@@ -10,16 +11,16 @@ serves, and the job hangs for the store's 30-minute timeout (plain torchrun does
 And each inherits the worker's ``RANK=0`` / ``WORLD_SIZE=1``, which is who the agent said it
 was: every spawned rank reported as rank 0 of 1.
 
-So the spawn call is wrapped: the processes it starts get the environment ``python train.py``
-would have given them (no agent store), and a mark saying their identity is their process
-group's (agent/startup.py reads the rank and world size from ``torch.distributed`` there).
-The job's own process keeps its environment: both are put back when the call returns.
+So a process's start is wrapped: the processes the job starts get the environment ``python
+train.py`` would have given them (no agent store), and a mark saying that, if they join a
+process group, their identity is its (agent/startup.py reads the rank and world size from
+``torch.distributed`` there). The job's own process keeps its environment: both are put back
+when the call returns. A child that joins no group (a DataLoader worker) has no use for either.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from typing import Any
 
@@ -34,23 +35,18 @@ AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def install() -> None:
-    """Wrap ``torch.multiprocessing``'s process starter, under both names a job reaches it by
-    (``mp.spawn`` calls the one in its own module)."""
-    import torch.multiprocessing as mp
+    """Wrap ``multiprocessing``'s ``Process.start``: every way a job starts its ranks itself
+    reaches it (``torch.multiprocessing.spawn`` / ``start_processes``, ``mp.Process`` as
+    PyTorch's "Writing Distributed Applications" tutorial does, a ``multiprocessing`` context's
+    ``Process``), whatever the start method."""
+    from multiprocessing.process import BaseProcess
 
-    spawn_module = importlib.import_module("torch.multiprocessing.spawn")  # ``mp.spawn`` is
-    # the function: the module is reached by its name
-
-    original = spawn_module.start_processes
-    wrapped = _starting_ranks(original)
-    patches.replace(spawn_module, "start_processes", wrapped)
-    if getattr(mp, "start_processes", None) is original:
-        patches.replace(mp, "start_processes", wrapped)
+    patches.replace(BaseProcess, "start", _starting_ranks(BaseProcess.start))
 
 
 def _starting_ranks(start: Any) -> Any:
     @functools.wraps(start)
-    def start_processes(*args: Any, **kwargs: Any) -> Any:
+    def start_process(*args: Any, **kwargs: Any) -> Any:
         if launcher_process():  # a launcher's own workers (function entrypoints) are its ranks
             return start(*args, **kwargs)
         env = os.environ
@@ -66,4 +62,4 @@ def _starting_ranks(start: Any) -> Any:
                 else:
                     env[name] = value
 
-    return start_processes
+    return start_process

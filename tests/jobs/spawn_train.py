@@ -4,7 +4,8 @@ port the script picks. Each rank writes its losses (``repr``: every bit) and its
 ``--out``.RANK. ``--fail-at S``: rank 1 raises at step S (torch's spawn then exits it with 1,
 stops the other rank and raises in the parent). ``--start-method fork``: the ranks are forked
 (``mp.start_processes``), and leave through ``os._exit`` as multiprocessing's forked children
-do."""
+do. ``--start-method process``: each rank is an ``mp.Process`` the script starts and joins, as
+PyTorch's "Writing Distributed Applications" tutorial does (``set_start_method("spawn")``)."""
 
 from __future__ import annotations
 
@@ -54,5 +55,13 @@ if __name__ == "__main__":
     args = (2, a.port, a.steps, a.fail_at, a.out)
     if a.start_method == "spawn":
         mp.spawn(worker, args=args, nprocs=2, join=True)
+    elif a.start_method == "process":
+        mp.set_start_method("spawn")
+        ranks = [mp.Process(target=worker, args=(rank, *args)) for rank in range(2)]
+        for p in ranks:
+            p.start()
+        for p in ranks:
+            p.join()
+        raise SystemExit(max(p.exitcode or 0 for p in ranks) and 1)
     else:
         mp.start_processes(worker, args=args, nprocs=2, join=True, start_method=a.start_method)
