@@ -20,8 +20,9 @@ from .termination import TerminationBye
 JOB_ID_ENV = "ZEROSCOPE_JOB_ID"
 ENGINE_ENV = "ZEROSCOPE_ENGINE"
 SPAWNED_ENV = "ZEROSCOPE_SPAWNED_BY"
-"""Set (to the spawning process's pid) for the ranks a job starts itself with
-``torch.multiprocessing.spawn`` or ``start_processes`` (agent/attach/spawned.py): they inherit
+"""Set (to the spawning process's pid) for the processes a job starts itself (``multiprocessing``'s
+``Process.start``: ``torch.multiprocessing.spawn``, ``mp.Process``; agent/attach/spawned.py);
+those that join a process group are ranks the job spawned, which inherit
 the launcher's ``RANK``/``WORLD_SIZE`` of the process that spawned them (or whatever the
 spawning code, accelerate's ``notebook_launcher``, set), so who they are is their process
 group's."""
