@@ -44,7 +44,14 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 collectives is well under 1 MiB)."""
 
 CollectiveOp = Literal[
-    "all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "p2p", "all_to_all"
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "p2p",
+    "all_to_all",
+    "barrier",
 ]
 CollectiveClock = Literal["device", "host", "none"]
 """What measured a collective's ``duration_s``: CUDA events on the device's clock, the host's

@@ -68,8 +68,11 @@ class OpTotals(msgspec.Struct, array_like=True, gc=False):
     def busbw(self) -> float | None:
         """Time-weighted bus bandwidth: sum(S·factor) / sum(t) [bytes/s]; NA when any of the
         op's collectives was untimed (a part would pass for the whole: a 4-byte host-timed
-        all-reduce beside DDP's untimed buckets on gloo read 0.000 GB/s)."""
-        return None if self.untimed else busbw_of(self.bus_bytes, self.seconds)
+        all-reduce beside DDP's untimed buckets on gloo read 0.000 GB/s), and for an op that
+        moved no bytes (a barrier: its time is waiting, not a link's rate)."""
+        if self.untimed or not self.nbytes:
+            return None
+        return busbw_of(self.bus_bytes, self.seconds)
 
     @property
     def time_s(self) -> float | None:

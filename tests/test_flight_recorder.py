@@ -98,7 +98,12 @@ def test_bytes_follow_nccl_tests_and_a_device_duration_is_the_device_clock() -> 
     assert ag is not None and (ag.op, ag.nbytes, ag.clock) == ("all_gather", 64, "none")
     assert rs is not None and (rs.op, rs.nbytes, rs.clock) == ("reduce_scatter", 32, "device")
     assert rs.duration_s == pytest.approx(2.5e-3) and not rs.exposed_measured
-    assert collective_of(_entry(3, "gloo:barrier"), 2, "") is None  # no wire op
+    assert collective_of(_entry(3, "gloo:gather"), 2, "") is None  # no wire op
+    nothing: dict[str, Any] = {key: [] for key in ("input_sizes", "input_dtypes")}
+    barrier = collective_of(_entry(4, "gloo:barrier", **nothing, output_sizes=[]), 2, "")
+    assert barrier is not None and (barrier.op, barrier.nbytes) == ("barrier", 0)
+    a2a = collective_of(_entry(5, "nccl:all_to_all", numel=6), 2, "")
+    assert a2a is not None and (a2a.op, a2a.nbytes) == ("all_to_all", 24)  # what it sends
 
 
 def test_a_recorder_that_is_off_is_said_once_and_reads_nothing(

@@ -25,8 +25,10 @@ that:
   reduce-scatter, the buffer for all-reduce and broadcast.
 
 All-to-all (an expert-parallel layer's token routing: ``all_to_all_single`` / ``all_to_all``)
-is recorded as ``all_to_all``, its bytes what this rank sends. ``gather``, ``scatter`` and
-``barrier`` are not recorded (the wire schema has no op for them, and none of the engines here
+is recorded as ``all_to_all``, its bytes what this rank sends. A barrier is ``barrier``, 0
+bytes: its time is the rank's wait for the others, which would otherwise pass for the rank's
+compute (the rank waiting for a straggler, not the straggler, would look slow). ``gather`` and
+``scatter`` are not recorded (the wire schema has no op for them, and none of the engines here
 uses them in a step).
 """
 
@@ -104,6 +106,19 @@ def _second(args: tuple) -> int:
     return _bytes(args[1])
 
 
+def _nothing(args: tuple) -> int:
+    return 0
+
+
+def _barrier_on_device() -> bool:
+    """Whether a barrier's ``wait()`` measures more than the wait for the other ranks: in a
+    job that uses CUDA, torch's NCCL barrier blocks the host until the current stream drains
+    (``WorkNCCL::synchronize``), this rank's queued kernels included: it is then taken as the
+    GPU ops are (the compute stream's stall around its ``wait()``). On CPU (gloo) ``wait()``
+    returns when the last rank arrived: the host's clock."""
+    return torch.cuda.is_initialized()
+
+
 OPS: dict[str, tuple[CollectiveOp, Callable[[tuple], int]]] = {
     # ProcessGroup method: (wire op, bytes from its positional arguments)
     "allreduce": ("all_reduce", _first),
@@ -126,6 +141,9 @@ OPS: dict[str, tuple[CollectiveOp, Callable[[tuple], int]]] = {
     "all_to_all_single": ("all_to_all", _second),
     "alltoall_base": ("all_to_all", _second),
     "alltoall": ("all_to_all", _second),
+    # no data: the time every rank waits for the last one to arrive
+    "barrier": ("barrier", _nothing),
+    "monitored_barrier": ("barrier", _nothing),
     "send": ("p2p", _first),
     "recv": ("p2p", _first),
     "recv_anysource": ("p2p", _first),
@@ -303,7 +321,9 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
             work = original(self, *args, **kwargs)
         try:
             tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
-            if _is_cuda(tensors[0]):  # its device duration is torch's, by sequence number
+            if size_of is _nothing:  # a barrier: options only, no tensor to say its device
+                log.add(op, 0, self.size(), issue, work, _barrier_on_device())
+            elif _is_cuda(tensors[0]):  # its device duration is torch's, by sequence number
                 log.add(op, size_of(tensors), self.size(), issue, work, True, sequence_of(self))
             else:
                 log.add(op, size_of(tensors), self.size(), issue, work, False)

@@ -33,9 +33,10 @@ OPS: dict[str, CollectiveOp] = {
     "all_to_all": "all_to_all",
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all",
+    "barrier": "barrier",
 }
 """The Flight Recorder's op names (after the backend's ``gloo:`` / ``nccl:``) as wire ops;
-others (barrier, gather, scatter) have no wire op and are skipped."""
+others (gather, scatter) have no wire op and are skipped."""
 
 DTYPE_BYTES = {
     "Float": 4,

@@ -34,6 +34,7 @@ LANES = (
     ("reduce", "white"),
     ("p2p", "white"),
     ("all_to_all", "bright_magenta"),
+    ("barrier", "grey50"),
 )
 PHASES = (
     ("data", "D", "grey50"),
