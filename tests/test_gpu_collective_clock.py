@@ -112,6 +112,35 @@ def test_an_attached_nccl_jobs_collectives_have_device_durations(mode: str, tmp_
             assert 0 < c.duration_s < s.duration_s
 
 
+@pytest.mark.slow
+def test_a_barrier_after_queued_compute_is_not_that_compute(tmp_path: Path) -> None:
+    """torch's NCCL barrier blocks the host until the current stream drains, so a host clock
+    around its ``wait()`` would hold the rank's own queued kernels (here a known sleep) as
+    waiting for the others, and take it out of the rank's compute. The attach takes it as the
+    GPU ops are: the compute stream's stall around the wait, which the sleep ran before.
+    Fails on code that recorded no barrier (before 2026-12-04) or timed it on the host."""
+    cycles = 200_000_000
+    sleep = _sleep_s(cycles)
+    trace = tmp_path / "t.zstrace"
+    argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "1"]
+    script = [str(JOBS / "gpu_attach_train.py"), "--mode", "barrier"]
+    script += ["--sleep-cycles", str(cycles)]
+    done = subprocess.run(
+        [*argv, "--record", str(trace), *script],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = read_trace(trace)[0].steps
+    for s in steps[1:]:
+        (barrier,) = [c for c in s.collectives if c.op == "barrier"]
+        assert barrier.nbytes == 0 and barrier.clock != "host"
+        assert not barrier.exposed_measured or barrier.exposed_s < 0.2 * sleep
+        assert s.duration_s > 0.8 * sleep  # the sleep is in the step, as compute
+
+
 def _reserved(engine: str, agent: bool, tmp_path: Path) -> dict:
     """One run of tests/jobs/gpu_memory_job.py on one GPU, under ``zeroscope run`` or bare
     torchrun: its peak reserved bytes and losses."""
