@@ -262,3 +262,44 @@ def run_ranks(
         for p in procs:
             p.join(timeout=5)
     return [done[r] for r in range(world_size)]
+
+
+_SINK: str | None = None
+
+
+def sink_collector() -> str:
+    """The address of a collector that admits every agent and reads nothing back: the ranks of
+    a test that checks what the agent measured in-process (not what a collector got) connect at
+    once, where an address nobody listens on holds each agent's start-up for its whole connect
+    wait (agent/startup.py's ``CONNECT_TIMEOUT_S``, 5 s a rank). One per test process: a ZeroMQ
+    PULL whose handshakes a ZAP handler admits (as the collector's gate does for a job without a
+    token), drained and discarded by a daemon thread."""
+    global _SINK
+    if _SINK is None:
+        import threading
+
+        import zmq
+
+        ctx = zmq.Context()
+        zap = ctx.socket(zmq.ROUTER)  # the ZAP handler: bound before the socket it answers for
+        zap.setsockopt(zmq.LINGER, 0)
+        zap.bind("inproc://zeromq.zap.01")
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.plain_server = True
+        pull.zap_domain = b"zeroscope-test-sink"
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+
+        def serve() -> None:
+            poller = zmq.Poller()
+            poller.register(zap, zmq.POLLIN)
+            poller.register(pull, zmq.POLLIN)
+            while True:
+                for sock, _ in poller.poll():
+                    frames = sock.recv_multipart()
+                    if sock is zap:  # [id, "", version, request id, ...]: admit
+                        zap.send_multipart([*frames[:4], b"200", b"OK", b"", b""])
+
+        threading.Thread(target=serve, name="sink-collector", daemon=True).start()
+        _SINK = f"tcp://127.0.0.1:{port}"
+    return _SINK

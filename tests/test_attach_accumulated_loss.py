@@ -17,8 +17,8 @@ import torch.distributed as dist
 STEPS = 3
 
 
-def _accumulate(rank: int, world: int, dead: str, k: int, how: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _accumulate(rank: int, world: int, collector: str, k: int, how: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
     from zeroscope.agent.attach.session import SESSION
 
@@ -55,10 +55,10 @@ def _accumulate(rank: int, world: int, dead: str, k: int, how: str) -> dict:
     ("k", "how"), [(4, "divided"), (3, "divided"), (4, "summed"), (1, "halved")]
 )
 def test_the_step_shows_the_loss_the_script_logs(k: int, how: str) -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    (r,) = run_ranks(_accumulate, 1, dead, k, how, timeout=120)
+    collector = sink_collector()
+    (r,) = run_ranks(_accumulate, 1, collector, k, how, timeout=120)
     assert len(r["shown"]) == STEPS
     for shown, logged in zip(r["shown"], r["logged"], strict=True):
         assert shown == pytest.approx(statistics.fmean(logged), rel=1e-6)

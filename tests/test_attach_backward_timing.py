@@ -20,8 +20,8 @@ from tests.drift_hook import _EngineWithoutQueueCallback
 ITERATIONS = 5
 
 
-def _train(rank: int, world: int, dead: str, how: str, attach: bool) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _train(rank: int, world: int, collector: str, how: str, attach: bool) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     if attach:
         from zeroscope.agent.attach import install
 
@@ -64,11 +64,11 @@ def _train(rank: int, world: int, dead: str, how: str, attach: bool) -> dict:
     [("tensor", "wrapper", True), ("autograd", "hook", True), ("drifted", "hook", False)],
 )
 def test_backward_is_timed_through_the_call_or_the_engine(how: str, mode: str, timed: bool) -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    (plain,) = run_ranks(_train, 1, dead, how, False, timeout=120)
-    (r,) = run_ranks(_train, 1, dead, how, True, timeout=120)
+    collector = sink_collector()
+    (plain,) = run_ranks(_train, 1, collector, how, False, timeout=120)
+    (r,) = run_ranks(_train, 1, collector, how, True, timeout=120)
     assert r["losses"] == plain["losses"]  # the job trains the same, whichever way
     assert r["mode"] == mode and r["steps"] == ITERATIONS and r["errors"] == 0
     each = ["forward", "forward", "backward", "backward"] if timed else ["forward", "forward"]

@@ -13,8 +13,8 @@ import os
 import torch
 
 
-def _loop(rank: int, world: int, dead: str, how: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _loop(rank: int, world: int, collector: str, how: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
     from zeroscope.agent.attach.optimizer_cycle import TAKE_OVER_AFTER
     from zeroscope.agent.attach.session import SESSION
@@ -50,16 +50,16 @@ def _loop(rank: int, world: int, dead: str, how: str) -> dict:
 
 
 def test_two_optimizers_in_turn_give_one_step_an_iteration() -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_loop, 1, f"tcp://127.0.0.1:{free_port()}", "gan", timeout=120)
+    (r,) = run_ranks(_loop, 1, sink_collector(), "gan", timeout=120)
     assert r["reported"] == list(range(1, 21))  # one step per iteration
 
 
 def test_a_swapped_optimizer_takes_over_the_steps() -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_loop, 1, f"tcp://127.0.0.1:{free_port()}", "swap", timeout=120)
+    (r,) = run_ranks(_loop, 1, sink_collector(), "swap", timeout=120)
     k = r["take_over"]
     # SGD's 5 steps, then nothing until Adam's k-th step, then every Adam step.
     expected = list(range(1, 6)) + [5] * (k - 1) + list(range(6, 6 + 20 - (k - 1)))
@@ -79,8 +79,8 @@ class _Flaky(torch.optim.SGD):
         return super().step(closure)
 
 
-def _raising_step(rank: int, world: int, dead: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _raising_step(rank: int, world: int, collector: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
     from zeroscope.agent.attach.session import SESSION
 
@@ -110,9 +110,9 @@ def _raising_step(rank: int, world: int, dead: str) -> dict:
 
 
 def test_a_step_that_raised_leaves_the_next_optimizer_phases_timed() -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_raising_step, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    (r,) = run_ranks(_raising_step, 1, sink_collector(), timeout=120)
     assert r["steps"] == 5 and r["errors"] == 0  # six step() calls, one raised
     assert len(r["phases"]) == 4
     # Each reported step after the failure times its optimizer phase (enter and exit); the
@@ -120,8 +120,8 @@ def test_a_step_that_raised_leaves_the_next_optimizer_phases_timed() -> None:
     assert all(names.count("optimizer") == 2 for names in r["phases"]), r["phases"]
 
 
-def _lbfgs(rank: int, world: int, dead: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _lbfgs(rank: int, world: int, collector: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
     from zeroscope.agent.attach.session import SESSION
 
@@ -156,17 +156,17 @@ def _lbfgs(rank: int, world: int, dead: str) -> dict:
 def test_a_closure_step_shows_the_loss_step_returns() -> None:
     """LBFGS evaluates its closure several times a step (a line search); the step shows the
     loss ``step()`` returns, its first evaluation's, not the mean of every evaluation."""
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_lbfgs, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    (r,) = run_ranks(_lbfgs, 1, sink_collector(), timeout=120)
     assert r["evaluations"] > 5  # several evaluations a step: the mean would differ
     assert r["shown"] == r["returned"]
 
 
-def _split(rank: int, world: int, dead: str, every: int = 1) -> dict:
+def _split(rank: int, world: int, collector: str, every: int = 1) -> dict:
     """Matrices stepped by SGD with momentum, biases and norms by AdamW, both every iteration
     (the Muon + AdamW recipes' shape)."""
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
     from zeroscope.agent.attach.session import SESSION
 
@@ -230,9 +230,9 @@ def _split(rank: int, world: int, dead: str, every: int = 1) -> dict:
 def test_two_optimizers_every_iteration_end_the_step_at_the_last_and_count_both() -> None:
     """Before, the step ended at SGD's ``step()`` (AdamW's fell into the next step), O was
     SGD's momentum alone and the Hello said ``SGD``: AdamW's state was missing from O."""
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", timeout=120)
+    (r,) = run_ranks(_split, 1, sink_collector(), timeout=120)
     # Iterations 1 and 2 end at SGD (no cycle, then one: not yet seen twice); from the third
     # on, at AdamW's step().
     assert r["after_both"] == list(range(1, 7))
@@ -250,8 +250,8 @@ def test_a_second_optimizer_stepping_every_other_iteration_keeps_one_step_an_ite
     """Cycles that differ (AdamW in every other one) never move the step's end off the first
     optimizer: each iteration is one step (ending at the last optimizer of the cycle before
     would have skipped every iteration without it)."""
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    (r,) = run_ranks(_split, 1, f"tcp://127.0.0.1:{free_port()}", 2, timeout=120)
+    (r,) = run_ranks(_split, 1, sink_collector(), 2, timeout=120)
     assert r["after_first"] == list(range(1, 7))
     assert r["after_both"] == list(range(1, 7))

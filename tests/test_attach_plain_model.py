@@ -57,8 +57,8 @@ def _marks() -> list[str]:
     return [] if tel is None else [scope.name for scope, _, _ in getattr(tel, "_marks", [])]
 
 
-def _loop(rank: int, world: int, dead: str, how: str, attach: bool) -> dict[str, Any]:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _loop(rank: int, world: int, collector: str, how: str, attach: bool) -> dict[str, Any]:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     if attach:
         from zeroscope.agent.attach import install
 
@@ -105,11 +105,11 @@ def _loop(rank: int, world: int, dead: str, how: str, attach: bool) -> dict[str,
 
 @pytest.mark.parametrize("how", ["plain", "frozen", "ema"])
 def test_the_loops_model_is_found_and_its_forward_timed_from_the_second_step(how: str) -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    (plain,) = run_ranks(_loop, 1, dead, how, False, timeout=120)
-    (r,) = run_ranks(_loop, 1, dead, how, True, timeout=120)
+    collector = sink_collector()
+    (plain,) = run_ranks(_loop, 1, collector, how, False, timeout=120)
+    (r,) = run_ranks(_loop, 1, collector, how, True, timeout=120)
     assert r["losses"] == plain["losses"]
     assert r["found"] and r["errors"] == 0
     timed = ["forward", "forward", "backward", "backward"]
@@ -128,11 +128,11 @@ def test_the_loops_model_is_found_and_its_forward_timed_from_the_second_step(how
 def test_a_compiled_model_is_left_alone() -> None:
     """Wrapping a compiled model's class after Dynamo compiled it would recompile it: its
     forward stays untimed (as before) and the job trains the same."""
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    (plain,) = run_ranks(_loop, 1, dead, "compiled", False, timeout=300)
-    (r,) = run_ranks(_loop, 1, dead, "compiled", True, timeout=300)
+    collector = sink_collector()
+    (plain,) = run_ranks(_loop, 1, collector, "compiled", False, timeout=300)
+    (r,) = run_ranks(_loop, 1, collector, "compiled", True, timeout=300)
     assert r["losses"] == plain["losses"]
     assert not r["found"] and r["errors"] == 0
     assert all("forward" not in marks for marks in r["marks"])

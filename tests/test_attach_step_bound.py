@@ -19,8 +19,8 @@ CAP = 40
 """The bound, lowered in the rank so the test runs ~100 iterations, not ~8,000."""
 
 
-def _gradients_without_a_step(rank: int, world: int, dead: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _gradients_without_a_step(rank: int, world: int, collector: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install, session
 
     install.install()
@@ -45,10 +45,10 @@ def _gradients_without_a_step(rank: int, world: int, dead: str) -> dict:
 
 
 def test_a_loop_with_no_step_end_holds_a_bounded_step() -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    (result,) = run_ranks(_gradients_without_a_step, 1, dead, timeout=180)
+    collector = sink_collector()
+    (result,) = run_ranks(_gradients_without_a_step, 1, collector, timeout=180)
     # A forward and a backward phase an iteration: CAP phases are CAP // 2 iterations timed,
     # two marks a phase; their forwards' inputs are one shape each.
     bounded = (2 * CAP, CAP // 2)

@@ -420,7 +420,7 @@ def test_a_job_with_no_collector_trains_the_same_losses_and_never_blocks() -> No
         assert result["sent"] == 0  # nothing went out, nothing waited for it
 
 
-def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
+def _plain_loop_reports(rank: int, world: int, collector: str) -> dict:
     """A loop with no distributed wrapper: it all-reduces its gradients itself."""
     from zeroscope.agent.publish import Publisher
     from zeroscope.agent.schema import StepReport
@@ -433,7 +433,7 @@ def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
         return original(self, messages)
 
     Publisher.send_batch = keep  # type: ignore[method-assign]
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from zeroscope.agent.attach import install
 
     install.install()
@@ -462,10 +462,9 @@ def _plain_loop_reports(rank: int, world: int, dead: str) -> dict:
 
 
 def test_a_plain_loop_ends_steps_at_optimizer_step_with_its_own_collectives() -> None:
-    from tests.distributed import run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    dead = f"tcp://127.0.0.1:{free_port()}"
-    for result in run_ranks(_plain_loop_reports, 2, dead, timeout=180):
+    for result in run_ranks(_plain_loop_reports, 2, sink_collector(), timeout=180):
         assert result["reported"] == result["losses"]  # the scalar backward() was called on
         # Step 1 included: the loop's collectives issued before its first optimizer step count.
         assert result["ops"] == [[("all_reduce", 4 * 32), ("all_reduce", 4 * 4)]] * 3

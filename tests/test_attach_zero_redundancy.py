@@ -26,8 +26,8 @@ def _net() -> torch.nn.Module:
     )
 
 
-def _zero(rank: int, world: int, dead: str, wrap: str) -> dict:
-    os.environ["ZEROSCOPE_COLLECTOR"] = dead
+def _zero(rank: int, world: int, collector: str, wrap: str) -> dict:
+    os.environ["ZEROSCOPE_COLLECTOR"] = collector
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from zeroscope.agent.attach import install
@@ -89,9 +89,9 @@ def _one_process_adamw_state_bytes() -> int:
 
 @pytest.mark.parametrize("wrap", ["ddp", "plain"])
 def test_o_is_each_ranks_shard_and_the_hello_says_zero_1(wrap: str) -> None:
-    from tests.distributed import free_port, run_ranks
+    from tests.distributed import run_ranks, sink_collector
 
-    ranks = run_ranks(_zero, 2, f"tcp://127.0.0.1:{free_port()}", wrap, timeout=120)
+    ranks = run_ranks(_zero, 2, sink_collector(), wrap, timeout=120)
     whole = _one_process_adamw_state_bytes()
     for r in ranks:
         assert len(r["optim"]) == STEPS
