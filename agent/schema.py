@@ -52,6 +52,8 @@ CollectiveOp = Literal[
     "p2p",
     "all_to_all",
     "barrier",
+    "gather",
+    "scatter",
 ]
 CollectiveClock = Literal["device", "host", "none"]
 """What measured a collective's ``duration_s``: CUDA events on the device's clock, the host's

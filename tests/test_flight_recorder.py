@@ -98,7 +98,12 @@ def test_bytes_follow_nccl_tests_and_a_device_duration_is_the_device_clock() -> 
     assert ag is not None and (ag.op, ag.nbytes, ag.clock) == ("all_gather", 64, "none")
     assert rs is not None and (rs.op, rs.nbytes, rs.clock) == ("reduce_scatter", 32, "device")
     assert rs.duration_s == pytest.approx(2.5e-3) and not rs.exposed_measured
-    assert collective_of(_entry(3, "gloo:gather"), 2, "") is None  # no wire op
+    assert collective_of(_entry(3, "gloo:an_op_of_a_later_torch"), 2, "") is None  # no wire op
+    # gather / scatter: S is the whole size, a rank's share (its input / output) times the group
+    gather = collective_of(_entry(6, "gloo:gather", numel=4), 2, "")
+    scatter = collective_of(_entry(7, "gloo:scatter", numel=4, output_sizes=[[4]]), 2, "")
+    assert gather is not None and (gather.op, gather.nbytes) == ("gather", 32)
+    assert scatter is not None and (scatter.op, scatter.nbytes) == ("scatter", 32)
     nothing: dict[str, Any] = {key: [] for key in ("input_sizes", "input_dtypes")}
     barrier = collective_of(_entry(4, "gloo:barrier", **nothing, output_sizes=[]), 2, "")
     assert barrier is not None and (barrier.op, barrier.nbytes) == ("barrier", 0)

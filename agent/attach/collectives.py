@@ -28,8 +28,8 @@ All-to-all (an expert-parallel layer's token routing: ``all_to_all_single`` / ``
 is recorded as ``all_to_all``, its bytes what this rank sends. A barrier is ``barrier``, 0
 bytes: its time is the rank's wait for the others, which would otherwise pass for the rank's
 compute (the rank waiting for a straggler, not the straggler, would look slow). ``gather`` and
-``scatter`` are not recorded (the wire schema has no op for them, and none of the engines here
-uses them in a step).
+``scatter`` are recorded with S the whole gathered (scattered) size, every rank's share times
+the group, as nccl-tests count it, on the root and the others alike.
 """
 
 from __future__ import annotations
@@ -110,6 +110,11 @@ def _nothing(args: tuple) -> int:
     return 0
 
 
+SHARED_OUT = frozenset({"gather", "scatter"})
+"""Ops whose tensors on a rank hold its share only (the root's list holds them all): S, as
+nccl-tests count it (the whole gathered or scattered size), is the share times the group."""
+
+
 def _barrier_on_device() -> bool:
     """Whether a barrier's ``wait()`` measures more than the wait for the other ranks: in a
     job that uses CUDA, torch's NCCL barrier blocks the host until the current stream drains
@@ -144,6 +149,9 @@ OPS: dict[str, tuple[CollectiveOp, Callable[[tuple], int]]] = {
     # no data: the time every rank waits for the last one to arrive
     "barrier": ("barrier", _nothing),
     "monitored_barrier": ("barrier", _nothing),
+    # (outputs, inputs): each rank's share, which every rank holds (the root alone the rest)
+    "gather": ("gather", _second),
+    "scatter": ("scatter", _first),
     "send": ("p2p", _first),
     "recv": ("p2p", _first),
     "recv_anysource": ("p2p", _first),
@@ -323,6 +331,12 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
             tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
             if size_of is _nothing:  # a barrier: options only, no tensor to say its device
                 log.add(op, 0, self.size(), issue, work, _barrier_on_device())
+            elif op in SHARED_OUT:  # S: every rank's share, as nccl-tests' gather / scatter
+                share = tensors[1] if op == "gather" else tensors[0]
+                cuda = _is_cuda(share)
+                seq = sequence_of(self) if cuda else None
+                n = self.size()
+                log.add(op, size_of(tensors) * n, n, issue, work, cuda, seq)
             elif _is_cuda(tensors[0]):  # its device duration is torch's, by sequence number
                 log.add(op, size_of(tensors), self.size(), issue, work, True, sequence_of(self))
             else:

@@ -34,9 +34,11 @@ OPS: dict[str, CollectiveOp] = {
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all",
     "barrier": "barrier",
+    "gather": "gather",
+    "scatter": "scatter",
 }
-"""The Flight Recorder's op names (after the backend's ``gloo:`` / ``nccl:``) as wire ops;
-others (gather, scatter) have no wire op and are skipped."""
+"""The Flight Recorder's op names (after the backend's ``gloo:`` / ``nccl:``) as wire ops; an
+op not named here has no wire op and is skipped."""
 
 DTYPE_BYTES = {
     "Float": 4,
@@ -122,6 +124,12 @@ def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) ->
         return None
     if op == "all_gather":
         nbytes = _nbytes(entry.output_sizes, entry.output_dtypes)
+    elif op == "scatter":  # what each rank gets, times the group (nccl-tests' S)
+        share = _nbytes(entry.output_sizes, entry.output_dtypes)
+        nbytes = None if share is None else share * group_size
+    elif op == "gather":  # what each rank sends, times the group
+        share = _nbytes(entry.input_sizes, entry.input_dtypes)
+        nbytes = None if share is None else share * group_size
     else:
         nbytes = _nbytes(entry.input_sizes, entry.input_dtypes)
     if nbytes is None:

@@ -1,7 +1,9 @@
 """A plain PyTorch loop with nothing of zeroscope in it whose ranks meet at a ``dist.barrier()``
 every step (as scripts do around logging or a checkpoint), one rank computing ``--sleep-ms``
 longer than the others before it (the injected straggler), then averaging the gradients with
-``all_reduce``. Each rank writes its losses (hex) to ``--out``.RANK."""
+``all_reduce``, gathering each rank's loss to rank 0 and scattering a learning-rate factor
+from it (``dist.gather`` / ``dist.scatter``, whose tensors on a rank hold its share only). Each
+rank writes its losses (hex) and the bytes of its gather and scatter shares to ``--out``.RANK."""
 
 from __future__ import annotations
 
@@ -40,10 +42,17 @@ def main() -> None:
             assert p.grad is not None
             dist.all_reduce(p.grad)
             p.grad /= world
+        stats = torch.stack([loss.detach(), loss.detach() ** 2, torch.tensor(float(rank))])
+        gathered = [torch.empty(3) for _ in range(world)] if rank == 0 else None
+        dist.gather(stats, gathered, dst=0)
+        factor = torch.empty(2)
+        factors = [torch.full((2,), 1.0 + r) for r in range(world)] if rank == 0 else None
+        dist.scatter(factor, factors, src=0)
         opt.step()
         losses.append(loss.item().hex())
+    shares = {"gather": stats.nbytes, "scatter": factor.nbytes}
     with open(f"{args.out}.{rank}", "w") as f:
-        json.dump(losses, f)
+        json.dump({"losses": losses, "shares": shares}, f)
     end_process_group()
 
 

@@ -6,8 +6,8 @@ all-gather and reduce-scatter, the buffer for all-reduce) moved in t seconds amo
 
 - algbw = S / t                                                       [bytes/s]
 - busbw = algbw * 2(n-1)/n for all-reduce (a ring reduce-scatter then all-gather),
-  algbw * (n-1)/n for all-gather, reduce-scatter and all-to-all (S: what each rank sends, of
-  which 1/n stays on the rank),
+  algbw * (n-1)/n for all-gather, reduce-scatter, gather and scatter (S: the whole gathered or
+  scattered size) and all-to-all (S: what each rank sends, of which 1/n stays on the rank),
   algbw for broadcast, reduce and point-to-point                      [bytes/s]
 
 busbw is comparable across ops and group sizes: it is what each link carried. Over many
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from zeroscope.agent.schema import Collective
 
 _FACTORS_2X = frozenset({"all_reduce"})
-_FACTORS_1X = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
+_FACTORS_1X = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 
 
 def bus_factor(op: str, n: int) -> float:

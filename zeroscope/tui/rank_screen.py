@@ -35,6 +35,8 @@ LANES = (
     ("p2p", "white"),
     ("all_to_all", "bright_magenta"),
     ("barrier", "grey50"),
+    ("gather", "white"),
+    ("scatter", "white"),
 )
 PHASES = (
     ("data", "D", "grey50"),
