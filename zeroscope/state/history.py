@@ -35,11 +35,14 @@ def median_rank_series(
 ) -> list[float | None]:
     """Per complete step: the median over ranks of a per-rank figure (ranks without it left
     out; None when none has it)."""
-    out: list[float | None] = []
-    for agg in state.complete_steps():
-        known = [v for s in agg.summaries.values() if (v := figure(s)) is not None]
-        out.append(statistics.median(known) if known else None)
-    return out
+    return [median_rank(agg, figure) for agg in state.complete_steps()]
+
+
+def median_rank(agg: StepAggregate, figure: Callable[[StepSummary], float | None]) -> float | None:
+    """One step's median over ranks of a per-rank figure (ranks without it left out; None when
+    none has it)."""
+    known = [v for s in agg.summaries.values() if (v := figure(s)) is not None]
+    return statistics.median(known) if known else None
 
 
 def volume_series(state: ClusterState) -> list[float | None]:

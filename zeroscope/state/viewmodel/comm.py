@@ -13,7 +13,7 @@ from zeroscope.state.alerts import Level
 from zeroscope.state.history import (
     OUTSIDE_TRAFFIC_MODEL,
     busbw_series,
-    median_rank_series,
+    median_rank,
     model_volume,
     volume_series,
 )
@@ -60,14 +60,17 @@ class CommView:
 
 def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
     series = volume_series(state)
-    held = median_rank_series(state, model_volume)  # the volume the model is held against
-    last = held[-1] if held else None
+    latest = state.latest()
+    closed = latest if latest is not None and latest.complete else None
+    # The newest step only (a series over every kept step would be ranks x steps a frame):
+    # the volume the model is held against, and what it leaves out.
+    last = None if closed is None else median_rank(closed, model_volume)
     expected = predicted_traffic(state)
     ratio = expected.ratio(last) if expected else None
     outside = {
         op: v
         for op in OUTSIDE_TRAFFIC_MODEL
-        if (v := _last(median_rank_series(state, partial(_op_volume, op=op))))
+        if closed is not None and (v := median_rank(closed, partial(_op_volume, op=op)))
     }
     c, p = state.config, state.params
     busbw = {op: busbw_series(state, op) for op in ops}
@@ -100,10 +103,6 @@ def comm_view(state: ClusterState, ops: Iterable[str]) -> CommView:
 def _op_volume(s: StepSummary, op: str) -> float | None:
     totals = s.ops.get(op)
     return totals.volume if totals is not None else None
-
-
-def _last(series: list[float | None]) -> float | None:
-    return series[-1] if series else None
 
 
 def _newest(series: list[float | None]) -> tuple[float, int] | None:
