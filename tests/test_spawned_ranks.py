@@ -240,3 +240,37 @@ def test_a_spawned_rank_is_its_groups_whatever_its_environment_says(
     assert identity({**launcher, **mark, "GROUP_WORLD_SIZE": "2"}) == (3, 4, 0, 0, True)
     # the spawner itself (the mark is its own pid)
     assert identity({**launcher, SPAWNED_ENV: str(os.getpid())}) == (0, 1, 0, 1, False)
+
+
+def test_processes_started_from_two_threads_at_once_leave_the_environment_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each start changes the environment its child inherits and puts it back; two threads
+    starting at once (a DataLoader's workers beside a pool) each saved what the other had
+    changed, and the one to finish last put the children's environment back for good."""
+    from zeroscope.agent.attach import spawned
+
+    monkeypatch.setenv(spawned.AGENT_STORE_ENV, "True")
+    monkeypatch.delenv(SPAWNED_ENV, raising=False)
+    monkeypatch.setattr(spawned, "launcher_process", lambda: False)
+    inside = threading.Barrier(2)
+    first_done = threading.Event()
+    seen: list[tuple[str | None, str | None]] = []
+
+    def start(last: bool) -> None:  # both inside their start, then the first one leaves first
+        seen.append((os.environ.get(spawned.AGENT_STORE_ENV), os.environ.get(SPAWNED_ENV)))
+        inside.wait(timeout=30)
+        if last:
+            first_done.wait(timeout=30)
+
+    wrapped = spawned._starting_ranks(start)
+    first = threading.Thread(target=wrapped, args=(False,))
+    second = threading.Thread(target=wrapped, args=(True,))
+    first.start()
+    second.start()
+    first.join(timeout=60)
+    first_done.set()
+    second.join(timeout=60)
+    assert seen == [(None, str(os.getpid()))] * 2  # each child saw the environment it needs
+    assert os.environ.get(spawned.AGENT_STORE_ENV) == "True"  # the job's own is back
+    assert SPAWNED_ENV not in os.environ

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any
 
 from zeroscope.agent.startup import SPAWNED_ENV
@@ -44,22 +45,49 @@ def install() -> None:
     patches.replace(BaseProcess, "start", _starting_ranks(BaseProcess.start))
 
 
+class _ChildEnvironment:
+    """The environment changed while any process is being started, put back when the last
+    start returns: two threads starting processes at once (a DataLoader's workers beside a
+    pool) must not put back each other's change, which would leave the job's own process with
+    the children's environment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starting = 0
+        self._saved: dict[str, str | None] = {}
+
+    def enter(self) -> None:
+        with self._lock:
+            if not self._starting:
+                env = os.environ
+                self._saved = {name: env.get(name) for name in (AGENT_STORE_ENV, SPAWNED_ENV)}
+                env.pop(AGENT_STORE_ENV, None)
+                env[SPAWNED_ENV] = str(os.getpid())
+            self._starting += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._starting -= 1
+            if not self._starting:
+                for name, value in self._saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+
+
+_CHILDREN = _ChildEnvironment()
+
+
 def _starting_ranks(start: Any) -> Any:
     @functools.wraps(start)
     def start_process(*args: Any, **kwargs: Any) -> Any:
         if launcher_process():  # a launcher's own workers (function entrypoints) are its ranks
             return start(*args, **kwargs)
-        env = os.environ
-        saved = {name: env.get(name) for name in (AGENT_STORE_ENV, SPAWNED_ENV)}
-        env.pop(AGENT_STORE_ENV, None)
-        env[SPAWNED_ENV] = str(os.getpid())
+        _CHILDREN.enter()
         try:
             return start(*args, **kwargs)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    env.pop(name, None)
-                else:
-                    env[name] = value
+            _CHILDREN.leave()
 
     return start_process
