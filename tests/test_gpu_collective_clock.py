@@ -84,6 +84,22 @@ def test_an_all_reduce_waited_at_once_is_all_exposed(cuda_rig: tuple) -> None:
     assert c.exposed_s == pytest.approx(c.duration_s, rel=0.2)
 
 
+def _attached_steps(tmp_path: Path, *args: str) -> list[StepReport]:
+    """tests/jobs/gpu_attach_train.py with ``args`` under ``zeroscope run`` on one GPU: the
+    rank's step reports."""
+    trace = tmp_path / "t.zstrace"
+    argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "1"]
+    done = subprocess.run(
+        [*argv, "--record", str(trace), str(JOBS / "gpu_attach_train.py"), *args],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return read_trace(trace)[0].steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_an_attached_nccl_jobs_collectives_have_device_durations(mode: str, tmp_path: Path) -> None:
@@ -92,18 +108,7 @@ def test_an_attached_nccl_jobs_collectives_have_device_durations(mode: str, tmp_
     clock ``none`` on a GPU) and, for DDP, unless torch's Flight Recorder entries carry
     ``duration_ms`` under ``TORCH_NCCL_ENABLE_TIMING=1`` (torch's documented behaviour, not yet
     checked on a GPU)."""
-    trace = tmp_path / "t.zstrace"
-    argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "1"]
-    script = str(JOBS / "gpu_attach_train.py")
-    done = subprocess.run(
-        [*argv, "--record", str(trace), script, "--mode", mode],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    steps = read_trace(trace)[0].steps
+    steps = _attached_steps(tmp_path, "--mode", mode)
     collectives = [c for s in steps[1:] for c in s.collectives]
     assert collectives
     for s in steps[1:]:
@@ -121,19 +126,7 @@ def test_a_barrier_after_queued_compute_is_not_that_compute(tmp_path: Path) -> N
     Fails on code that recorded no barrier (before 2026-12-04) or timed it on the host."""
     cycles = 200_000_000
     sleep = _sleep_s(cycles)
-    trace = tmp_path / "t.zstrace"
-    argv = [sys.executable, "-m", "zeroscope", "run", "--headless", "--nproc-per-node", "1"]
-    script = [str(JOBS / "gpu_attach_train.py"), "--mode", "barrier"]
-    script += ["--sleep-cycles", str(cycles)]
-    done = subprocess.run(
-        [*argv, "--record", str(trace), *script],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    steps = read_trace(trace)[0].steps
+    steps = _attached_steps(tmp_path, "--mode", "barrier", "--sleep-cycles", str(cycles))
     for s in steps[1:]:
         (barrier,) = [c for c in s.collectives if c.op == "barrier"]
         assert barrier.nbytes == 0 and barrier.clock != "host"
