@@ -309,6 +309,12 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
     original = getattr(ProcessGroup, name)
     log = LOG
     groups = RECORDER.groups
+    # Decided once per method, not per call: a barrier has no tensor to say its device; gather
+    # and scatter hold a rank's share (S is the share times the group), and gather's device is
+    # that of its input (its output list is empty off the root).
+    barrier = size_of is _nothing
+    scale = op in SHARED_OUT
+    placed = 1 if op == "gather" else 0
 
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not log.recording:
@@ -329,18 +335,15 @@ def _wrap_collective(name: str, op: CollectiveOp, size_of: Callable[[tuple], int
             work = original(self, *args, **kwargs)
         try:
             tensors = args or tuple(kwargs.values())  # a keyword call: in the order given
-            if size_of is _nothing:  # a barrier: options only, no tensor to say its device
-                log.add(op, 0, self.size(), issue, work, _barrier_on_device())
-            elif op in SHARED_OUT:  # S: every rank's share, as nccl-tests' gather / scatter
-                share = tensors[1] if op == "gather" else tensors[0]
-                cuda = _is_cuda(share)
-                seq = sequence_of(self) if cuda else None
-                n = self.size()
-                log.add(op, size_of(tensors) * n, n, issue, work, cuda, seq)
-            elif _is_cuda(tensors[0]):  # its device duration is torch's, by sequence number
-                log.add(op, size_of(tensors), self.size(), issue, work, True, sequence_of(self))
+            n = self.size()
+            if barrier:
+                log.add(op, 0, n, issue, work, _barrier_on_device())
             else:
-                log.add(op, size_of(tensors), self.size(), issue, work, False)
+                nbytes = size_of(tensors) * n if scale else size_of(tensors)
+                if _is_cuda(tensors[placed]):  # its device duration is torch's, by sequence
+                    log.add(op, nbytes, n, issue, work, True, sequence_of(self))
+                else:
+                    log.add(op, nbytes, n, issue, work, False)
         except Exception:
             log.errors += 1
         return work
