@@ -12,6 +12,7 @@ collective whose ``wait()`` is never called never completes as far as the agent 
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from . import capture
@@ -29,6 +30,8 @@ from .schema import (
 )
 from .timeline import RawMark, StepAxis
 from .work import work_report
+
+_START = attrgetter("start_s")
 
 RawTransfer = tuple[TransferDirection, int, int, int, str, Any]
 """(direction, nbytes, start_ns, end_ns, label, end_event) as ``transfer()`` was given them."""
@@ -199,6 +202,7 @@ class PendingReport:
         "_every",
         "_failed",
         "_mark",
+        "_merged",
         "_resolved",
         "age",
         "axis",
@@ -229,6 +233,8 @@ class PendingReport:
         """The records resolved in one call when all had ended on the host (no None in it)."""
         self._failed: set[int] = set()
         self._device = False
+        self._merged = False
+        """The recorder's collectives were added to the wrappers' (sorted by issue at the end)."""
 
     def finish(self, block: bool = False, read: bool = False) -> bool:
         """Fill the report if everything it waits for has completed (or it may wait no longer:
@@ -242,7 +248,10 @@ class PendingReport:
                 return False  # not counted against MAX_DEFER_STEPS: the reader bounds it
             mark, self._mark = self._mark, None
             try:
-                self.records = self.records + mark.expand()
+                taken = mark.expand()
+                if taken:
+                    self.records = self.records + taken
+                    self._merged = True
             except Exception:
                 pass
         force = block or self.age > MAX_DEFER_STEPS
@@ -265,6 +274,8 @@ class PendingReport:
         duration, phases, spans = self.axis.resolve(device)
         r.duration_s, r.phases, r.phase_spans = duration, phases, spans
         r.collectives = every if every is not None else [c for c in collectives if c is not None]
+        if self._merged:  # the recorder's beside the wrappers': one list in issue order
+            r.collectives = sorted(r.collectives, key=_START)
         r.collectives_unfinished = len(self.records) - len(r.collectives)
         r.loss, r.grad_norm = self.loss.value, self.grad_norm.value
         return True

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import JOBS, job_env, read_outputs, read_trace, run_plain, run_zeroscope
+from zeroscope.agent.attach.flight_recorder import BELOW_PYTHON
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -21,8 +22,8 @@ ARGS = ["--modes", "ddp", "--steps", "3"]
 
 DRIFTS = {
     # drift: what zeroscope must say it lost
-    "fr_dump": "collectives run below Python (DDP's reducer): not seen",
-    "group_sequence": "collectives run below Python (DDP's reducer): not seen",
+    "fr_dump": f"{BELOW_PYTHON}: not seen",
+    "group_sequence": f"{BELOW_PYTHON}: not seen",
     "ddp_logging": "DDP's bucket buffers in G: not seen",
     # Backward is timed around ``Tensor.backward`` (agent/attach/torch_loop.py): autograd's
     # queue_callback is needed only by a job calling ``torch.autograd.backward`` itself

@@ -201,6 +201,34 @@ def test_a_hook_fires_once_its_module_and_every_parent_finished(
     assert later == ["zs_probe_pkg"]  # already imported: at once
 
 
+def test_a_hook_asked_for_inside_a_hook_while_the_parent_still_imports_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attach's parts are installed by a hook that runs as ``import torch`` closes (torch
+    imports ``torch.distributed`` from its ``__init__``), and one of them asks for a module
+    torch imported on its way (``torch.distributed.device_mesh``): imported, with its parent
+    still closing, no load of it would come. Its hook never ran, so no DeviceMesh was watched
+    and a tensor-parallel job showed no collective; it runs once the parent finishes."""
+    from zeroscope.agent.attach import postimport
+
+    pkg = tmp_path / "zs_nested_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import early, late\nREADY = True\n")
+    (pkg / "early.py").write_text("VALUE = 1\n")
+    (pkg / "late.py").write_text("VALUE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+
+    def parts(module: object) -> None:  # as install._torch_ready asks for device_mesh
+        seen.append("late")
+        postimport.when_imported("zs_nested_pkg.early", lambda m: seen.append(m.__name__))
+
+    postimport.when_imported("zs_nested_pkg.late", parts)
+    import zs_nested_pkg  # noqa: F401  (the import under test)
+
+    assert seen == ["late", "zs_nested_pkg.early"]
+
+
 # -- ProcessGroup wrappers -----------------------------------------------------------------------
 
 

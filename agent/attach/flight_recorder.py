@@ -93,6 +93,9 @@ READ_LATEST_S = 5.0
 little CPU the job gets (a live view's latency on a loaded machine)."""
 READ_LATEST_NS = int(READ_LATEST_S * 1e9)
 
+BELOW_PYTHON = "collectives run below Python (DDP's reducer, DTensor's functional collectives)"
+"""What the reader sees, as its lost-part lines name it."""
+
 RECENT_STEPS = 8
 """Step ends whose entries the headroom is sized on (the second largest of them, twice: one
 burst between two step ends, an evaluation's collectives, does not predict the next step)."""
@@ -175,7 +178,7 @@ class RecorderMark:
         the mark is :data:`READ_LATEST_S` old. ``now_ns`` is ``time.perf_counter_ns()``,
         ``cpu_ns`` ``time.process_time_ns()`` (read here when not given)."""
         r = self._reader
-        if self.urgent or r.wanted or r.covers(self.marks):
+        if self.urgent or r.wanted or r.covers(self.marks) or not r.unclaimed(self.marks):
             return True
         age = (time.perf_counter_ns() if now_ns is None else now_ns) - self.made_ns
         if age < READ_EVERY_NS:
@@ -263,7 +266,7 @@ class FlightRecorderReader:
         """Stop reading (said once by the session: what is lost and why)."""
         self.off_reason = reason
         self.groups.clear()
-        _say("collectives run below Python (DDP's reducer)", reason)
+        _say(BELOW_PYTHON, reason)
 
     def claim(self, group: Any, before: int) -> None:
         """Training thread, after a wrapped call on a watched group: the entries it made are
@@ -287,6 +290,7 @@ class FlightRecorderReader:
         share = self.share
         if (
             last > g.taken
+            and after - g.taken > len(g.claimed)  # something for a read to take
             and (after - last) * share > 2 * self.typical
             and (after - g.taken) * share >= self.ring // 4
         ):
@@ -312,6 +316,19 @@ class FlightRecorderReader:
             self.wanted = True
         return RecorderMark(self, marks, urgent, time.perf_counter_ns())
 
+    def unclaimed(self, marks: dict[str, int]) -> list[str]:
+        """Sender thread: the groups with entries up to their mark that the wrappers did not
+        record themselves (only those need a dump: a mesh's group whose every collective went
+        through a wrapped method, eager FSDP2's, needs none)."""
+        out = []
+        for name, top in marks.items():
+            g = self.groups.get(name)
+            if g is not None and top > g.taken:
+                claimed = g.claimed
+                if any(seq not in claimed for seq in range(g.taken + 1, top + 1)):
+                    out.append(name)
+        return out
+
     def covers(self, marks: dict[str, int]) -> bool:
         """Whether the last dump reaches every mark (a take needs no new dump)."""
         top = self._cache_top
@@ -329,7 +346,9 @@ class FlightRecorderReader:
         for name, top in marks.items():
             g = self.groups.get(name)
             if g is not None:
-                backlog += max(0, top - g.taken)
+                unread = top - g.taken
+                if unread > len(g.claimed):  # some entry the wrappers did not record
+                    backlog += unread
                 step += max(0, top - last.get(name, g.taken))
         self._last_marks = marks
         share = self.share
@@ -345,7 +364,8 @@ class FlightRecorderReader:
         claimed by the wrappers, once."""
         out: list[RecorderOp] = []
         try:
-            cache = self._entries(marks)
+            need = self.unclaimed(marks)
+            cache = self._entries({n: marks[n] for n in need}) if need else {}
         except Exception as exc:
             self.errors += 1
             self.turn_off(f"the Flight Recorder dump failed ({exc!r})")
@@ -375,7 +395,7 @@ class FlightRecorderReader:
                 g.claimed.discard(seq)
             g.taken = top
         if self.lost and not lost_before:
-            _say("some collectives run below Python (DDP's reducer)", self._overrun())
+            _say(f"some {BELOW_PYTHON}", self._overrun())
         out.sort(key=lambda op: op._issue_ns)
         return out
 

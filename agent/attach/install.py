@@ -66,7 +66,17 @@ def _stand_down() -> None:
 def torch_parts() -> list[tuple[str, Callable[[], object]]]:
     """The parts installed once ``torch.distributed`` is imported, in order, each with the name
     said if it fails (bench/attach_overhead.py leaves them out one at a time to split a cost)."""
-    from . import collectives, compiled, ddp, fsdp1, fsdp2, grad_scaler, spawned, torch_loop
+    from . import (
+        collectives,
+        compiled,
+        ddp,
+        device_mesh,
+        fsdp1,
+        fsdp2,
+        grad_scaler,
+        spawned,
+        torch_loop,
+    )
 
     return [
         ("collectives issued from Python", collectives.install),
@@ -75,6 +85,7 @@ def torch_parts() -> list[tuple[str, Callable[[], object]]]:
         ("DDP", ddp.install),
         ("FSDP2", fsdp2.install),
         ("FSDP", fsdp1.install),
+        ("collectives of DeviceMesh groups (DTensor)", device_mesh.install),
         ("compiled models", compiled.install),
         ("ranks the job spawns itself", spawned.install),
     ]

@@ -72,9 +72,12 @@ def _fire(name: str) -> None:
             hooks = []
     for hook in hooks:
         _run(name, hook)
-    for waiting_name, hook in waiting:
-        if waiting_name in sys.modules:
-            _run(waiting_name, hook)
+    while waiting:  # a hook run here may register more for ``name``'s submodules, deferred
+        for waiting_name, hook in waiting:  # to ``name`` while its import is still closing
+            if waiting_name in sys.modules:
+                _run(waiting_name, hook)
+        with _lock:
+            waiting = _deferred.pop(name, [])
 
 
 def when_imported(name: str, hook: Hook) -> None:
@@ -83,9 +86,15 @@ def when_imported(name: str, hook: Hook) -> None:
     ``name`` and its ancestor packages are watched from now on, so a hook for a submodule
     imported by its parent's ``__init__`` waits for the parent to finish."""
     with _lock:
-        ready = name in sys.modules and not _initializing(name) and _busy_ancestor(name) is None
-        if not ready:
-            if name in sys.modules and _busy_ancestor(name) is None:
+        ancestor = _busy_ancestor(name)
+        ready = name in sys.modules and not _initializing(name) and ancestor is None
+        if name in sys.modules and not _initializing(name) and ancestor is not None:
+            # Imported already, by an ancestor still executing (``import torch`` imports
+            # ``torch.distributed.device_mesh`` on its way): no load of it will come, so the
+            # hook runs when that ancestor finishes (see _fire).
+            _deferred.setdefault(ancestor, []).append((name, hook))
+        elif not ready:
+            if name in sys.modules and ancestor is None:
                 # Mid-import right now, and not through our loader: nothing will tell us when
                 # it ends. Never happens from the bootstrap (it runs before any import).
                 print(f"zeroscope: {name} is being imported; attach skipped", file=sys.stderr)

@@ -1,0 +1,62 @@
+"""Collectives a DeviceMesh's groups run below Python: DTensor's (tensor and sequence parallel),
+compiled FSDP2's, torchtitan's, read from torch's Flight Recorder.
+
+DTensor redistributes through ``torch.distributed._functional_collectives``, whose ops
+(``torch.ops._c10d_functional.all_reduce`` and its kind) call the process group's backend from
+C++: no ``ProcessGroup`` method the attach wraps (:mod:`.collectives`) sees them, and a
+compiled graph calls them the same way. torch's Flight Recorder records them like any other
+collective of the group (``gloo:all_reduce`` with its sizes and sequence number). So every
+group of every mesh the job builds is watched by the recorder's reader
+(:mod:`.flight_recorder`), as DDP's group is: the entries the wrappers recorded themselves are
+claimed by sequence number, and the rest (the functional collectives) are read by the sender
+thread, each labelled with its mesh dimension's name (``tp``, ``dp``; ``mesh`` when the mesh
+names none). Nothing runs per collective on the training thread for them, and nothing per step
+beyond the recorder's one sequence-number read per watched group at the step end.
+
+The mesh is found when it is built (``DeviceMesh.__init__`` wrapped at class level, once
+``torch.distributed.device_mesh`` is imported by the job): a slice of a mesh (``mesh["tp"]``)
+is built the same way and watches the same groups again, which the reader ignores.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from . import patches, postimport
+from .flight_recorder import READER as RECORDER
+from .session import SESSION
+
+
+def watch_mesh(mesh: Any) -> None:
+    """Watch every group of ``mesh`` in the Flight Recorder, labelled by its dimension."""
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    groups = mesh.get_all_groups()
+    for dim, group in enumerate(groups):
+        RECORDER.watch(group, names[dim] if dim < len(names) else "mesh")
+
+
+def _ready(module: ModuleType) -> None:
+    mesh_class = module.DeviceMesh
+    init = mesh_class.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if SESSION.passive or not kwargs.get("_init_backend", True):
+            return  # (a mesh built without groups: a fake one, or one a slice completes)
+        try:
+            watch_mesh(self)
+        except Exception as exc:
+            SESSION.lost(
+                "collectives a DeviceMesh's groups run below Python (DTensor, compiled FSDP2)",
+                f"the mesh's groups are unreadable ({exc!r})",
+            )
+
+    __init__.__doc__ = init.__doc__
+    patches.replace(mesh_class, "__init__", __init__)
+
+
+def install() -> None:
+    """Wrap ``DeviceMesh.__init__`` once the job imports ``torch.distributed.device_mesh``
+    (never imported here: a job without meshes loads nothing more)."""
+    postimport.when_imported("torch.distributed.device_mesh", _ready)

@@ -1,0 +1,63 @@
+"""Tensor parallelism under the attach: DTensor's functional collectives are recorded.
+
+DTensor redistributes through functional collectives, which call the group's backend from C++
+and pass through no ``ProcessGroup`` method the attach wraps: a tensor-parallel job showed no
+collective at all in its steps ("exposed NA", an empty Comm screen). They are now read from
+torch's Flight Recorder, every group of every ``DeviceMesh`` watched (agent/attach/device_mesh.py).
+
+The oracle is the job itself (tests/jobs/tensor_parallel_train.py): torch's own
+``CommDebugMode`` counts the functional collectives of each step, and the job knows the shape
+they reduce; its losses are compared bitwise with bare torchrun. The job's own ``dist.all_reduce``
+of the loss goes through a wrapped method on the same group: it must be counted once, not once
+by the wrapper and again from the recorder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+
+SCRIPT = JOBS / "tensor_parallel_train.py"
+STEPS = 4
+FLOAT32 = 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_functional_collective_of_a_tensor_parallel_job_is_read_once(
+    tmp_path: Path,
+) -> None:
+    env = job_env()
+    run_plain(SCRIPT, ["--steps", str(STEPS), "--out", str(tmp_path / "plain")], env, 300)
+    args = ["--steps", str(STEPS), "--out", str(tmp_path / "zs")]
+    run_zeroscope(SCRIPT, args, env, tmp_path / "t.zstrace", 300)
+    trace = read_trace(tmp_path / "t.zstrace")
+    for rank in range(2):
+        plain = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
+        watched = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
+        assert [s["loss"] for s in watched] == [s["loss"] for s in plain]  # bitwise
+        steps = trace[rank].steps
+        assert [s.step for s in steps] == list(range(1, STEPS + 1))
+        for report, job in zip(steps, watched, strict=True):
+            reduces = [c for c in report.collectives if c.op == "all_reduce"]
+            batch, width = job["shape"]
+            functional = [c for c in reduces if c.nbytes == batch * width * FLOAT32]
+            assert len(functional) == job["functional"] == 3, report.step
+            # Read from the recorder, labelled by the mesh dimension; gloo's entries carry no
+            # completion time: bytes and counts exact, duration NA (never a host enqueue gap).
+            assert {c.label for c in functional} == {"tp"}
+            assert {c.clock for c in functional} == {"none"}
+            assert {c.group_size for c in functional} == {2}
+            # The loss average of the iteration before (issued after its optimizer step, so at
+            # the start of this one): recorded by the wrapper, once, on the host clock.
+            own = [c for c in reduces if c.nbytes == FLOAT32]
+            assert len(own) == (0 if report.step == 1 else 1), report.step
+            assert {c.clock for c in own} <= {"host"}
+            assert len(reduces) == len(functional) + len(own)
+            assert [c.start_s for c in report.collectives] == sorted(
+                c.start_s for c in report.collectives
+            )  # one list in issue order, the recorder's among the wrappers'
