@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+from zeroscope.state import ClusterState
+from zeroscope.state.prediction import predicted_traffic
+from zeroscope.state.viewmodel import comm_view
 
 SCRIPT = JOBS / "tensor_parallel_train.py"
 STEPS = 4
@@ -36,7 +39,14 @@ def test_every_functional_collective_of_a_tensor_parallel_job_is_read_once(
     args = ["--steps", str(STEPS), "--out", str(tmp_path / "zs")]
     run_zeroscope(SCRIPT, args, env, tmp_path / "t.zstrace", 300)
     trace = read_trace(tmp_path / "t.zstrace")
+    state = ClusterState()
     for rank in range(2):
+        # The model is split over both ranks, not replicated: no gradient is averaged between
+        # them, so no data-parallel traffic is predicted (the Comm screen had held the
+        # tensor-parallel all-reduces against a gradient all-reduce of the whole model).
+        hello = trace[rank].hellos[-1]
+        assert hello.config.dp_world_size == 1 and hello.world_size == 2
+        state.ingest(hello)
         plain = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
         watched = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
         assert [s["loss"] for s in watched] == [s["loss"] for s in plain]  # bitwise
@@ -61,3 +71,8 @@ def test_every_functional_collective_of_a_tensor_parallel_job_is_read_once(
             assert [c.start_s for c in report.collectives] == sorted(
                 c.start_s for c in report.collectives
             )  # one list in issue order, the recorder's among the wrappers'
+            state.ingest(report)
+    state.flush()
+    expected = predicted_traffic(state)
+    assert expected is not None and expected.volume == 0 and expected.paper == 0
+    assert comm_view(state, ()).ratio is None

@@ -45,6 +45,21 @@ def world_size(group: Any = None) -> int:
     return 1
 
 
+def data_parallel_size(params: list[torch.Tensor]) -> int:
+    """The ranks a plain loop's gradients are averaged over: the world, less the ranks a DTensor
+    parameter's mesh spans (tensor parallelism by ``parallelize_module``: the model is split
+    over them, each holds a different part, and no gradient is reduced among them)."""
+    world = world_size()
+    mesh = next((m for p in params if (m := getattr(p, "device_mesh", None)) is not None), None)
+    if mesh is None:
+        return world
+    try:
+        split = int(mesh.size())
+    except Exception:
+        return world
+    return max(1, world // split) if split > 0 and world % split == 0 else world
+
+
 def learning_rate(optimizer: Any) -> float | None:
     """The first group's lr (None for an lr kept on a device: reading it would sync)."""
     try:
@@ -103,7 +118,7 @@ class OptimizerReader(EngineReader):
         config = ConfigSummary(
             stage=1 if shards > 1 else 0,  # torch's ZeRO-1 shards O over its group
             precision=precision_of(first.dtype),
-            dp_world_size=shards if shards > 1 else world_size(),
+            dp_world_size=shards if shards > 1 else data_parallel_size(params),
             **optimizer_config(self._optimizers()),
         )
         return config, ParamCounts(total=numel + frozen, trainable=numel), str(first.device)

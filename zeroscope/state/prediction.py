@@ -161,7 +161,7 @@ def traffic_elements(config: ConfigSummary, params: ParamCounts) -> tuple[float,
     psi = float(params.padded_total or params.total)
     g = max(1, config.gradient_accumulation_steps)
     if config.dp_world_size <= 1:
-        return 0.0, "one rank: no collectives"
+        return 0.0, "no data parallelism: no gradient traffic"
     if config.stage == 0:  # frozen parameters have no gradient to all-reduce (DDP, LoRA)
         trainable = float(min(params.trainable, params.total))
         return 2 * trainable, "gradient all-reduce"
@@ -190,7 +190,11 @@ def predicted_traffic(state: ClusterState) -> TrafficPrediction | None:
     try:
         elements, label = traffic_elements(c, p)
         size = param_bytes(c.precision)
-        paper = comm_bytes_per_step(p.total, c.stage, c.precision, min(p.trainable, p.total))
+        paper = (  # the paper's 2Ψ / 3Ψ is data-parallel traffic: none without replicas
+            comm_bytes_per_step(p.total, c.stage, c.precision, min(p.trainable, p.total))
+            if c.dp_world_size > 1
+            else 0.0
+        )
     except ValueError:
         return None
     return TrafficPrediction(volume=elements * size, paper=paper, label=label)
