@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from . import patches, postimport
+from .collectives import kept_out
 from .flight_recorder import READER as RECORDER
 from .session import SESSION
 
@@ -54,6 +55,10 @@ def _ready(module: ModuleType) -> None:
 
     __init__.__doc__ = init.__doc__
     patches.replace(mesh_class, "__init__", __init__)
+    codes = [__init__.__code__, watch_mesh.__code__]  # never a frame Dynamo compiles
+    postimport.when_imported(
+        "torch._dynamo.eval_frame", lambda m: kept_out(m, codes, "around DeviceMesh's init")
+    )
 
 
 def install() -> None:
