@@ -86,7 +86,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.attach_figures import describe, job, per_round, row
 
-PARTS = ("collectives", "loop", "scaler", "ddp", "fsdp2", "fsdp1", "mesh", "compiled", "spawned")
+PARTS = (
+    "collectives",
+    "loop",
+    "scaler",
+    "ddp",
+    "fsdp2",
+    "fsdp1",
+    "mesh",
+    "pipeline",
+    "compiled",
+    "spawned",
+)
 """``--without`` names: the attach's parts (agent/attach/install.py ``torch_parts``), in order."""
 
 

@@ -74,6 +74,7 @@ def torch_parts() -> list[tuple[str, Callable[[], object]]]:
         fsdp1,
         fsdp2,
         grad_scaler,
+        pipeline_loss,
         spawned,
         torch_loop,
     )
@@ -86,6 +87,7 @@ def torch_parts() -> list[tuple[str, Callable[[], object]]]:
         ("FSDP2", fsdp2.install),
         ("FSDP", fsdp1.install),
         ("collectives of DeviceMesh groups (DTensor)", device_mesh.install),
+        ("the loss of torch.distributed.pipelining schedules", pipeline_loss.install),
         ("compiled models", compiled.install),
         ("ranks the job spawns itself", spawned.install),
     ]
