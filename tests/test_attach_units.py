@@ -241,6 +241,36 @@ def gloo() -> object:
     dist.destroy_process_group()
 
 
+def test_every_group_of_every_device_mesh_is_watched_in_the_flight_recorder(
+    gloo: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mesh built by ``init_device_mesh`` and one built over the job's own group with
+    ``DeviceMesh.from_group`` (which sets its groups after ``__init__``): each group read from
+    torch's Flight Recorder, labelled by its dimension (agent/attach/device_mesh.py); nothing
+    left wrapped once the attach is put back."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    from zeroscope.agent.attach import device_mesh, patches
+    from zeroscope.agent.attach.flight_recorder import FlightRecorderReader
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    reader = FlightRecorderReader()
+    monkeypatch.setattr(device_mesh, "RECORDER", reader)
+    mark = patches.checkpoint()
+    device_mesh.install()
+    try:
+        init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        assert {n: g.label for n, g in reader.groups.items()} == {dist.group.WORLD.group_name: "tp"}
+        own = dist.new_group([0])
+        DeviceMesh.from_group(own, "cpu")  # no dimension names
+        assert reader.groups[own.group_name].label == "mesh"
+    finally:
+        patches.rollback(mark)
+    assert (
+        DeviceMesh.__init__.__module__ == DeviceMesh.from_group.__module__ == DeviceMesh.__module__
+    )
+
+
 def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo: object) -> None:
     from torch._C._distributed_c10d import ProcessGroup, Work
 

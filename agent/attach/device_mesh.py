@@ -13,9 +13,9 @@ thread, each labelled with its mesh dimension's name (``tp``, ``dp``; ``mesh`` w
 names none). Nothing runs per collective on the training thread for them, and nothing per step
 beyond the recorder's one sequence-number read per watched group at the step end.
 
-The mesh is found when it is built (``DeviceMesh.__init__`` wrapped at class level, once
-``torch.distributed.device_mesh`` is imported by the job): a slice of a mesh (``mesh["tp"]``)
-is built the same way and watches the same groups again, which the reader ignores.
+The mesh is found when it is built (``DeviceMesh.__init__`` and ``DeviceMesh.from_group``
+wrapped at class level, once the job imports ``torch.distributed.device_mesh``); a slice of a
+mesh (``mesh["tp"]``) holds groups its root mesh's watch took already.
 """
 
 from __future__ import annotations
@@ -37,26 +37,42 @@ def watch_mesh(mesh: Any) -> None:
         RECORDER.watch(group, names[dim] if dim < len(names) else "mesh")
 
 
+def _watch(mesh: Any) -> None:
+    """:func:`watch_mesh`, or, if the mesh's groups are unreadable, said once (Log screen, the
+    run's console) and left."""
+    if SESSION.passive:
+        return
+    try:
+        watch_mesh(mesh)
+    except Exception as exc:
+        SESSION.lost(
+            "collectives a DeviceMesh's groups run below Python (DTensor, compiled FSDP2)",
+            f"the mesh's groups are unreadable ({exc!r})",
+        )
+
+
 def _ready(module: ModuleType) -> None:
     mesh_class = module.DeviceMesh
     init = mesh_class.__init__
+    from_group = mesh_class.from_group
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if SESSION.passive or not kwargs.get("_init_backend", True):
-            return  # (a mesh built without groups: a fake one, or one a slice completes)
-        try:
-            watch_mesh(self)
-        except Exception as exc:
-            SESSION.lost(
-                "collectives a DeviceMesh's groups run below Python (DTensor, compiled FSDP2)",
-                f"the mesh's groups are unreadable ({exc!r})",
-            )
+        if kwargs.get("_init_backend", True):  # (else a slice, or from_group's: no groups yet)
+            _watch(self)
+
+    def from_group_(*args: Any, **kwargs: Any) -> Any:
+        """A mesh over groups the job made itself: its groups are set after ``__init__``."""
+        mesh = from_group(*args, **kwargs)
+        _watch(mesh)
+        return mesh
 
     __init__.__doc__ = init.__doc__
+    from_group_.__doc__ = from_group.__doc__
     patches.replace(mesh_class, "__init__", __init__)
-    codes = [__init__.__code__, watch_mesh.__code__]  # never a frame Dynamo compiles
-    postimport.when_imported(
+    patches.replace(mesh_class, "from_group", staticmethod(from_group_))
+    codes = [__init__.__code__, from_group_.__code__, _watch.__code__, watch_mesh.__code__]
+    postimport.when_imported(  # never a frame Dynamo compiles
         "torch._dynamo.eval_frame", lambda m: kept_out(m, codes, "around DeviceMesh's init")
     )
 
