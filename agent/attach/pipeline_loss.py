@@ -25,8 +25,12 @@ SCHEDULES = "torch.distributed.pipelining.schedules"
 
 
 def _ready(module: ModuleType) -> None:
-    base = module._PipelineSchedule
-    compute = base._compute_loss
+    try:
+        base = module._PipelineSchedule
+        compute = base._compute_loss
+    except AttributeError as exc:  # a torch that moved it: the schedules' losses read NA
+        SESSION.lost("the loss of torch.distributed.pipelining schedules", repr(exc))
+        return
     plain_loop = STEP_SOURCES["optimizer"]
 
     def _compute_loss(self: Any, *args: Any, **kwargs: Any) -> Any:
