@@ -271,6 +271,23 @@ def test_every_group_of_every_device_mesh_is_watched_in_the_flight_recorder(
     )
 
 
+def test_a_dtensor_loss_is_read_locally_and_a_partial_one_not_at_all(gloo: object) -> None:
+    """Tensor parallelism's ``loss_parallel`` hands ``backward()`` a DTensor: a replicated one
+    is this rank's local copy (read like any loss), and one still a partial sum is not read,
+    since reading it would be an all-reduce issued by the agent, off the job's schedule."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    from zeroscope.agent.attach.session import AttachSession
+
+    mesh = init_device_mesh("cpu", (1,))
+    session = AttachSession()
+    session.add_loss(DTensor.from_local(torch.tensor(2.5), mesh, [Replicate()]))
+    session.add_loss(DTensor.from_local(torch.tensor(7.0), mesh, [Partial()]))
+    [(held, weight)] = session._losses
+    assert type(held) is torch.Tensor and held.item() == 2.5 and weight == 1.0
+
+
 def test_wrappers_record_nccl_tests_bytes_and_completion_without_callbacks(gloo: object) -> None:
     from torch._C._distributed_c10d import ProcessGroup, Work
 
