@@ -333,7 +333,7 @@ class AttachSession:
                 if placements is not None:  # a DTensor (tensor parallel's ``loss_parallel``)
                     if not all(p.is_replicate() for p in placements):
                         return  # reading a partial sum would be a collective of the agent's
-                    loss = loss.to_local()  # the same value on every rank: this rank's copy
+                    loss = loss.to_local()  # type: ignore[attr-defined]  # (every rank: the same)
                 loss = loss.detach()
             losses = self._losses
             if len(losses) >= LOSSES_HELD and len(losses) % LOSSES_HELD == 0:
