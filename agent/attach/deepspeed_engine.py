@@ -167,6 +167,8 @@ class DeepSpeedReader(EngineReader):
         engine, opt, stage = self._parts()
         off_opt, off_param = self._offload(engine)
         inner = getattr(opt, "optimizer", None)
+        if inner is None and stage == 0:  # fp32 at stage 0: the torch optimizer, unwrapped
+            inner = opt
         params = list(engine.module.parameters())
         frozen = [p for p in params if not p.requires_grad]
         if stage == 3:
@@ -367,11 +369,24 @@ def install(module: ModuleType) -> None:
     if load is not None:
         load_checkpoint_.__doc__ = load.__doc__
         patches.replace(engine_cls, "load_checkpoint", load_checkpoint_)
+    from .deepspeed_pipe import install_pipeline
+    from .install import guarded
+
+    # Its own part: a DeepSpeed whose pipeline engine moved leaves the other engines attached.
+    guarded("DeepSpeed's pipeline engine (train_batch)", lambda: install_pipeline(module))
 
 
 def _step_end(
-    engine: Any, skipped_before: int, scale_before: float | None, lr: list[float] | None
+    engine: Any,
+    skipped_before: int,
+    scale_before: float | None,
+    lr: list[float] | None,
+    samples: int | None = None,
+    **figures: Any,
 ) -> None:
+    """Report the step DeepSpeed just took; ``samples``: this rank's share of the step's
+    samples (its micro-batches by default), ``figures``: what the caller knows better (a
+    pipeline's loss)."""
     s = SESSION
     try:
         skipped = engine.skipped_steps != skipped_before
@@ -395,7 +410,10 @@ def _step_end(
             overflow=skipped,
             skipped=skipped,
             samples=int(engine.train_micro_batch_size_per_gpu())
-            * int(engine.gradient_accumulation_steps()),
+            * int(engine.gradient_accumulation_steps())
+            if samples is None
+            else samples,
+            **figures,
         )
     except Exception:
         s.errors += 1

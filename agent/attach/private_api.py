@@ -59,6 +59,16 @@ CLASS_MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
             "zero_overlap_comm",
         ),
     },
+    "deepspeed.runtime.pipe.engine": {
+        # agent/attach/deepspeed_pipe.py: the step, and the schedule's instruction table.
+        "PipelineEngine": (
+            "train_batch",
+            "_exec_optimizer_step",
+            "_exec_backward_pass",
+            "_INSTRUCTION_MAP",
+            "is_first_stage",
+        ),
+    },
     "transformers.trainer": {"Trainer": ("__init__", "training_step", "add_callback", "evaluate")},
     "transformers.trainer_callback": {
         # The events the attach's callback relies on: a release that stopped calling them
