@@ -118,10 +118,18 @@ def _free_port() -> int:
     return free_port()
 
 
+@pytest.fixture(scope="module")
+def deepspeed_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The tutorial under real DeepSpeed, bare torchrun (two tests read it)."""
+    return _torchrun(SCRIPT, tmp_path_factory.mktemp("deepspeed") / "deepspeed.json")
+
+
 @pytest.mark.slow
-def test_tutorial_script_matches_deepspeed_with_only_imports_changed(tmp_path: Path) -> None:
+def test_tutorial_script_matches_deepspeed_with_only_imports_changed(
+    tmp_path: Path, deepspeed_run: dict
+) -> None:
     ours = _torchrun(_ported(tmp_path), tmp_path / "ours.json")
-    theirs = _torchrun(SCRIPT, tmp_path / "deepspeed.json")
+    theirs = deepspeed_run
     assert ours["parts"] == theirs["parts"]
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=0, abs=1e-6)
     assert ours["eval"] == pytest.approx(theirs["eval"], rel=0, abs=1e-6)  # eval_batch()
@@ -146,3 +154,37 @@ def test_tutorial_at_four_stages_matches_deepspeed_and_one_process(
         assert ours["parts"] == theirs["parts"]
         assert ours["losses"] == pytest.approx(theirs["losses"], rel=0, abs=1e-6)
         assert ours["eval"] == pytest.approx(theirs["eval"], rel=0, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_under_the_attach_deepspeeds_pipeline_steps_are_its_train_batches(
+    tmp_path: Path, deepspeed_run: dict
+) -> None:
+    """The same script under ``zeroscope run``: ``train_batch()`` runs a whole step, its
+    optimizer through the schedule's own instruction, never ``engine.step()``, where the attach
+    ended DeepSpeed's steps, and such a job reported no step at all ("2 ranks reported, no step
+    completed"; agent/attach/deepspeed_pipe.py). The oracle is the script: the losses
+    ``train_batch()`` returned (bitwise those of the bare run), its 8 samples a step (2 per
+    micro-batch x 4, one replica), and Adam's state, two fp32 moments per parameter element."""
+    from tests.attach_support import job_env, read_trace, run_zeroscope
+
+    args = ["--steps", "4", "--out", str(tmp_path / "zs.json")]
+    run_zeroscope(SCRIPT, args, job_env(), tmp_path / "t.zstrace", 600)
+    job = json.loads((tmp_path / "zs.json").read_text())
+    assert job["losses"] == deepspeed_run["losses"]  # bitwise: the attach changed nothing
+    trace = read_trace(tmp_path / "t.zstrace")
+    for rank in range(2):
+        steps = trace[rank].steps
+        assert [s.step for s in steps] == [1, 2, 3, 4]  # eval_batch() is no step
+        for report, loss in zip(steps, job["losses"], strict=True):
+            # train_batch()'s own loss on every stage (DeepSpeed broadcasts it from the last).
+            assert report.loss == pytest.approx(loss, rel=1e-6)
+            assert report.samples == (8 if rank == 0 else 0)  # once, on the first stage
+            p = report.phases
+            assert p.forward and p.backward and p.optimizer, (rank, report.step, p)
+            m = report.memory
+            assert m.params and m.grads == m.params  # ZeRO-0: whole fp32 gradients
+            # AdamW's exp_avg and exp_avg_sq, fp32, beside a 4-byte step per parameter tensor.
+            assert 2 * m.params <= m.optim < 2 * m.params + 4 * 64, m
+    assert trace[0].hellos[-1].engine == "deepspeed"
