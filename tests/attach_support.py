@@ -122,6 +122,19 @@ def read_outputs(prefix: Path) -> list[dict[str, Any]]:
     return [json.loads(Path(f"{prefix}.{rank}").read_text()) for rank in range(2)]
 
 
+def plain_and_watched(
+    script: Path, steps: int, tmp_path: Path, timeout: float = 300
+) -> tuple[dict[int, RankTrace], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A job that writes its own figures to ``--out``.RANK, run under bare torchrun and under
+    ``zeroscope run``: (the trace, each rank's figures alone, each rank's figures watched)."""
+    env = job_env()
+    run_plain(script, ["--steps", str(steps), "--out", str(tmp_path / "plain")], env, timeout)
+    args = ["--steps", str(steps), "--out", str(tmp_path / "zs")]
+    run_zeroscope(script, args, env, tmp_path / "t.zstrace", timeout)
+    trace = read_trace(tmp_path / "t.zstrace")
+    return trace, read_outputs(tmp_path / "plain"), read_outputs(tmp_path / "zs")
+
+
 def segments(steps: list[StepReport], sizes: list[int]) -> list[list[StepReport]]:
     """Split a rank's consecutive StepReports into the runs of a sweep script."""
     assert [s.step for s in steps] == list(range(1, sum(sizes) + 1))

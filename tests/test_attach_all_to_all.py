@@ -10,12 +10,11 @@ bare torchrun.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+from tests.attach_support import JOBS, plain_and_watched
 from zeroscope.agent.schema import Collective, StepReport
 from zeroscope.state import ClusterState
 from zeroscope.state.bandwidth import bus_factor
@@ -29,15 +28,10 @@ STEPS = 5
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_all_to_all_is_recorded_with_the_bytes_the_job_sent(tmp_path: Path) -> None:
-    env = job_env()
-    run_plain(SCRIPT, ["--steps", str(STEPS), "--out", str(tmp_path / "plain")], env, 300)
-    args = ["--steps", str(STEPS), "--out", str(tmp_path / "zs")]
-    run_zeroscope(SCRIPT, args, env, tmp_path / "t.zstrace", 300)
-    trace = read_trace(tmp_path / "t.zstrace")
+    trace, alone, under = plain_and_watched(SCRIPT, STEPS, tmp_path)
     state = ClusterState()
     for rank in range(2):
-        plain = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
-        watched = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
+        plain, watched = alone[rank], under[rank]
         assert [s["loss"] for s in watched] == [s["loss"] for s in plain]  # bitwise
         steps = trace[rank].steps
         assert [s.step for s in steps] == list(range(1, STEPS + 1))

@@ -9,12 +9,11 @@ bitwise with bare torchrun's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+from tests.attach_support import JOBS, plain_and_watched
 
 SCRIPT = JOBS / "pipeline_train.py"
 STEPS = 4
@@ -23,15 +22,10 @@ STEPS = 4
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_pipeline_schedules_loss_is_the_mean_of_its_micro_batches(tmp_path: Path) -> None:
-    env = job_env()
-    run_plain(SCRIPT, ["--steps", str(STEPS), "--out", str(tmp_path / "plain")], env, 300)
-    args = ["--steps", str(STEPS), "--out", str(tmp_path / "zs")]
-    run_zeroscope(SCRIPT, args, env, tmp_path / "t.zstrace", 300)
-    trace = read_trace(tmp_path / "t.zstrace")
+    trace, alone, under = plain_and_watched(SCRIPT, STEPS, tmp_path)
     for rank in range(2):
-        plain = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
-        watched = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
-        assert watched == plain  # bitwise: the attach changed nothing the job computes
+        watched = under[rank]
+        assert watched == alone[rank]  # bitwise: the attach changed nothing the job computes
         steps = trace[rank].steps
         assert [s.step for s in steps] == list(range(1, STEPS + 1))
         for report, job in zip(steps, watched, strict=True):

@@ -14,12 +14,11 @@ by the wrapper and again from the recorder.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+from tests.attach_support import JOBS, plain_and_watched
 from zeroscope.state import ClusterState
 from zeroscope.state.prediction import predicted_traffic
 from zeroscope.state.viewmodel import comm_view
@@ -34,11 +33,7 @@ FLOAT32 = 4
 def test_every_functional_collective_of_a_tensor_parallel_job_is_read_once(
     tmp_path: Path,
 ) -> None:
-    env = job_env()
-    run_plain(SCRIPT, ["--steps", str(STEPS), "--out", str(tmp_path / "plain")], env, 300)
-    args = ["--steps", str(STEPS), "--out", str(tmp_path / "zs")]
-    run_zeroscope(SCRIPT, args, env, tmp_path / "t.zstrace", 300)
-    trace = read_trace(tmp_path / "t.zstrace")
+    trace, alone, under = plain_and_watched(SCRIPT, STEPS, tmp_path)
     state = ClusterState()
     for rank in range(2):
         # The model is split over both ranks, not replicated: no gradient is averaged between
@@ -47,8 +42,7 @@ def test_every_functional_collective_of_a_tensor_parallel_job_is_read_once(
         hello = trace[rank].hellos[-1]
         assert hello.config.dp_world_size == 1 and hello.world_size == 2
         state.ingest(hello)
-        plain = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
-        watched = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
+        plain, watched = alone[rank], under[rank]
         assert [s["loss"] for s in watched] == [s["loss"] for s in plain]  # bitwise
         steps = trace[rank].steps
         assert [s.step for s in steps] == list(range(1, STEPS + 1))
