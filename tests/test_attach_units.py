@@ -264,6 +264,20 @@ def test_every_group_of_every_device_mesh_is_watched_in_the_flight_recorder(
         own = dist.new_group([0])
         DeviceMesh.from_group(own, "cpu")  # no dimension names
         assert reader.groups[own.group_name].label == "mesh"
+        # Flattened (torchtitan's dp_shard_cp: built by __init__) and unflattened (given its
+        # groups after __init__). One process has one group of every size here, watched
+        # already: what is read is what was asked.
+        asked: list[str] = []
+        watch = reader.watch
+        monkeypatch.setattr(
+            reader, "watch", lambda g, label: (asked.append(label), watch(g, label))
+        )
+        grid = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "cp"))
+        grid["dp", "cp"]._flatten("dp_cp")
+        assert asked[-1] == "dp_cp"
+        world = init_device_mesh("cpu", (1,), mesh_dim_names=("world",))
+        world._unflatten(0, (1, 1), ("pp", "ep"))
+        assert asked[-2:] == ["pp", "ep"]
     finally:
         patches.rollback(mark)
     assert (

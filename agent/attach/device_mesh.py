@@ -13,9 +13,11 @@ thread, each labelled with its mesh dimension's name (``tp``, ``dp``; ``mesh`` w
 names none). Nothing runs per collective on the training thread for them, and nothing per step
 beyond the recorder's one sequence-number read per watched group at the step end.
 
-The mesh is found when it is built (``DeviceMesh.__init__`` and ``DeviceMesh.from_group``
-wrapped at class level, once the job imports ``torch.distributed.device_mesh``); a slice of a
-mesh (``mesh["tp"]``) holds groups its root mesh's watch took already.
+The mesh is found when it is built (``DeviceMesh.__init__``, ``DeviceMesh.from_group`` and the
+private ``_unflatten`` wrapped at class level, once the job imports
+``torch.distributed.device_mesh``); a slice of a mesh (``mesh["tp"]``) holds groups its root
+mesh's watch took already, and a flattened one (``mesh["dp", "cp"]._flatten()``) is built by
+``__init__`` with its own.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from . import patches, postimport
 from .collectives import kept_out
 from .flight_recorder import READER as RECORDER
 from .session import SESSION
+
+RESHAPES = ("_unflatten",)
+"""DeviceMesh's methods that make a mesh with groups of its own after ``__init__`` (a flattened
+mesh, torchtitan's ``dp_shard_cp``, is built by ``__init__`` with its new group: watched there)."""
 
 
 def watch_mesh(mesh: Any) -> None:
@@ -51,6 +57,18 @@ def _watch(mesh: Any) -> None:
         )
 
 
+def _watching(make: Any) -> Any:
+    """``make`` (a method returning a new mesh), the mesh it returns watched."""
+
+    def made(self: Any, *args: Any, **kwargs: Any) -> Any:
+        mesh = make(self, *args, **kwargs)
+        _watch(mesh)
+        return mesh
+
+    made.__doc__ = make.__doc__
+    return made
+
+
 def _ready(module: ModuleType) -> None:
     mesh_class = module.DeviceMesh
     init = mesh_class.__init__
@@ -72,6 +90,12 @@ def _ready(module: ModuleType) -> None:
     patches.replace(mesh_class, "__init__", __init__)
     patches.replace(mesh_class, "from_group", staticmethod(from_group_))
     codes = [__init__.__code__, from_group_.__code__, _watch.__code__, watch_mesh.__code__]
+    # An unflattened mesh is built without groups and given new ones after: watched as the
+    # method making it returns.
+    for name in RESHAPES:
+        made = _watching(getattr(mesh_class, name))
+        patches.replace(mesh_class, name, made)
+        codes.append(made.__code__)
     postimport.when_imported(  # never a frame Dynamo compiles
         "torch._dynamo.eval_frame", lambda m: kept_out(m, codes, "around DeviceMesh's init")
     )

@@ -34,6 +34,10 @@ CLASS_MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
     "torch.distributed.fsdp._fully_shard._fsdp_param_group": {
         "FSDPParamGroup": ("unshard", "post_backward"),
     },
+    "torch.distributed.device_mesh": {
+        # agent/attach/device_mesh.py: meshes that get new groups after __init__.
+        "DeviceMesh": ("_unflatten",),
+    },
     "torch.distributed.pipelining.schedules": {
         # Every schedule computes its micro-batches' losses here (agent/attach/pipeline_loss.py).
         "_PipelineSchedule": ("_compute_loss",),
