@@ -475,7 +475,7 @@ def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
     recorder in torch the reader turns itself off and says why."""
     import torch
 
-    from zeroscope.agent.attach import flight_recorder
+    from zeroscope.agent.attach import fr_entries
     from zeroscope.agent.attach.session import SESSION
 
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
@@ -507,7 +507,7 @@ def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
     assert reader.device_duration("1", 2, "broadcast") is None  # never another op's figure
     assert reader.dumps >= 2  # the NCCL group is indexed once asked for
 
-    for name in flight_recorder.DUMPS:
+    for name in fr_entries.DUMPS:
         monkeypatch.delattr(c10d, name, raising=False)
     off = FlightRecorderReader()
     group = _Group("0")

@@ -25,7 +25,7 @@ clock. Exposed time is never measured here. Entries the ring overwrote before a 
 counted in ``lost``, never guessed.
 
 torch keeps two recorders, ProcessGroupNCCL's own (NCCL collectives, with CUDA events) and a
-generic one (gloo): both are dumped (:data:`DUMPS`), each decoded, and their entries read as one.
+generic one (gloo): both are dumped (:data:`.fr_entries.DUMPS`), each decoded, and their entries read as one.
 A dump holds the interpreter lock while torch builds it, and walks the whole ring each time:
 its cost is per entry in the ring (measured on this project's 2-core VM, torch 2.13, gloo: ~15
 us of CPU per entry for torch's JSON, ~5 more to decode it in Python), so what the reader costs
@@ -52,12 +52,18 @@ import os
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
-from itertools import pairwise
 from typing import Any
 
 from zeroscope.agent.schema import Collective, CollectiveOp
 
-from .fr_entries import OPS, Entry, collective_of, entries_of
+from .fr_entries import (
+    OPS,
+    Entry,
+    collective_of,
+    dump_all,
+    entries_of,
+    index_by_group,
+)
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
@@ -449,43 +455,17 @@ class FlightRecorderReader:
         if stale or not self.covers(marks):
             self._dumped_at = time.monotonic()
             cpu_ns = time.thread_time_ns()
-            raw = (self._dump or _dump)()
+            raw = (self._dump or dump_all)()
             self.wanted = False
             parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
             self.dumps += 1
             self.read_every_cpu_ns = int((time.thread_time_ns() - cpu_ns) / READ_BUDGET)
             self.cpu_at_dump_ns = time.process_time_ns()
-            cache: dict[str, tuple[list[int], list[Entry]]] = {}
-            groups = self.groups
-            timed = self._timed
-            span = watched = 0
-            for entries in parts:  # one recorder's entries each; record_id is per recorder
-                low = high = -1
-                mine = 0
-                for e in entries:
-                    rid = e.record_id
-                    low = rid if low < 0 or rid < low else low
-                    high = max(high, rid)
-                    name = e.group
-                    if name in groups:
-                        mine += 1
-                    elif name not in timed:
-                        continue
-                    seqs, kept = cache.setdefault(name, ([], []))
-                    seqs.append(e.collective_seq_id)
-                    kept.append(e)
-                if mine:  # only a ring holding a watched group's entries can overwrite them
-                    watched += mine
-                    span += high - low + 1
-            for seqs, kept in cache.values():  # ring order is issue order; sorted, to be sure
-                if any(a >= b for a, b in pairwise(seqs)):
-                    pairs = sorted(zip(seqs, kept, strict=True), key=lambda p: p[0])
-                    seqs[:] = [q for q, _ in pairs]
-                    kept[:] = [k for _, k in pairs]
+            cache, share = index_by_group(parts, self.groups, self._timed)
             self._cache = cache
             self._cache_top = {n: seqs[-1] for n, (seqs, _) in cache.items() if seqs}
-            if watched and span > 1:  # all entries per watched one (record_id spans all)
-                self.share = max(1.0, span / watched)
+            if share is not None:
+                self.share = share
         return self._cache
 
 
@@ -497,22 +477,6 @@ def _say(part: str, reason: str) -> None:
         SESSION.lost(part, reason)
     except Exception:
         pass
-
-
-DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
-"""torch keeps two recorders: ProcessGroupNCCL's own (CUDA events: where NCCL collectives go,
-absent from a CPU build) and the generic one (gloo). Both are read."""
-
-
-def _dump() -> list[list[Entry]]:
-    """Each recorder torch has, dumped and decoded (one list of entries per recorder)."""
-    import torch
-
-    c10d: Any = torch._C._distributed_c10d
-    found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
-    if not found:
-        raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
-    return [entries_of(bytes(fn(True, False))) for fn in found]
 
 
 READER = FlightRecorderReader()

@@ -1,12 +1,15 @@
 """The Flight Recorder's entries, typed: torch's JSON dump decoded in one pass into the fields
 the reader uses (torch's other fields are skipped by the decoder, never built), and one entry
 as the wire's Collective (op name, bytes as nccl-tests count them, torch's own duration where
-it measured one). Kept apart from the reader (flight_recorder.py), which decides when to dump
-and which entries belong to which step.
+it measured one); the dump of both of torch's recorders, and one dump's entries indexed by group
+(each entry visited once per dump: its cost is per ring entry). Kept apart from the reader
+(flight_recorder.py), which decides when to dump and which entries belong to which step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -146,3 +149,55 @@ def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) ->
         label=label,
         clock="device",
     )
+
+
+DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+"""torch keeps two recorders: ProcessGroupNCCL's own (CUDA events: where NCCL collectives go,
+absent from a CPU build) and the generic one (gloo). Both are read."""
+
+
+def dump_all() -> list[list[Entry]]:
+    """Each recorder torch has, dumped and decoded (one list of entries per recorder)."""
+    import torch
+
+    c10d: Any = torch._C._distributed_c10d
+    found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
+    if not found:
+        raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
+    return [entries_of(bytes(fn(True, False))) for fn in found]
+
+
+def index_by_group(
+    parts: list[list[Entry]], watched: Container[str], timed: Container[str]
+) -> tuple[dict[str, tuple[list[int], list[Entry]]], float | None]:
+    """The entries of the ``watched`` and ``timed`` groups in one dump, each group's as (its
+    sequence numbers ascending, its entries), and the dump's share: all entries per watched
+    one, from the process-wide ``record_id`` of each recorder holding a watched entry (None
+    when no ring held one: only such a ring can overwrite them)."""
+    out: dict[str, tuple[list[int], list[Entry]]] = {}
+    span = mine_all = 0
+    for entries in parts:  # one recorder's entries each; record_id is per recorder
+        low = high = -1
+        mine = 0
+        for e in entries:
+            rid = e.record_id
+            low = rid if low < 0 or rid < low else low
+            high = max(high, rid)
+            name = e.group
+            if name in watched:
+                mine += 1
+            elif name not in timed:
+                continue
+            seqs, kept = out.setdefault(name, ([], []))
+            seqs.append(e.collective_seq_id)
+            kept.append(e)
+        if mine:
+            mine_all += mine
+            span += high - low + 1
+    for seqs, kept in out.values():  # ring order is issue order; sorted, to be sure
+        if any(a >= b for a, b in pairwise(seqs)):
+            pairs = sorted(zip(seqs, kept, strict=True), key=lambda p: p[0])
+            seqs[:] = [q for q, _ in pairs]
+            kept[:] = [k for _, k in pairs]
+    share = max(1.0, span / mine_all) if mine_all and span > 1 else None
+    return out, share
