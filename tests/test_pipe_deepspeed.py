@@ -188,3 +188,12 @@ def test_under_the_attach_deepspeeds_pipeline_steps_are_its_train_batches(
             # AdamW's exp_avg and exp_avg_sq, fp32, beside a 4-byte step per parameter tensor.
             assert 2 * m.params <= m.optim < 2 * m.params + 4 * 64, m
     assert trace[0].hellos[-1].engine == "deepspeed"
+    # Each rank's stage from DeepSpeed's process grid (two stages, one replica, the script's
+    # four micro-batches a step): each stage is judged against its own replicas, not the other
+    # stage (agent/attach/pipeline_layout.py).
+    for rank in range(2):
+        layout = trace[rank].hellos[-1].parallel
+        assert layout is not None
+        assert (layout.pp, layout.pp_size, layout.stages, layout.num_stages) == (rank, 2, [rank], 2)
+        assert (layout.dp, layout.dp_size, layout.tp, layout.tp_size) == (0, 1, 0, 1)
+        assert layout.microbatches == 4

@@ -18,7 +18,10 @@ a pipeline job reported no step at all ("2 ranks reported, no step completed"). 
   over the data-parallel replicas and broadcast to every stage by DeepSpeed, what the script
   itself reads (every rank reports it, where only the last stage computes a loss);
 - the step's samples are counted on the first stage only (each stage of a replica passes the
-  same micro-batches: counted on every stage, samples/s read as many times the real rate).
+  same micro-batches: counted on every stage, samples/s read as many times the real rate);
+- the rank's stage, replica and model-parallel slice, from the engine's process grid, go in its
+  Hello at the first ``train_batch()`` (agent/attach/pipeline_layout.py: each stage is judged
+  against its own replicas, not against the other stages).
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ import torch
 
 from . import patches
 from .session import SESSION
+
+
+def _say_grid(engine: Any) -> None:
+    """This rank's stage, replica and slice from DeepSpeed's process grid, in its Hello."""
+    from .pipeline_layout import grid_layout
+
+    try:
+        SESSION.set_layout(grid_layout(engine))
+    except Exception as exc:
+        SESSION.lost("the stages of DeepSpeed's pipeline engine", f"unreadable ({exc!r})")
 
 
 def install_pipeline(module: ModuleType) -> None:
@@ -62,6 +75,8 @@ def install_pipeline(module: ModuleType) -> None:
         s = SESSION
         if not s.drives("deepspeed"):
             return train_batch(self, *args, **kwargs)
+        if s.parallel is None:
+            _say_grid(self)
         try:  # the lr this step's update uses: the scheduler moves on inside the step
             steps, skipped, scale = self.global_steps, self.skipped_steps, _loss_scale(self)
             lr = self.get_lr()

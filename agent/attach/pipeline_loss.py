@@ -10,7 +10,8 @@ in one method of their base class (``_PipelineSchedule._compute_loss``), wrapped
 loss it returns is handed to the step, as a plain loop's is (detached, read at the step end
 without a sync), so the step's loss is the mean over its micro-batches, what a script printing
 ``sum(losses) / len(losses)`` shows. The first stages compute none: the cluster's loss is the
-last stages' mean.
+last stages' mean. Which stage each rank runs is read here too, once the schedules are imported
+(agent/attach/pipeline_layout.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ SCHEDULES = "torch.distributed.pipelining.schedules"
 
 
 def _ready(module: ModuleType) -> None:
+    from .install import guarded
+    from .pipeline_layout import PART, wrap_schedules
+
+    guarded(PART, lambda: wrap_schedules(module))  # each rank's stage, in its Hello
     try:
         base = module._PipelineSchedule
         compute = base._compute_loss

@@ -130,6 +130,9 @@ class AttachSession:
         self._grads: tuple[int, int] = (0, 0)
         self._memory = MemoryBytes()
         self._layout: Any = None
+        self.parallel: Any = None
+        """This rank's place in a pipeline (a ``ParallelLayout``; agent/attach/pipeline_layout.py),
+        carried in its Hello; None: plain data parallelism as far as the attach knows."""
         self._lost: dict[str, str] = {}
         """Parts of the attach that turned themselves off, and why (each said once)."""
         self._drifted: set[int] = set()
@@ -210,8 +213,22 @@ class AttachSession:
         self.tel = tel
         if self._first_step:
             self.number_steps_from(self._first_step)
+        if self.parallel is not None:
+            tel.layout(self.parallel)
         for part, reason in self._lost.items():
             tel.event("info", f"zeroscope lost {part}: {reason}")
+
+    def set_layout(self, layout: Any) -> None:
+        """This rank's pipeline stage (and replica) is known: in its Hello from now on (sent
+        again if it went out already, as the agent API's ``layout`` does)."""
+        if layout == self.parallel:
+            return
+        self.parallel = layout
+        if self.tel is not None and not self.passive:
+            try:
+                self.tel.layout(layout)
+            except Exception:
+                self.errors += 1
 
     def lost(self, part: str, reason: str) -> None:
         """A part of the attach turned itself off (a private torch API moved, a recorder is

@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import units
 from .alerts import interrupted, ranks_text
 from .cluster import ClusterState, StepAggregate
+from .pipeline import layout_of
 from .roster import headcount
 from .throughput import cluster_run, cluster_step, reasons_of, reported_step
 
@@ -212,14 +213,36 @@ def exit_lines(state: ClusterState) -> list[str]:
 
 
 def _whose_loss(state: ClusterState, last: StepAggregate) -> str:
-    """Whose losses the final step's mean is over: "rank mean", or the ranks named when fewer
-    than the job's reported it (a rank that died: the mean of one rank read as the cluster's)."""
+    """Whose losses the final step's mean is over: "rank mean"; the last pipeline stage's ranks
+    when exactly they reported it (the only stage that computes a loss); else the ranks named
+    when fewer than the job's reported it (a rank that died: the mean of one rank read as the
+    cluster's)."""
     with_loss = sorted(r for r, s in last.summaries.items() if s.loss is not None)
     world = max(state.world_size, len(state.ranks))
     if not with_loss or len(with_loss) >= world:
         return "rank mean"
     named = ranks_text(with_loss, 4)
+    if set(with_loss) == _last_stage(state):
+        return f"last pipeline stage: {named}"
     return f"{named} only: {len(with_loss)} of {world} ranks at step {last.step}"
+
+
+def _last_stage(state: ClusterState) -> set[int]:
+    """The ranks running a pipeline's last stage (empty without a pipeline layout): the one
+    holding stage ``num_stages - 1`` where the layout lists its stages (a V-shaped schedule
+    puts it on the first pipeline rank), else the last pipeline rank."""
+    out = set()
+    for r, rs in state.ranks.items():
+        layout = layout_of(rs.hello)
+        if layout is None or layout.pp_size <= 1:
+            continue
+        if layout.stages and layout.num_stages:
+            last = layout.num_stages - 1 in layout.stages
+        else:
+            last = layout.pp == layout.pp_size - 1
+        if last:
+            out.add(r)
+    return out
 
 
 def _plural(n: int, word: str) -> str:
