@@ -490,10 +490,13 @@ def test_a_steps_figures_over_many_ranks_equal_their_definitions() -> None:
     from zeroscope.state.throughput import _joined, _reason, of_step
 
     rng = random.Random(5)
-    for _ in range(200):
+    for i in range(400):
         works: list[Work | None] = []
+        # Half the steps' ranks share one model (the predicted FLOPs' terms alike, as in a real
+        # job), half differ, some with a term unknown; every third step has every figure known.
+        mixed, known_only = i % 2 == 1, i % 3 == 0
         for _ in range(rng.randint(1, 40)):
-            roll = rng.random()
+            roll = rng.uniform(0.2, 1.0) if known_only else rng.random()
             if roll < 0.05:
                 works.append(None)
                 continue
@@ -504,6 +507,15 @@ def test_a_steps_figures_over_many_ranks_equal_their_definitions() -> None:
                     peak_flops=None if 0.15 <= roll < 0.2 else rng.uniform(1e14, 1e15),
                     peak_source=rng.choice(["datasheet H100", "measured matmul"]),
                     na=rng.choice(["", "inputs are not sequences", "shape not counted"]),
+                    **(
+                        {
+                            "dense_params": rng.choice([1000, 3000, None]),
+                            "positions": rng.choice([128, 96]),
+                            "layers": rng.choice([2, 0]),
+                        }
+                        if mixed
+                        else {}
+                    ),
                 )
             )
         seconds = rng.uniform(0.5, 2.0)
@@ -524,3 +536,11 @@ def test_a_steps_figures_over_many_ranks_equal_their_definitions() -> None:
         reasons = _joined(*(_reason(w) for w in works))
         if got.mfu is not None or "MFU NA" not in got.na:
             assert got.na == reasons
+        peaks = total([w.peak_flops for w in known])
+        assert got.peak_tflops == (None if peaks is None else peaks / 1e12)
+        if flops is not None and peaks is not None and flops / seconds <= peaks:
+            assert got.mfu == flops / seconds / peaks
+        else:
+            assert got.mfu is None
+        sources = {w.peak_source for w in known if w.peak_flops is not None}
+        assert got.peak_source == "; ".join(sorted(sources))
