@@ -31,6 +31,14 @@ def test_run_rejects_a_missing_script(capsys: pytest.CaptureFixture[str]) -> Non
     assert "no such training script: no/such/train.py" in capsys.readouterr().err
 
 
+def test_run_says_how_when_the_script_given_is_python(capsys: pytest.CaptureFixture[str]) -> None:
+    """``zeroscope run python train.py`` (the habit of ``python train.py``) names the fix."""
+    assert main(["run", "--headless", "python", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such training script: python" in err[0]
+    assert "`zeroscope run train.py ARGS`" in err[0]
+
+
 def test_replay_headless_of_a_recorded_fixture(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,13 +72,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
+LAUNCHERS = ("python", "python3", "torchrun", "deepspeed", "accelerate")
+"""What a user types before the script by habit (``zeroscope run python train.py``)."""
+
+
+def _launcher_hint(script: str) -> str:
+    """How to say it instead, when ``script`` names an interpreter or launcher, not a script."""
+    if Path(script).name not in LAUNCHERS:
+        return ""
+    return (
+        f" ({script} is a program, not the script: zeroscope run launches the script as "
+        "torchrun does, `zeroscope run train.py ARGS`; `--no-python PROGRAM` runs a program)"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     from zeroscope.cli import CliError
     from zeroscope.collector.server import Collector
 
     script = Path(args.script)
     if runs_a_file(args) and not script.is_file():
-        raise CliError(f"no such training script: {args.script}")
+        raise CliError(f"no such training script: {args.script}" + _launcher_hint(args.script))
     # Multi-node and discovery (ssh helper; zeroscope/remote/multinode.py, docs/remote.md):
     # node 0 hosts the job's one collector, other nodes' ranks report to it with the job token.
     from zeroscope.remote import discovery, multinode
