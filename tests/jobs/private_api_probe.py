@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# Run without the repository on sys.path (as a user's script is): the teardown helper by path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from teardown import end_process_group
 
 from zeroscope.agent.attach import private_api
 
@@ -103,7 +109,7 @@ def main() -> None:
     for stage in (1, 2, 3):
         deepspeed_stage(stage, out)
     print("PROBE " + json.dumps(out))
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+# Run without the repository on sys.path (as a user's script is): the teardown helper by path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from teardown import end_process_group
+
 from zeroscope.agent.api import telemetry
 from zeroscope.agent.schema import ConfigSummary, MemoryBytes, ParamCounts
 
@@ -64,7 +68,7 @@ def main() -> None:
         time.sleep(pace)
     losses.close()
     tel.close(0)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":
