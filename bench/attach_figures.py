@@ -69,6 +69,11 @@ def row(figures: dict[str, list[float]]) -> dict[str, Any]:
     }
 
 
+def _on_steps(result: dict[str, Any]) -> int:
+    """Steps run with the attach on: two blocks a round (ABCCBA)."""
+    return 2 * int(result["rounds"]) * int(result["steps"])
+
+
 def describe(result: dict[str, Any]) -> list[str]:
     """One line per rank: the ratios with their A/A control."""
     job = (
@@ -87,8 +92,14 @@ def describe(result: dict[str, Any]) -> list[str]:
             f"extra CPU; {r['collectives_per_step']:.1f} wrapped collectives/step; "
             f"{r['dumps_per_step']:.2f} recorder dumps/step; {r['steps_reported']} steps "
             f"reported, errors {r['errors']}; agent threads "
-            + " / ".join(f"{v:.0f}" for v in r["agent_threads_us"].values())
-            + " us/step in on / off / off-again blocks"
+            + (
+                # --interleave: the agent's threads over the whole loop, charged to "on" steps
+                f"{r['interleave_agent_s'] / _on_steps(result) * 1e6:.0f} us per on-step (the "
+                "whole loop's)"
+                if r.get("interleave_agent_s") is not None
+                else " / ".join(f"{v:.0f}" for v in r["agent_threads_us"].values())
+                + " us/step in on / off / off-again blocks"
+            )
             + (
                 "; gc " + " / ".join(f"{v:.0f}" for v in r["gc_us"].values()) + " us/step, "
                 f"{r['full_collections']} full collections"

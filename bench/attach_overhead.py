@@ -288,7 +288,7 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
     blocks: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in keys}
     step_main: dict[str, list[int]] = {m: [] for m in modes}
     """Each step's training-thread CPU (ns), per mode, in order (the per-step spread)."""
-    loop_agent0 = agent.ns()
+    loop_agent0, loop_dumps0 = agent.ns(), RECORDER.dumps
     recorded = dumps = 0
     for _ in range(args.rounds):
         for mode in ("on", "off", "off-again", "off-again", "off", "on"):  # ABCCBA
@@ -336,6 +336,8 @@ def rank_main(rank: int, world: int, port: int, address: str, args: Any, out: An
         RECORDER.wanted = True
         SESSION.tel.drain()
         loop_agent += time.thread_time_ns() - t0
+    if args.interleave:  # the sender reads the recorder whenever it wakes, "off" steps or not
+        dumps = RECORDER.dumps - loop_dumps0
     _toggle(False, deepspeed)
     on_steps = 2 * args.rounds * args.steps
     out.put(
