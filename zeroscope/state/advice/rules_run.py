@@ -222,7 +222,12 @@ def pipeline(f: Facts, t: Thresholds) -> Finding | None:
         busy = sum(a.duration_s for a in pipe.actions)
         rows.append((r.rank, par.pp, pipe.step_s, busy))
     if not rows:
-        return NotJudged("pipeline", "no rank reported its pipeline step (StepReport.pipeline)")
+        return NotJudged(
+            "pipeline",
+            "no rank timed its stage's forward and backward actions (StepReport.pipeline: the "
+            "bundled engine's pipeline does; an attached pipeline job reports its stages, not "
+            "their actions), so the bubble and the stages' balance are not measured",
+        )
     span = max(s for _, _, s, _ in rows)
     bubble = mean_bubble(span, (b for *_, b in rows)) or 0.0  # span > 0: never NA here
     bound = one_f_one_b_bound(stages, micro) or 0.0  # stages > 1, micro >= 1: never NA
