@@ -124,6 +124,10 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
         self._last_blocks: BlockSplit | None = None
         self._collectives = CollectiveTracker(cuda=False)
         self._collectives.cost = self.cost
+        self._script: Any = None
+        """The default group watched for the job's collectives beside the ones it reports
+        (agent/script_collectives.py), from the first step end on."""
+        self._script_checked = False
         self._bound_device: str | None = None
         self._transfers: list[RawTransfer] = []
         self._layout: ParallelLayout | None = None
@@ -368,6 +372,11 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
             transfers, self._transfers = self._transfers, []
             pipeline, self._pipeline = self._pipeline, None
             records = self._collectives.take_all()  # first: it adds the recorder's counters
+            script = self._script
+            if script is None and not self._script_checked:
+                script = self._script = self._watch_script()
+            if script is not None and (mark := script.mark(records)) is not None:
+                records.append(mark)  # last: the pending report expands it (sender thread)
             cost = self.cost
             total = cost.ns + cost.collective_ns  # the step's share of the agent's time
             share, cost.reported_ns = total - cost.reported_ns, total
@@ -414,6 +423,17 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
         cost = self.cost
         cost.ns += now_ns() - now
         cost.steps += 1
+
+    def _watch_script(self) -> Any:
+        """Once, at the first step end: the watch of the default group for collectives the
+        job issues beside those it reports (None under the attach, whose wrappers see them,
+        and where torch's Flight Recorder is off)."""
+        self._script_checked = True
+        if type(self._collectives) is not CollectiveTracker:  # the attach's own log
+            return None
+        from .script_collectives import ScriptWatch
+
+        return ScriptWatch.create(self._layout)
 
     def _observe_step(self, facts: StepFacts, axis: StepAxis) -> None:
         """(Sender thread.) What a counted step really cost sets when the next count may come
