@@ -17,8 +17,9 @@ ops as wide as the group:
   the engine runs as an all-reduce of the same bytes matches too); what is left is the
   script's, labelled ``script``, with its bytes exact and its time what torch measured (none on
   gloo: duration NA). When the entries do not line up with the engine's records (the ring
-  overwritten before the read, an op the recorder names otherwise), nothing is guessed: that
-  step shows the engine's collectives only, and the first such step is said.
+  overwritten before the read, an op the recorder names otherwise), nothing is guessed: the
+  watch says so once and stops (a ring a step overfills would cost a dump a step for nothing),
+  and the steps from there show the engine's collectives only.
 - fewer (an engine op on another group as wide as the default one): nothing can be told apart,
   nothing is added.
 
@@ -57,7 +58,10 @@ class ScriptWatch:
         self.last = 0
         self.active = False
         """A step had collectives beside the engine's: step ends say when a read is urgent."""
-        self.said = False
+        self.off = False
+        """A step's entries did not line up with the engine's records, or the group became
+        unreadable: no more marks (a ring a step overfills would cost a dump a step for
+        nothing)."""
 
     @classmethod
     def create(cls, layout: Any) -> ScriptWatch | None:
@@ -80,11 +84,17 @@ class ScriptWatch:
     def mark(self, records: list[Any]) -> ScriptMark | None:
         """Training thread, at a step end: the group's sequence number now (None when the
         step issued nothing on it)."""
-        seq: int = self.group._get_sequence_number_for_group()
-        prev, self.last = self.last, seq
-        if seq == prev:
+        if self.off:
             return None
-        urgent = self.active and READER._urgent({self.name: seq})
+        try:
+            seq: int = self.group._get_sequence_number_for_group()
+            prev, self.last = self.last, seq
+            if seq == prev:
+                return None
+            urgent = self.active and READER._urgent({self.name: seq})
+        except Exception:  # a destroyed group, a torch that moved the call: the step goes on
+            self.off = True
+            return None
         return ScriptMark(self, prev, seq, records, urgent)
 
 
@@ -164,22 +174,26 @@ class ScriptMark:
             return []
         found = beside(read, engine)
         if found is None:
-            if not self._watch.said:
-                self._watch.said = True
-                _say_unmatched(len(read), len(engine))
+            watch = self._watch
+            if not watch.off:
+                watch.off = True
+                _say_unmatched(len(read), len(engine), READER.ring)
             return []
         return found
 
 
-def _say_unmatched(read: int, engine: int) -> None:
+def _say_unmatched(read: int, engine: int, ring: int) -> None:
+    """Said once, as the watch turns off."""
     try:
+        from .attach.flight_recorder import BUFFER_ENV
         from .attach.session import SESSION
 
         SESSION.lost(
             PART,
-            f"in some steps the recorder's {read} entries did not line up with the engine's "
-            f"{engine} collectives (its ring overwritten before a read, or an op it names "
-            "otherwise); those steps show the engine's only",
+            f"a step's {read} recorder entries did not line up with the engine's {engine} "
+            f"collectives (its ring of {ring} overwritten before a read: a larger {BUFFER_ENV} "
+            "keeps more; or an op it names otherwise); the steps from there show the engine's "
+            "only",
         )
     except Exception:
         pass

@@ -41,8 +41,10 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> Any:
     ring = _Ring()
     reader = FlightRecorderReader(dump=ring.dump)
     monkeypatch.setattr(sc, "READER", reader)
-    monkeypatch.setattr(sc, "_say_unmatched", lambda read, engine: said.append((read, engine)))
-    said: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        sc, "_say_unmatched", lambda read, engine, ring: said.append((read, engine, ring))
+    )
+    said: list[tuple[int, int, int]] = []
     group = _Group("0")
     w = sc.ScriptWatch(group, 2)
     return w, group, ring, said
@@ -100,15 +102,30 @@ def test_a_step_with_more_reads_the_scripts_in_order(watch: Any) -> None:
     assert ring.dumps == 1
 
 
-def test_entries_that_do_not_line_up_add_nothing_and_are_said_once(watch: Any) -> None:
+def test_entries_that_do_not_line_up_add_nothing_are_said_once_and_stop_the_reads(
+    watch: Any,
+) -> None:
     w, group, ring, said = watch
     engine = [("all_gather", 80), ("all_reduce", 4)]
     # A recorder op the engine's records hold otherwise (a 12-byte all-reduce where the engine
-    # said 4): nothing is guessed.
+    # said 4), or a ring overwritten before the read: nothing is guessed.
     issued = [("all_gather", 10), ("all_reduce", 3), ("barrier", 0)]
     assert _step(w, group, ring, issued, engine) == []
-    assert _step(w, group, ring, issued, engine) == []
-    assert said == [(3, 2)]
+    assert said == [(3, 2, 64)] and w.off and ring.dumps == 1
+    # From there no mark (a ring a step overfills would cost a dump a step for nothing).
+    group.seq += 3
+    assert w.mark([_host("all_gather", 80)]) is None
+    assert ring.dumps == 1 and said == [(3, 2, 64)]
+
+
+def test_an_unreadable_group_stops_the_watch_and_never_the_step(watch: Any) -> None:
+    w, group, _, _ = watch
+
+    def gone() -> int:
+        raise RuntimeError("the group was destroyed")
+
+    group._get_sequence_number_for_group = gone
+    assert w.mark([]) is None and w.off
 
 
 def test_beside_matches_in_order_by_op_and_bytes() -> None:
