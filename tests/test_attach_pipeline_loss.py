@@ -20,7 +20,7 @@ import pytest
 
 from tests.attach_support import JOBS, plain_and_watched
 from zeroscope.state import ClusterState
-from zeroscope.state.lines import summary_lines
+from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.store.trace import TraceReader
 
 SCRIPT = JOBS / "pipeline_train.py"
@@ -62,5 +62,7 @@ def test_a_pipeline_schedules_loss_is_the_mean_of_its_micro_batches(tmp_path: Pa
     # Each stage is its own group of peers (one replica): no rank is set against the other
     # stage, so none is a straggler; the loss is the last stage's, said so.
     assert all(a.standings == {} for a in closed)
+    # ... nor named the slowest by its step time (stages compute different layers).
+    assert all(a.slowest_rank is None and "slowest NA" in step_line(a) for a in closed)
     assert not [f for f in state.lags.findings() if f.kind == "straggler"]
     assert "(last pipeline stage: r1)" in summary_lines(state)[1]

@@ -230,6 +230,7 @@ class ClusterState:
         agg.standings = (
             judge_by_stage(agg.summaries, self.ranks) if self.staged else judge(agg.summaries)
         )
+        agg.unpeered = self.staged and not agg.standings
         self.sequences.add(agg, self.ranks, self.staged)
         for r, st in agg.standings.items():
             rs = self.ranks[r]

@@ -34,6 +34,10 @@ class StepAggregate:
     standings: dict[int, Standing] = field(default_factory=dict)
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
 
+    unpeered: bool = False
+    """Judged by stage (a pipeline) and no rank set against another (each stage on one rank,
+    or their waits unmeasured): no slowest rank either (set when the step closes)."""
+
     reported_throughput: tuple[Throughput | None] | None = None
     """The closed step's cluster throughput, once worked out (throughput.reported_step)."""
 
@@ -90,10 +94,14 @@ class StepAggregate:
         """The rank with the most compute (step - collective wait) beyond the others'; by step
         time before the step was judged (or with one rank); NA when the step cannot be judged
         for an unmeasured wait (every rank's step time is then the same, and the longest of
-        them named an arbitrary rank: a DDP job on gloo named the wrong one)."""
+        them named an arbitrary rank: a DDP job on gloo named the wrong one), or when no rank
+        has a peer to be set against (a pipeline whose every stage runs on one rank: its
+        stages compute different layers, and their step times say nothing of slowness)."""
         if self.standings:
             return max(self.standings, key=lambda r: (self.standings[r].compute_excess_s, -r))
-        if len(self.summaries) > 1 and any(s.unexposed for s in self.summaries.values()):
+        if len(self.summaries) > 1 and (
+            self.unpeered or any(s.unexposed for s in self.summaries.values())
+        ):
             return None
         return max(self.summaries, key=lambda r: (self.summaries[r].duration_s, -r))
 
