@@ -32,7 +32,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .attach.flight_recorder import READER, RecorderMark, RecorderOp, ring_size
+from .attach.flight_recorder import (
+    BUFFER_ENV,
+    READER,
+    RecorderMark,
+    RecorderOp,
+    _say,
+    ring_size,
+)
 from .collective_record import GROUP, NBYTES, OP
 from .comm import CollectiveRecord
 
@@ -153,10 +160,10 @@ class ScriptMark:
         watch = self._watch
         mark = self._mark = RecorderMark(READER, {watch.name: self._seq}, self.urgent, self._made)
         g = READER.groups.get(watch.name)
-        engine = engine_ops(self._records, watch.world)
-        self._records = []
-        if g is None:
+        records, self._records = self._records, []
+        if g is None:  # the reader turned off
             return mark
+        engine = engine_ops(records, watch.world)
         if self._seq - self._prev <= len(engine):  # the engine's own (or none told apart)
             g.claimed.update(range(self._prev + 1, self._seq + 1))
         else:
@@ -184,16 +191,9 @@ class ScriptMark:
 
 def _say_unmatched(read: int, engine: int, ring: int) -> None:
     """Said once, as the watch turns off."""
-    try:
-        from .attach.flight_recorder import BUFFER_ENV
-        from .attach.session import SESSION
-
-        SESSION.lost(
-            PART,
-            f"a step's {read} recorder entries did not line up with the engine's {engine} "
-            f"collectives (its ring of {ring} overwritten before a read: a larger {BUFFER_ENV} "
-            "keeps more; or an op it names otherwise); the steps from there show the engine's "
-            "only",
-        )
-    except Exception:
-        pass
+    _say(
+        PART,
+        f"a step's {read} recorder entries did not line up with the engine's {engine} "
+        f"collectives (its ring of {ring} overwritten before a read: a larger {BUFFER_ENV} "
+        "keeps more; or an op it names otherwise); the steps from there show the engine's only",
+    )

@@ -26,6 +26,7 @@ a pipeline job reported no step at all ("2 ranks reported, no step completed"). 
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -54,6 +55,7 @@ def install_pipeline(module: ModuleType) -> None:
     if engine_cls is None:
         return
     train_batch = engine_cls.train_batch
+    told: weakref.WeakSet[Any] = weakref.WeakSet()
     optimizer_step = engine_cls._exec_optimizer_step
     backward_pass = engine_cls._exec_backward_pass
 
@@ -75,7 +77,8 @@ def install_pipeline(module: ModuleType) -> None:
         s = SESSION
         if not s.drives("deepspeed"):
             return train_batch(self, *args, **kwargs)
-        if s.parallel is None:
+        if self not in told:  # once per engine, read or not
+            told.add(self)
             _say_grid(self)
         try:  # the lr this step's update uses: the scheduler moves on inside the step
             steps, skipped, scale = self.global_steps, self.skipped_steps, _loss_scale(self)

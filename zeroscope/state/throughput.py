@@ -68,13 +68,22 @@ class Throughput:
 NOT_REPORTED = "the rank reported no tokens or FLOPs (no model forward seen)"
 
 
+_PREDICTED_TERMS = attrgetter("dense_params", "positions", "layers", "hidden", "seq_len")
+
+
 def predicted_flops(work: Work) -> float | None:
     """6·N·T + 12·layers·hidden·seq·T [FLOPs], T the positions the model computed on (padding
     included: the model computes it); None when a term is unknown."""
-    n, tokens = work.dense_params, work.positions
-    if n is None or tokens is None or not (work.layers and work.hidden and work.seq_len):
+    return _predicted(*_PREDICTED_TERMS(work))
+
+
+def _predicted(
+    n: int | None, tokens: int | None, layers: int | None, hidden: int | None, seq: int | None
+) -> float | None:
+    """:func:`predicted_flops` of its terms (N, T, layers, hidden, seq)."""
+    if n is None or tokens is None or not (layers and hidden and seq):
         return None
-    return 6.0 * n * tokens + 12.0 * work.layers * work.hidden * work.seq_len * tokens
+    return 6.0 * n * tokens + 12.0 * layers * hidden * seq * tokens
 
 
 def _mfu(flops_per_s: float | None, peak: float | None, na: str) -> tuple[float | None, str]:
@@ -119,28 +128,17 @@ _FLOPS = attrgetter("flops")
 _PEAK = attrgetter("peak_flops")
 _SOURCE = attrgetter("peak_source")
 _WORK = attrgetter("work")
-_PREDICTED_TERMS = attrgetter("dense_params", "positions", "layers", "hidden", "seq_len")
-
-
-def _predicted(
-    n: int | None, tokens: int | None, layers: int | None, hidden: int | None, seq: int | None
-) -> float | None:
-    """:func:`predicted_flops` of its terms."""
-    if n is None or tokens is None or not (layers and hidden and seq):
-        return None
-    return 6.0 * n * tokens + 12.0 * layers * hidden * seq * tokens
 
 
 def _sum_predicted(works: list[Work]) -> float | None:
     """The works' predicted FLOPs added up in their order (None when one is unknown): one
     figure repeated when every rank's terms are the same (the usual job), else one figure per
     distinct set of terms."""
-    distinct = set(map(_PREDICTED_TERMS, works))
-    if len(distinct) == 1:
-        one = _predicted(*distinct.pop())
-        return None if one is None else sum(repeat(one, len(works)))
     terms = list(map(_PREDICTED_TERMS, works))
-    predicted = {t: _predicted(*t) for t in distinct}
+    predicted = {t: _predicted(*t) for t in set(terms)}
+    if len(predicted) == 1:
+        (one,) = predicted.values()
+        return None if one is None else sum(repeat(one, len(works)))
     if None in predicted.values():
         return None
     return sum(map(predicted.__getitem__, terms))  # type: ignore[arg-type]
