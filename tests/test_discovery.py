@@ -76,10 +76,53 @@ def test_stale_record_is_pruned(home: Path) -> None:
 
 
 def test_recycled_pid_is_not_the_job(home: Path) -> None:
-    """Our own pid, but a creation time that is not ours: another process reusing the pid."""
+    """Our own pid, but a start that is not ours: another process reusing the pid."""
     rec = _record("recycled")
+    assert rec.pid_ticks is not None  # Linux: the start in ticks since boot is read
+    earlier = msgspec.structs.replace(
+        rec, pid_started=rec.pid_started - 3600, pid_ticks=rec.pid_ticks - 3600 * 100
+    )
+    discovery.register(earlier)
+    assert discovery.list_jobs() == []
+
+
+def test_recycled_pid_without_ticks_is_judged_by_its_wall_clock_start(home: Path) -> None:
+    """A record from before the ticks were kept (or a system without /proc): the wall-clock
+    creation time still tells a recycled pid from the job."""
+    rec = msgspec.structs.replace(_record("old"), pid_ticks=None)
     discovery.register(msgspec.structs.replace(rec, pid_started=rec.pid_started - 3600))
     assert discovery.list_jobs() == []
+    discovery.register(msgspec.structs.replace(rec, job_id="same"))
+    assert [j.job_id for j in discovery.list_jobs()] == ["same"]
+
+
+def test_a_stepped_wall_clock_leaves_a_running_job_running(home: Path) -> None:
+    """The wall-clock creation time is the kernel's boot time plus the start in ticks, and the
+    boot time moves when the wall clock is stepped (a VM resumed) or slewed across a whole
+    second (it is read in whole seconds): a running job's record then read as finished, and an
+    attached viewer ended as if the job were over. The start in ticks never moves."""
+    rec = _record("stepped")
+    for shift in (1.0, -1.0, 3600.0):
+        discovery.register(msgspec.structs.replace(rec, pid_started=rec.pid_started + shift))
+        [job] = discovery.list_jobs()
+        assert (job.job_id, job.state) == ("stepped", "running"), shift
+
+
+def test_start_ticks_reads_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    """The command name in /proc/PID/stat is free text; the ticks are counted after its end."""
+    odd = tmp_path / "py) 1 2 (x"  # the kernel names the process after the file it ran
+    odd.symlink_to(sys.executable)
+    proc = subprocess.Popen([str(odd), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == odd.name
+        import psutil
+
+        ticks = discovery.start_ticks(proc.pid)
+        expected = psutil.Process(proc.pid).create_time() - psutil.boot_time()
+        assert ticks is not None and abs(ticks / os.sysconf("SC_CLK_TCK") - expected) < 1.5
+    finally:
+        proc.communicate(b"")
+    assert discovery.start_ticks(proc.pid) is None  # reaped: no such process
 
 
 def test_finished_job_with_trace_is_kept_as_finished(home: Path, tmp_path: Path) -> None:

@@ -46,7 +46,13 @@ class JobRecord(msgspec.Struct, kw_only=True):
     host: str
     pid: int
     pid_started: float
-    """The process's creation time (psutil), so a recycled pid is not mistaken for the job."""
+    """The process's creation time (psutil, wall clock), so a recycled pid is not mistaken for
+    the job where its start in ticks (``pid_ticks``) cannot be read."""
+    pid_ticks: int | None = None
+    """The process's start in clock ticks since boot (Linux ``/proc/PID/stat``): the identity
+    check where it exists. The wall-clock creation time is boot time plus these ticks, and the
+    kernel's boot time moves whenever the wall clock is stepped or slewed across a whole second
+    (a VM resumed, NTP): a running job's record then read as a finished one."""
     started_ns: int
     bind_host: str = "127.0.0.1"
     ingest_port: int
@@ -88,6 +94,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
             host=socket.gethostname(),
             pid=me.pid,
             pid_started=me.create_time(),
+            pid_ticks=start_ticks(me.pid),
             started_ns=time.time_ns(),
             bind_host=bind_host,
             ingest_port=ingest_port,
@@ -208,10 +215,26 @@ def unregister(handle: JobHandle) -> None:
         path.unlink(missing_ok=True)
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of Linux's
+    ``/proc/PID/stat``; None where there is no such file). Unlike a wall-clock creation time it
+    never moves while the process lives."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    try:  # the command name (field 2) may hold spaces and parentheses: split after its end
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
 def is_running(record: JobRecord) -> bool:
     """The record's process is alive, and is the very process that wrote it."""
     if record.ended_ns is not None:
         return False
+    if record.pid_ticks is not None and (ticks := start_ticks(record.pid)) is not None:
+        return ticks == record.pid_ticks
     try:
         return abs(psutil.Process(record.pid).create_time() - record.pid_started) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
