@@ -46,12 +46,15 @@ def test_step_one_starts_at_the_loops_first_phase_not_at_an_init_broadcast(agent
 def test_a_loop_with_no_phases_starts_step_one_at_its_first_collective(agent: Any) -> None:
     tel, sink = agent
     time.sleep(0.05)
+    t_before = time.perf_counter()
     tel.collective(_DoneWork(), op="all_reduce", nbytes=8, group_size=2).wait()
     t_after = time.perf_counter()
     tel.step_end(memory=MemoryBytes())
     bound = time.perf_counter() - t_after
     (first,) = sink.reports()
-    assert 0.0 <= first.collectives[0].start_s < 0.01  # its issue, a few us after the mark
+    # Its issue, just after the mark: within the call (the test's clock around it; a fixed
+    # bound would race a busy machine's scheduler).
+    assert 0.0 <= first.collectives[0].start_s <= t_after - t_before
     assert first.duration_s < 0.05 + bound  # not from the agent's creation
 
 

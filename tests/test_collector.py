@@ -165,7 +165,7 @@ def test_publisher_survives_a_collector_restart_on_the_same_port() -> None:
     t0 = time.perf_counter()
     for s in range(2, 50):
         pub.send(report(s))  # queued to a dead connection or dropped: either way, at once
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 5  # a blocking send would hang: far above 48 sends
     assert wait_for(lambda: not pub.send(report(50)), 5)  # the disconnect has been noticed
     col2 = Collector(port=port)
     got: list[Message] = []
@@ -335,7 +335,7 @@ def test_publisher_with_a_wrong_token_is_refused_at_the_handshake() -> None:
         assert not bad.wait_connected(10) and bad.refused.startswith("wrong token")
         t0 = time.perf_counter()
         assert not any(bad.send(report(s)) for s in range(2, 50))
-        assert time.perf_counter() - t0 < 0.5 and bad.dropped >= 48
+        assert time.perf_counter() - t0 < 5 and bad.dropped >= 48  # (a blocking send hangs)
         assert wait_for(lambda: col.accepted == 2)
         good.close()
         bad.close()
