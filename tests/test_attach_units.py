@@ -456,6 +456,7 @@ def test_the_header_and_summary_name_the_engine_found() -> None:
     assert silent_job_notice(bundled) == []
     (notice,) = silent_job_notice(ClusterState())
     assert "no rank reported" in notice and "PYTHONPATH" in notice
+    assert "none reached the end of an optimizer step" in notice  # a script that ended early
 
 
 # -- a job whose collector is gone ---------------------------------------------------------------

@@ -279,12 +279,16 @@ def say(line: str, *, wait: bool = True, stream: TextIO | None = None) -> None:
 
 
 def silent_job_notice(state: ClusterState) -> list[str]:
-    """One line when no rank ever reported: the workers did not load zeroscope's bootstrap."""
+    """One line when no rank ever reported. An attached rank says its first word at its
+    first optimizer step, so a script that ended before one (an argument error, a
+    ``sys.exit`` on a check) reports nothing either: that comes first, before the bootstrap
+    not loaded (which a new user was otherwise sent to look for)."""
     if state.ranks:
         return []
     return [
-        "zeroscope: no rank reported; the workers did not load zeroscope's sitecustomize "
-        "(python -S, or a launcher that resets PYTHONPATH?) or found no engine to attach to"
+        "zeroscope: no rank reported: none reached the end of an optimizer step (a rank "
+        "reports from there), or the workers did not load zeroscope's sitecustomize (python "
+        "-S, or a launcher that resets PYTHONPATH?), or found no engine to attach to"
     ]
 
 
