@@ -35,7 +35,7 @@ from zeroscope.run.launch import (
     torchrun_argv,
     with_bootstrap,
 )
-from zeroscope.state.viewmodel import ClusterState, step_lines, summary_lines
+from zeroscope.state.viewmodel import ClusterState, receive_now, step_lines, summary_lines
 from zeroscope.store.gc_pause import raise_viewer_thresholds
 
 if TYPE_CHECKING:
@@ -293,7 +293,7 @@ def silent_job_notice(state: ClusterState) -> list[str]:
 
 
 def _print_steps(state: ClusterState, messages: list) -> None:
-    now = time.time()
+    now = receive_now()
     for m in messages:
         before = state.last_complete
         for line in step_lines(state, state.ingest(m, now), before):
@@ -318,7 +318,7 @@ def _drain(state: ClusterState, source: QueueSource, *, lines: bool = True) -> N
 
 
 def _fold_steps(state: ClusterState, messages: list) -> None:
-    now = time.time()
+    now = receive_now()
     for m in messages:
         state.ingest(m, now)
 

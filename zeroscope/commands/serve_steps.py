@@ -9,12 +9,11 @@ script reads), and each line is written whole.
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
 from zeroscope.agent.schema import Message
 from zeroscope.run.launch import QueueSource
-from zeroscope.state.viewmodel import ClusterState, step_line
+from zeroscope.state.viewmodel import ClusterState, receive_now, step_line
 
 
 class StepLines:
@@ -33,7 +32,7 @@ class StepLines:
 
     def print_due(self, timeout: float) -> None:
         """Lines for the steps completed since the last call (waits up to ``timeout``)."""
-        now = time.time()
+        now = receive_now()
         for message in self._source.poll(timeout):
             for agg in self._state.ingest(message, now):
                 self._say(step_line(agg))

@@ -20,6 +20,7 @@ from zeroscope.remote.discovery import JobRecord
 from zeroscope.remote.job_over import all_ranks_said_bye
 from zeroscope.remote.ssh import SshClient, SshError, Tunnel
 from zeroscope.state import ClusterState
+from zeroscope.state.clock import receive_now
 from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 from zeroscope.store.sources import LiveSource
@@ -164,7 +165,7 @@ def watch_headless(source: LiveSource, keeper: TunnelKeeper, state: ClusterState
         messages = source.poll(0.2)
         if messages:
             keeper.last_message_s = time.monotonic()
-        now = time.time()
+        now = receive_now()
         # A late viewer's snapshot: the collector held off, the state frozen after.
         with catch_up_fold(is_catch_up(len(messages)), freeze=source.snapshots != snapshots):
             for m in messages:

@@ -2,8 +2,8 @@
 
 The TUI, the headless lines, replay and the tests all read this one model. Views align ranks by
 *step*, never by wall clock (ranks' clocks may disagree); the only clock is the receive time
-the caller passes to :meth:`ClusterState.ingest` (live: ``time.time()``; replay and tests: the
-message's own ``wall_ns``), used for "rank silent" alerts.
+the caller passes to :meth:`ClusterState.ingest` (live: zeroscope.state.clock's, wall seconds that
+are never stepped; replay and tests: the message's own ``wall_ns``), used for "rank silent" alerts.
 """
 
 from __future__ import annotations

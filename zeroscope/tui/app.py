@@ -19,7 +19,14 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from zeroscope.remote.job_over import all_ranks_said_bye
-from zeroscope.state.viewmodel import Advisory, Alert, ClusterState, StepSeries, advise
+from zeroscope.state.viewmodel import (
+    Advisory,
+    Alert,
+    ClusterState,
+    StepSeries,
+    advise,
+    receive_now,
+)
 from zeroscope.store.gc_pause import catch_up_fold, is_catch_up
 
 from .base import StateScreen
@@ -183,7 +190,7 @@ class ZeroscopeApp(App[str]):
             self.state.job_id = old.job_id
             self.state.thinned, self.state.totals.thinned = old.thinned, old.totals.thinned
             self.state.recording_error = old.recording_error
-        now = time.time() if self.live_clock else None
+        now = receive_now() if self.live_clock else None
         for message in batch.messages:
             self.state.ingest(message, now)
         if isinstance(self.feed, LiveFeed):
@@ -236,7 +243,7 @@ class ZeroscopeApp(App[str]):
 
     # -- what screens ask --------------------------------------------------------------------
     def alerts(self) -> list[Alert]:
-        alerts = self.state.alerts(time.time() if self.live_clock else None)
+        alerts = self.state.alerts(receive_now() if self.live_clock else None)
         job_alerts = getattr(self.job, "alerts", None)
         return [*job_alerts(), *alerts] if callable(job_alerts) else alerts
 

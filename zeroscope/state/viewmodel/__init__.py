@@ -28,6 +28,7 @@ from __future__ import annotations
 from zeroscope.state.advice import Advisory, advise, preflight
 from zeroscope.state.advice.model import ms, nbytes
 from zeroscope.state.alerts import HEAT_METRICS, Alert, AlertRules, Level
+from zeroscope.state.clock import receive_now
 from zeroscope.state.cluster import ClusterState
 from zeroscope.state.estimate import stage_estimates
 from zeroscope.state.history import (
@@ -129,6 +130,7 @@ __all__ = [
     "rank_comm_view",
     "rank_rows",
     "rank_throughput",
+    "receive_now",
     "role",
     "run_report",
     "skipped_steps",
