@@ -98,9 +98,10 @@ def test_recycled_pid_without_ticks_is_judged_by_its_wall_clock_start(home: Path
 
 def test_a_stepped_wall_clock_leaves_a_running_job_running(home: Path) -> None:
     """The wall-clock creation time is the kernel's boot time plus the start in ticks, and the
-    boot time moves when the wall clock is stepped (a VM resumed) or slewed across a whole
-    second (it is read in whole seconds): a running job's record then read as finished, and an
-    attached viewer ended as if the job were over. The start in ticks never moves."""
+    boot time moves when the wall clock is stepped (a VM resumed, NTP's step; read in whole
+    seconds, even a small step can move it by one): a running job's record then read as
+    finished, and an attached viewer ended as if the job were over. The start in ticks never
+    moves."""
     rec = _record("stepped")
     for shift in (1.0, -1.0, 3600.0):
         discovery.register(msgspec.structs.replace(rec, pid_started=rec.pid_started + shift))
@@ -112,8 +113,12 @@ def test_start_ticks_reads_a_command_name_with_spaces_and_parentheses(tmp_path: 
     """The command name in /proc/PID/stat is free text; the ticks are counted after its end."""
     odd = tmp_path / "py) 1 2 (x"  # the kernel names the process after the file it ran
     odd.symlink_to(sys.executable)
-    proc = subprocess.Popen([str(odd), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    child = "import sys; print('ready', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen(
+        [str(odd), "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # exec is done
         assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == odd.name
         import psutil
 
@@ -121,7 +126,7 @@ def test_start_ticks_reads_a_command_name_with_spaces_and_parentheses(tmp_path: 
         expected = psutil.Process(proc.pid).create_time() - psutil.boot_time()
         assert ticks is not None and abs(ticks / os.sysconf("SC_CLK_TCK") - expected) < 1.5
     finally:
-        proc.communicate(b"")
+        proc.communicate("")
     assert discovery.start_ticks(proc.pid) is None  # reaped: no such process
 
 

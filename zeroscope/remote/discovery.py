@@ -51,8 +51,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     pid_ticks: int | None = None
     """The process's start in clock ticks since boot (Linux ``/proc/PID/stat``): the identity
     check where it exists. The wall-clock creation time is boot time plus these ticks, and the
-    kernel's boot time moves whenever the wall clock is stepped or slewed across a whole second
-    (a VM resumed, NTP): a running job's record then read as a finished one."""
+    kernel's boot time moves whenever the wall clock is stepped (a VM resumed, NTP's step; read
+    in whole seconds, even a small step can move it by one): a running job's record then read
+    as a finished one."""
     started_ns: int
     bind_host: str = "127.0.0.1"
     ingest_port: int
