@@ -10,12 +10,11 @@ script's. Losses bitwise those of bare torchrun.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_trace, run_plain, run_zeroscope
+from tests.attach_support import JOBS, job_env, plain_and_watched, read_trace, run_zeroscope
 
 SCRIPT = JOBS / "engine_script_collectives.py"
 STEPS = 7
@@ -26,17 +25,12 @@ STEPS = 7
 def test_the_scripts_own_collectives_are_read_beside_the_engines_and_nothing_twice(
     tmp_path: Path,
 ) -> None:
-    env = job_env()
-    args = ["--steps", str(STEPS)]
-    run_plain(SCRIPT, [*args, "--out", str(tmp_path / "plain")], env, 300)
-    run_zeroscope(SCRIPT, [*args, "--out", str(tmp_path / "zs")], env, tmp_path / "t.zstrace", 300)
-    run_zeroscope(
-        SCRIPT, [*args, "--quiet", "--out", str(tmp_path / "q")], env, tmp_path / "q.zstrace", 300
-    )
-    loud, quiet = read_trace(tmp_path / "t.zstrace"), read_trace(tmp_path / "q.zstrace")
+    loud, plain, watched = plain_and_watched(SCRIPT, STEPS, tmp_path)
+    args = ["--steps", str(STEPS), "--quiet", "--out", str(tmp_path / "q")]
+    run_zeroscope(SCRIPT, args, job_env(), tmp_path / "q.zstrace", 300)
+    quiet = read_trace(tmp_path / "q.zstrace")
     for rank in range(2):
-        job = json.loads(Path(f"{tmp_path / 'zs'}.{rank}").read_text())
-        alone = json.loads(Path(f"{tmp_path / 'plain'}.{rank}").read_text())
+        job, alone = watched[rank], plain[rank]
         assert job["losses"] == alone["losses"]  # bitwise: zeroscope changed nothing it computes
         steps, engine_only = loud[rank].steps, quiet[rank].steps
         assert [s.step for s in steps] == [s.step for s in engine_only] == list(range(1, STEPS + 1))
