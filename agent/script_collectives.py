@@ -88,6 +88,17 @@ class ScriptWatch:
             return None
         return watch if watch.name in READER.groups else None
 
+    def skip_issued(self) -> None:
+        """Start again from the group's present sequence number, as if what was issued on it
+        so far never was (bench/agent_overhead.py: its "off" steps and barriers issue
+        collectives without the agent, which no job does between two of its steps)."""
+        self.last = int(self.group._get_sequence_number_for_group())
+        self.active = False
+        g = READER.groups.get(self.name)
+        if g is not None:
+            g.taken = self.last
+            g.claimed.clear()
+
     def mark(self, records: list[Any]) -> ScriptMark | None:
         """Training thread, at a step end: the group's sequence number now (None when the
         step issued nothing on it)."""

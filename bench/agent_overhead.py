@@ -189,16 +189,8 @@ def _skip_unreported(live: Any) -> None:
     (agent/script_collectives.py) starts again from the group's present sequence number, as if
     they were never issued (else every "on" step would find some, and read the recorder)."""
     watch = getattr(live, "_script", None)
-    if watch is None:
-        return
-    from zeroscope.agent.attach.flight_recorder import READER
-
-    watch.last = int(watch.group._get_sequence_number_for_group())
-    watch.active = False
-    g = READER.groups.get(watch.name)
-    if g is not None:
-        g.taken = watch.last
-        g.claimed.clear()
+    if watch is not None:
+        watch.skip_issued()
 
 
 ORDERS = (("on", "off", "off-again"), ("off", "off-again", "on"), ("off-again", "on", "off"))
