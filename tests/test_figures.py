@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from zeroscope.agent import schema
@@ -128,6 +129,30 @@ def test_a_compute_straggler_is_named_alone_with_its_excess_and_onset(ranks: int
     # A healthy rank against the median of the others: (0.3) for 2 ranks, (0.2, 0.3) for 3.
     expected = {2: 0.2 / 0.3, 3: 0.2 / 0.25, 8: 1.0}[ranks]
     assert state.slowness(0) == pytest.approx(expected, abs=0.08)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_step_one_rank_of_several_reported_names_no_slowest(ranks: int) -> None:
+    """Under DDP's ``Join`` a rank with more batches runs steps the others do not: such a step
+    (here the last rank's extra step, and a step whose other reports were dropped) has no peer
+    for its one rank, which is then nobody's slowest; a world of one still names its rank."""
+    messages = sync_run(ranks, 6, compute={0: 0.1}, from_step=1)
+    last = ranks - 1
+    dropped = [
+        m
+        for m in messages
+        if not (isinstance(m, StepReport) and m.step == 4 and m.rank != last)
+    ]
+    extra = [m for m in messages if isinstance(m, StepReport) and m.step == 6 and m.rank == last]
+    joined = msgspec.structs.replace(extra[0], step=7)
+    state = state_of([*dropped, joined])
+    one_rank = [state.steps[4], state.steps[7]]
+    for agg in one_rank:
+        assert list(agg.summaries) == [last] and agg.complete
+        assert agg.slowest_rank is None and "slowest NA" in step_line(agg)
+    assert state.steps[5].slowest_rank == 0  # the peered steps still name the slow rank
+    alone = state_of([m for m in sync_run(1, 3) if not isinstance(m, Hello) or m.rank == 0])
+    assert all(agg.slowest_rank == 0 for agg in alone.steps.values())
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 8])

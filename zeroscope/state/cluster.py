@@ -230,7 +230,8 @@ class ClusterState:
         agg.standings = (
             judge_by_stage(agg.summaries, self.ranks) if self.staged else judge(agg.summaries)
         )
-        agg.unpeered = self.staged and not agg.standings
+        # One report of a several-rank job's step has no peer either (DDP's Join, drops).
+        agg.unpeered = not agg.standings and (self.staged or len(agg.summaries) < len(self.ranks))
         self.sequences.add(agg, self.ranks, self.staged)
         for r, st in agg.standings.items():
             rs = self.ranks[r]

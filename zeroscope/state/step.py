@@ -35,8 +35,9 @@ class StepAggregate:
     """Each rank against the others (zeroscope.state.stragglers), set when the step closes."""
 
     unpeered: bool = False
-    """Judged by stage (a pipeline) and no rank set against another (each stage on one rank,
-    or their waits unmeasured): no slowest rank either (set when the step closes)."""
+    """No rank set against another when the step closed: judged by stage (a pipeline) with
+    each stage on one rank or their waits unmeasured, or one rank of a several-rank job
+    reported the step. No slowest rank either."""
 
     reported_throughput: tuple[Throughput | None] | None = None
     """The closed step's cluster throughput, once worked out (throughput.reported_step)."""
@@ -96,11 +97,13 @@ class StepAggregate:
         for an unmeasured wait (every rank's step time is then the same, and the longest of
         them named an arbitrary rank: a DDP job on gloo named the wrong one), or when no rank
         has a peer to be set against (a pipeline whose every stage runs on one rank: its
-        stages compute different layers, and their step times say nothing of slowness)."""
+        stages compute different layers, and their step times say nothing of slowness), or
+        when one rank of several reported the step (a rank that ran an extra step under DDP's
+        ``Join``, or the others' reports dropped: the one rank is nobody's slowest)."""
         if self.standings:
             return max(self.standings, key=lambda r: (self.standings[r].compute_excess_s, -r))
-        if len(self.summaries) > 1 and (
-            self.unpeered or any(s.unexposed for s in self.summaries.values())
+        if self.unpeered or (
+            len(self.summaries) > 1 and any(s.unexposed for s in self.summaries.values())
         ):
             return None
         return max(self.summaries, key=lambda r: (self.summaries[r].duration_s, -r))
