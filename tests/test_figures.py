@@ -139,9 +139,7 @@ def test_a_step_one_rank_of_several_reported_names_no_slowest(ranks: int) -> Non
     messages = sync_run(ranks, 6, compute={0: 0.1}, from_step=1)
     last = ranks - 1
     dropped = [
-        m
-        for m in messages
-        if not (isinstance(m, StepReport) and m.step == 4 and m.rank != last)
+        m for m in messages if not (isinstance(m, StepReport) and m.step == 4 and m.rank != last)
     ]
     extra = [m for m in messages if isinstance(m, StepReport) and m.step == 6 and m.rank == last]
     joined = msgspec.structs.replace(extra[0], step=7)
