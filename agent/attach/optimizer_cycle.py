@@ -97,11 +97,17 @@ class OptimizerCycle:
     def note_step(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` begins (the global pre-hook, every optimizer, after
         :meth:`primary` was asked): the primary's closes the cycle before it."""
+        cycle = self._cycle
         if optimizer is not self.primary():
-            if self._cycle and len(self._cycle) < MAX_CYCLE:
-                self._cycle.append(weakref.ref(optimizer))
+            if cycle and len(cycle) < MAX_CYCLE:
+                cycle.append(weakref.ref(optimizer))
             return
-        if self._cycle:
+        if len(cycle) == 1 and cycle[0]() is optimizer and self._shape == (id(optimizer),):
+            # A loop of one optimizer repeating its cycle: every field below would be set to
+            # what it holds already (this runs cold at every step, agent/cost.py).
+            self._ended = False
+            return
+        if cycle:
             # The last optimizer ends the step once two cycles in a row had the same shape: a
             # loop that steps its second optimizer only some iterations (every other one) keeps
             # the primary's end, one step an iteration, rather than skipping step ends. A loop
