@@ -510,12 +510,60 @@ def test_both_recorders_are_read_as_one_and_each_numbers_its_own_entries(
     for name in fr_entries.DUMPS:
         monkeypatch.delattr(c10d, name, raising=False)
     off = FlightRecorderReader()
-    group = _Group("0")
-    off.watch(group, "DDP")
-    group.seq = 1  # a collective below Python: a read is needed, and torch has no dump
-    off_mark = off.mark()
-    assert off_mark is not None and off_mark.expand() == []
-    assert "none of" in off.off_reason and not off.groups
+    off.watch(_Group("0"), "DDP")  # torch has no dump for the group: said as it is watched
+    assert "_dump_fr_trace_json" in off.off_reason and not off.groups and off.mark() is None
+
+
+class _Backend(_Group):
+    """A group whose backend torch names (``ProcessGroup.name()``)."""
+
+    def __init__(self, name: str, backend: str) -> None:
+        super().__init__(name)
+        self.backend = backend
+
+    def name(self) -> str:
+        return self.backend
+
+
+def test_a_cuda_build_without_the_generic_dump_says_so_for_a_gloo_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CUDA build of torch has NCCL's dump beside the generic one. A release without the
+    generic dump (the gloo groups' recorder) left NCCL's to be read alone: a watched gloo
+    group's entries were then missing from every dump, counted lost, and blamed on a late
+    reader ("the ring was overwritten before a read"). The reader now names the dump each
+    watched group's entries are in and says the missing one as the group is watched; an NCCL
+    group, whose entries are in NCCL's dump, is still read."""
+    import torch
+
+    from zeroscope.agent.attach.session import SESSION
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")
+    c10d = torch._C._distributed_c10d
+    nccl = [_entry(s, "nccl:all_reduce", process_group=["1", ""], record_id=s) for s in (1, 2)]
+    dump = lambda with_stack, only_active: json.dumps({"entries": nccl}).encode()  # noqa: E731
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", dump, raising=False)
+    monkeypatch.delattr(c10d, "_dump_fr_trace_json", raising=False)
+
+    monkeypatch.setattr(SESSION, "_lost", {})
+    gloo = FlightRecorderReader()
+    gloo.watch(_Backend("0", "gloo"), "DDP")
+    assert not gloo.groups and "_dump_fr_trace_json" in gloo.off_reason
+    assert gloo.lost == 0 and gloo.mark() is None
+    assert "collectives run below Python" in next(iter(SESSION._lost))
+
+    monkeypatch.setattr(SESSION, "_lost", {})
+    both = FlightRecorderReader()
+    both.watch(_Backend("0", "cpu:gloo,cuda:nccl"), "DDP")  # one backend per device
+    assert not both.groups and "_dump_fr_trace_json" in both.off_reason
+
+    reader = FlightRecorderReader()
+    group = _Backend("1", "nccl")
+    reader.watch(group, "DDP")
+    group.seq = 2
+    mark = reader.mark()
+    assert mark is not None and not reader.off_reason
+    assert [op.resolve(0).nbytes for op in mark.expand()] == [40, 40] and reader.lost == 0
 
 
 def test_a_ring_smaller_than_two_steps_is_told_the_size_it_needs(

@@ -61,8 +61,10 @@ from .fr_entries import (
     Entry,
     collective_of,
     dump_all,
+    dumps_for,
     entries_of,
     index_by_group,
+    missing_dumps,
 )
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -245,6 +247,8 @@ class FlightRecorderReader:
         self.typical = 0
         """The watched entries (scaled) of a typical recent step, as of the last step end: a
         step past twice that before its end is a burst (:meth:`claim`)."""
+        self._needed: set[str] = set()
+        """The dumps whose recorders hold the watched groups' entries (fr_entries.dumps_for)."""
         self.wake: Any = None
         """The sender's wake-up (a ``threading.Event``; agent/outbox.py), set by the attach's
         session: a burst between two step ends asks for a read before the ring turns over."""
@@ -258,6 +262,12 @@ class FlightRecorderReader:
         if not self.ring:
             self.turn_off(f"torch's Flight Recorder is off ({BUFFER_ENV} unset or 0)")
             return
+        needed = dumps_for(_backend_of(group))
+        gone = missing_dumps(needed) if self._dump is None else []
+        if gone:  # a CUDA build still has NCCL's dump: never read a gloo group's as empty
+            self.turn_off(f"torch has no {', '.join(gone)} (its recorder holds this group's)")
+            return
+        self._needed |= needed
         try:
             name = str(group.group_name)
             seq = int(group._get_sequence_number_for_group())
@@ -455,7 +465,7 @@ class FlightRecorderReader:
         if stale or not self.covers(marks):
             self._dumped_at = time.monotonic()
             cpu_ns = time.thread_time_ns()
-            raw = (self._dump or dump_all)()
+            raw = self._dump() if self._dump is not None else dump_all(self._needed)
             self.wanted = False
             parts = [entries_of(bytes(raw))] if isinstance(raw, (bytes, bytearray)) else raw
             self.dumps += 1
@@ -467,6 +477,15 @@ class FlightRecorderReader:
             if share is not None:
                 self.share = share
         return self._cache
+
+
+def _backend_of(group: Any) -> str:
+    """The group's backend as torch names it (``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``); ""
+    when unreadable (then read from the generic recorder, as every backend but NCCL is)."""
+    try:
+        return str(group.name())
+    except Exception:
+        return ""
 
 
 def _say(part: str, reason: str) -> None:

@@ -151,16 +151,40 @@ def collective_of(entry: Entry | dict[str, Any], group_size: int, label: str) ->
     )
 
 
-DUMPS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+NCCL_DUMP = "_dump_nccl_trace_json"
+GENERIC_DUMP = "_dump_fr_trace_json"
+DUMPS = (NCCL_DUMP, GENERIC_DUMP)
 """torch keeps two recorders: ProcessGroupNCCL's own (CUDA events: where NCCL collectives go,
 absent from a CPU build) and the generic one (gloo). Both are read."""
 
 
-def dump_all() -> list[list[Entry]]:
-    """Each recorder torch has, dumped and decoded (one list of entries per recorder)."""
+def dumps_for(backend: str) -> set[str]:
+    """The dumps that hold the entries of a group of ``backend`` (``ProcessGroup.name()``:
+    ``gloo``, ``nccl``, or both for a group with a backend per device): NCCL's recorder for its
+    collectives, the generic one for every other backend's (an unknown name included). On a
+    CUDA build both exist, so a missing generic dump must be said for a gloo group, never read
+    as an empty ring: its entries would be counted lost and blamed on a late reader."""
+    parts = [part.rpartition(":")[2].strip() for part in backend.lower().split(",")]
+    return {NCCL_DUMP if part == "nccl" else GENERIC_DUMP for part in parts}
+
+
+def missing_dumps(needed: set[str]) -> list[str]:
+    """Those of ``needed`` this torch lacks (a release that renamed them)."""
     import torch
 
     c10d: Any = torch._C._distributed_c10d
+    return sorted(name for name in needed if getattr(c10d, name, None) is None)
+
+
+def dump_all(needed: set[str] | frozenset[str] = frozenset()) -> list[list[Entry]]:
+    """Each recorder torch has, dumped and decoded (one list of entries per recorder); raises
+    when one of ``needed`` (the watched groups' dumps) or every dump is gone."""
+    import torch
+
+    c10d: Any = torch._C._distributed_c10d
+    gone = missing_dumps(set(needed))
+    if gone:
+        raise AttributeError(f"torch has no {', '.join(gone)}")
     found = [fn for name in DUMPS if (fn := getattr(c10d, name, None)) is not None]
     if not found:
         raise AttributeError(f"torch has none of {', '.join(DUMPS)}")
