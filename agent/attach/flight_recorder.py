@@ -61,7 +61,7 @@ from .fr_entries import (
     Entry,
     collective_of,
     dump_all,
-    dumps_for,
+    dumps_of,
     entries_of,
     index_by_group,
     missing_dumps,
@@ -248,7 +248,7 @@ class FlightRecorderReader:
         """The watched entries (scaled) of a typical recent step, as of the last step end: a
         step past twice that before its end is a burst (:meth:`claim`)."""
         self._needed: set[str] = set()
-        """The dumps whose recorders hold the watched groups' entries (fr_entries.dumps_for)."""
+        """The dumps whose recorders hold the watched groups' entries (fr_entries.dumps_of)."""
         self.wake: Any = None
         """The sender's wake-up (a ``threading.Event``; agent/outbox.py), set by the attach's
         session: a burst between two step ends asks for a read before the ring turns over."""
@@ -262,7 +262,7 @@ class FlightRecorderReader:
         if not self.ring:
             self.turn_off(f"torch's Flight Recorder is off ({BUFFER_ENV} unset or 0)")
             return
-        needed = dumps_for(_backend_of(group))
+        needed = dumps_of(group)
         gone = missing_dumps(needed) if self._dump is None else []
         if gone:  # a CUDA build still has NCCL's dump: never read a gloo group's as empty
             self.turn_off(f"torch has no {', '.join(gone)} (its recorder holds this group's)")
@@ -477,15 +477,6 @@ class FlightRecorderReader:
             if share is not None:
                 self.share = share
         return self._cache
-
-
-def _backend_of(group: Any) -> str:
-    """The group's backend as torch names it (``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``); ""
-    when unreadable (then read from the generic recorder, as every backend but NCCL is)."""
-    try:
-        return str(group.name())
-    except Exception:
-        return ""
 
 
 def _say(part: str, reason: str) -> None:

@@ -158,12 +158,17 @@ DUMPS = (NCCL_DUMP, GENERIC_DUMP)
 absent from a CPU build) and the generic one (gloo). Both are read."""
 
 
-def dumps_for(backend: str) -> set[str]:
-    """The dumps that hold the entries of a group of ``backend`` (``ProcessGroup.name()``:
-    ``gloo``, ``nccl``, or both for a group with a backend per device): NCCL's recorder for its
-    collectives, the generic one for every other backend's (an unknown name included). On a
-    CUDA build both exist, so a missing generic dump must be said for a gloo group, never read
-    as an empty ring: its entries would be counted lost and blamed on a late reader."""
+def dumps_of(group: Any) -> set[str]:
+    """The dumps that hold ``group``'s entries, from its backend as torch names it
+    (``ProcessGroup.name()``: ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl`` for a backend per
+    device): NCCL's recorder for its collectives, the generic one for every other backend's (an
+    unknown or unreadable name included). On a CUDA build both exist, so a missing generic dump
+    must be said for a gloo group, never read as an empty ring: its entries would be counted
+    lost and blamed on a late reader."""
+    try:
+        backend = str(group.name())
+    except Exception:
+        backend = ""
     parts = [part.rpartition(":")[2].strip() for part in backend.lower().split(",")]
     return {NCCL_DUMP if part == "nccl" else GENERIC_DUMP for part in parts}
 
