@@ -81,6 +81,8 @@ def first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any
         x = batch.get("inputs_embeds")
     if x is None:
         x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if x is None and args and isinstance(args[0], (list, tuple)):  # model((ids, labels)):
+        x = next((a for a in args[0] if isinstance(a, torch.Tensor)), None)  # Lightning's batch
     if x is None:
         x = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
     mask = batch.get("attention_mask")

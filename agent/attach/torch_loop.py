@@ -179,6 +179,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     s.claim_source("optimizer")
     read_by(optimizer)
     _closure[0] = False  # this step() call's closure has not been evaluated yet
+    _closure[1] = runs_a_micro_batch(args, kwargs)
     if s.drives("optimizer"):
         if s.phase_depth("optimizer"):  # the last step() raised: it never ended
             s.drop_phase("optimizer")
@@ -304,8 +305,37 @@ def time_backward(output: Any) -> None:
         s.errors += 1
 
 
-_closure = [False]
-"""Whether a loss of this step was read inside ``optimizer.step(closure)`` already."""
+_closure = [False, False]
+"""Whether a loss of this step was read inside ``optimizer.step(closure)`` already, and
+whether that step's closure runs a micro-batch of its own (:func:`runs_a_micro_batch`)."""
+
+MICRO_BATCH_CLOSURES = ("lightning.", "pytorch_lightning.")
+"""Modules whose closures run the step's last micro-batch: Lightning's automatic optimization
+calls ``training_step`` and ``backward`` on its own for each accumulated micro-batch, then
+hands the step's last one to ``optimizer.step(closure=...)`` (its ``Precision`` plugin's
+``_wrap_closure``, partially applied)."""
+
+
+def runs_a_micro_batch(args: Any, kwargs: Any) -> bool:
+    """Whether the closure handed to ``step()`` computes a new micro-batch's loss (Lightning's,
+    see :data:`MICRO_BATCH_CLOSURES`) rather than the step's loss again (LBFGS, SAM). Read from
+    where the closure's code lives: the callable, a ``functools.partial``'s function, or the
+    object a bound method belongs to. Never raises."""
+    try:
+        closure = kwargs.get("closure") if kwargs else None
+        if closure is None and args:
+            closure = args[0]
+        if closure is None:
+            return False
+        func = getattr(closure, "func", closure)  # a functools.partial's function
+        owner = getattr(func, "__self__", None)
+        for part in (closure, func, owner):
+            module = getattr(part, "__module__", None) or type(part).__module__
+            if isinstance(module, str) and module.startswith(MICRO_BATCH_CLOSURES):
+                return True
+        return False
+    except Exception:
+        return False
 
 
 def _a_steps_loss(s: Any) -> bool:
@@ -314,10 +344,11 @@ def _a_steps_loss(s: Any) -> bool:
     closure evaluation's is, and only when none came before the step: it is the loss
     ``step()`` returns (LBFGS evaluates its closure many times over a line search, whose mean
     was shown), and a closure that repeats a loss already read (sharpness-aware steps) adds
-    none."""
+    none. A closure that runs a micro-batch of its own (Lightning's, accumulating gradients)
+    adds its loss to those read before the step."""
     if not s.phase_depth("optimizer"):
         return True
-    if _closure[0] or s._losses:
+    if _closure[0] or (s._losses and not _closure[1]):
         return False
     _closure[0] = True
     return True

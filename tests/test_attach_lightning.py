@@ -1,0 +1,80 @@
+"""An unmodified PyTorch Lightning job under ``zeroscope run`` (tests/jobs/lightning_train.py:
+``Trainer(strategy="ddp")`` on 2 CPU ranks, accumulating gradients over 3 micro-batches). Lightning
+runs the first micro-batches of each step itself and the last inside
+``optimizer.step(closure=...)``, each loss divided by the accumulation before its backward: the
+step's loss is the mean of all of them, undivided (before, the closure's was dropped as a
+sharpness-aware step's repeat and the loss shown was the first micro-batch's, divided by 3).
+Oracles: each rank's own account of its micro-batches (the losses ``training_step`` returned, the
+tokens its batches held, Lightning's ``global_step``) and the same job under bare torchrun."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from tests.attach_support import JOBS, job_env, read_outputs, read_trace, run_plain, run_zeroscope
+from zeroscope.agent.attach.torch_loop import runs_a_micro_batch
+
+SCRIPT = JOBS / "lightning_train.py"
+STEPS, ACCUM = 4, 3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("lightning")
+    env = job_env()
+    args = ["--steps", str(STEPS), "--accum", str(ACCUM)]
+    run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=600)
+    run_zeroscope(SCRIPT, [*args, "--out", str(tmp / "zs")], env, tmp / "t.zstrace", 600)
+    return {
+        "plain": read_outputs(tmp / "plain"),
+        "zs": read_outputs(tmp / "zs"),
+        "trace": read_trace(tmp / "t.zstrace"),
+    }
+
+
+@pytest.mark.slow
+def test_losses_are_bit_identical_with_and_without_zeroscope(runs: dict) -> None:
+    assert runs["zs"] == runs["plain"]
+
+
+@pytest.mark.slow
+def test_each_optimizer_step_is_one_step(runs: dict) -> None:
+    for rank in range(2):
+        own = runs["zs"][rank]
+        assert own["steps"] == STEPS and [len(m) for m in own["losses"]] == [ACCUM] * STEPS
+        assert [s.step for s in runs["trace"][rank].steps] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_the_loss_is_the_mean_of_every_micro_batch_undivided(runs: dict) -> None:
+    for rank in range(2):
+        for step, micro in zip(runs["trace"][rank].steps, runs["zs"][rank]["losses"], strict=True):
+            expected = sum(float.fromhex(x) for x in micro) / len(micro)
+            assert step.loss is not None
+            assert abs(step.loss - expected) <= 1e-6 * expected, (rank, step.step)
+
+
+@pytest.mark.slow
+def test_tokens_come_from_the_tuple_batch(runs: dict) -> None:
+    """Lightning hands DDP's forward ``(batch, batch_idx)`` with ``batch`` a list of tensors."""
+    for rank in range(2):
+        tokens = [s.work.tokens if s.work else None for s in runs["trace"][rank].steps]
+        assert tokens == runs["zs"][rank]["tokens"]
+
+
+def test_lightnings_closure_runs_a_micro_batch_and_others_do_not() -> None:
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    def closure() -> None:
+        return None
+
+    for plugin in (Precision(), MixedPrecision("bf16-mixed", "cpu")):  # as Precision.optimizer_step
+        wrapped = partial(plugin._wrap_closure, None, None, closure)
+        assert runs_a_micro_batch((), {"closure": wrapped})
+        assert runs_a_micro_batch((wrapped,), {})
+    assert not runs_a_micro_batch((), {"closure": closure})  # LBFGS, SAM: the script's own
+    assert not runs_a_micro_batch((partial(closure),), {})
+    assert not runs_a_micro_batch((), {})
+    assert not runs_a_micro_batch((), {"closure": None})
