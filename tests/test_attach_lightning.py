@@ -1,15 +1,19 @@
 """An unmodified PyTorch Lightning job under ``zeroscope run`` (tests/jobs/lightning_train.py:
-``Trainer(strategy="ddp")`` on 2 CPU ranks, accumulating gradients over 3 micro-batches). Lightning
-runs the first micro-batches of each step itself and the last inside
-``optimizer.step(closure=...)``, each loss divided by the accumulation before its backward: the
-step's loss is the mean of all of them, undivided (before, the closure's was dropped as a
-sharpness-aware step's repeat and the loss shown was the first micro-batch's, divided by 3).
-Oracles: each rank's own account of its micro-batches (the losses ``training_step`` returned, the
-tokens its batches held, Lightning's ``global_step``) and the same job under bare torchrun."""
+``Trainer(strategy="ddp")`` on 2 CPU ranks, accumulating gradients over 3 micro-batches), in fp32
+and in Lightning's 16-mixed precision with a GradScaler. In fp32 Lightning runs the first
+micro-batches of each step itself and the last inside ``optimizer.step(closure=...)``; in 16-mixed
+it runs every closure itself and hands each loss to ``scaler.scale()``. Both divide each loss by
+the accumulation before its backward: the step's loss is the mean of all of them, undivided
+(before, fp32 dropped the closure's loss as a sharpness-aware step's repeat and showed the first
+micro-batch's divided by 3; 16-mixed showed the mean divided by 3). Oracles: each rank's own
+account of its micro-batches (the losses ``training_step`` returned, the tokens its batches
+held, the scaler's scale after each step, Lightning's ``global_step``) and the same job under
+bare torchrun."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -20,11 +24,13 @@ SCRIPT = JOBS / "lightning_train.py"
 STEPS, ACCUM = 4, 3
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+@pytest.fixture(scope="module", params=["fp32", "fp16-scaler"])
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("lightning")
     env = job_env()
     args = ["--steps", str(STEPS), "--accum", str(ACCUM)]
+    if request.param == "fp16-scaler":
+        args.append("--fp16-scaler")
     run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=600)
     run_zeroscope(SCRIPT, [*args, "--out", str(tmp / "zs")], env, tmp / "t.zstrace", 600)
     return {
@@ -57,6 +63,15 @@ def test_the_loss_is_the_mean_of_every_micro_batch_undivided(runs: dict) -> None
 
 
 @pytest.mark.slow
+def test_the_scale_after_each_step_is_the_scalers(runs: dict) -> None:
+    """NA without a scaler; with one, the scale its ``update()`` left, growing in this run."""
+    for rank in range(2):
+        own = runs["zs"][rank]["scales"]
+        assert [s.loss_scale for s in runs["trace"][rank].steps] == own
+        assert own[0] is None or len(set(own)) > 1
+
+
+@pytest.mark.slow
 def test_tokens_come_from_the_tuple_batch(runs: dict) -> None:
     """Lightning hands DDP's forward ``(batch, batch_idx)`` with ``batch`` a list of tensors."""
     for rank in range(2):
@@ -71,7 +86,8 @@ def test_lightnings_closure_runs_a_micro_batch_and_others_do_not() -> None:
         return None
 
     for plugin in (Precision(), MixedPrecision("bf16-mixed", "cpu")):  # as Precision.optimizer_step
-        wrapped = partial(plugin._wrap_closure, None, None, closure)
+        nothing: Any = None  # the model and optimizer: never called here
+        wrapped = partial(plugin._wrap_closure, nothing, nothing, closure)
         assert runs_a_micro_batch((), {"closure": wrapped})
         assert runs_a_micro_batch((wrapped,), {})
     assert not runs_a_micro_batch((), {"closure": closure})  # LBFGS, SAM: the script's own

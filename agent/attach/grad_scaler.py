@@ -6,7 +6,9 @@ gradients are finite, then ``scaler.update()``, which lowers the scale after an 
 raises it after ``growth_interval`` clean steps. So, for the step it reports:
 
 - the loss is what the loop handed to ``scale()``: read before scaling (``scale`` is wrapped),
-  averaged over the step's micro-batches like any plain loop's; the scaled tensor given to
+  averaged over the step's micro-batches like any plain loop's (a loss divided by the step's
+  accumulation, ``scaler.scale(loss / k)`` as Lightning does, undone at the step's end:
+  agent/attach/accumulation.py); the scaled tensor given to
   ``backward()`` is not counted (the scaler is the step source, which silences the plain
   loop's loss reading in :mod:`.torch_loop`);
 - a step is an iteration that reached ``scaler.step()`` for the loop's primary optimizer,
@@ -37,6 +39,7 @@ from zeroscope.agent.loss_scale import LossScaleReading
 from zeroscope.agent.scalars import NO_SCALAR, DeferredScalar
 
 from . import patches
+from .accumulation import divisor_of
 from .session import SESSION
 from .torch_loop import learning_rate, read_by
 
@@ -152,8 +155,8 @@ def _wrap(cls: type) -> None:
             if _enabled(self) and isinstance(outputs, torch.Tensor):
                 s = SESSION
                 s.claim_source("grad-scaler")  # the scaled tensor's backward() is not a loss
-                if s.drives("grad-scaler"):
-                    s.add_loss(outputs)
+                if s.drives("grad-scaler"):  # a loss divided for accumulation: undone at
+                    s.add_loss(outputs, divisor=divisor_of(outputs))  # the step's end
             return scale(self, outputs)
 
         scale_.__doc__ = scale.__doc__

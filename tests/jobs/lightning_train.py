@@ -5,17 +5,25 @@ optimizer stepped by Lightning's automatic optimization. With ``--accum K`` Ligh
 DDP's ``no_sync``, and hands the last one to ``optimizer.step(closure=...)``, dividing every
 micro-batch's loss by K before its backward.
 
+With ``--fp16-scaler`` the Trainer runs Lightning's 16-mixed precision on the CPU (its
+``MixedPrecision`` plugin handed a ``torch.amp.GradScaler("cpu")``, which Lightning does not
+make on the CPU by itself): each micro-batch's divided loss goes to ``scaler.scale()``, the
+closure runs outside ``optimizer.step()``, and ``scaler.step()`` / ``update()`` end the step.
+
 Each rank writes to ``--out``.RANK its own account, per optimizer step: the micro-batch losses
-``training_step`` returned (as float hex, undivided), and the tokens its batches held; and the
-step count Lightning reached (``trainer.global_step``)."""
+``training_step`` returned (as float hex, undivided), the tokens its batches held and the
+scaler's scale after the step's ``update()`` (None without a scaler); and the step count
+Lightning reached (``trainer.global_step``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.jobs.teardown import end_process_group
@@ -30,6 +38,7 @@ class TinyLM(L.LightningModule):
         self.head = torch.nn.Linear(32, VOCAB)
         self.account: dict[int, list[str]] = {}
         self.tokens: dict[int, int] = {}
+        self.scales: dict[int, float | None] = {}
 
     def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
         ids, labels = batch
@@ -40,6 +49,11 @@ class TinyLM(L.LightningModule):
         self.tokens[step] = self.tokens.get(step, 0) + ids.numel()
         return loss
 
+    def on_train_batch_end(self, outputs: object, batch: object, index: int) -> None:
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        step = self.trainer.global_step  # the step the last optimizer step made (or is making)
+        self.scales[step] = scaler.get_scale() if scaler is not None else None
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
@@ -48,8 +62,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--fp16-scaler", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    plugins: list[Any] = []
+    if args.fp16_scaler:  # a scale that grows every 2 clean steps, so the run shows it change
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2)
+        plugins.append(MixedPrecision("16-mixed", "cpu", scaler=scaler))
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (256, SEQ), generator=g)
@@ -64,6 +83,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        plugins=plugins,
     )
     model = TinyLM()
     trainer.fit(model, data)
@@ -74,6 +94,7 @@ def main() -> None:
                 "steps": trainer.global_step,
                 "losses": [model.account[s] for s in steps],
                 "tokens": [model.tokens[s] for s in steps],
+                "scales": [model.scales.get(s) for s in steps],
             },
             f,
         )
