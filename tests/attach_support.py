@@ -123,14 +123,17 @@ def read_outputs(prefix: Path) -> list[dict[str, Any]]:
 
 
 def plain_and_watched(
-    script: Path, steps: int, tmp_path: Path, timeout: float = 300
+    script: Path, steps: int, tmp_path: Path, timeout: float = 300, extra: tuple[str, ...] = ()
 ) -> tuple[dict[int, RankTrace], list[dict[str, Any]], list[dict[str, Any]]]:
     """A job that writes its own figures to ``--out``.RANK, run under bare torchrun and under
-    ``zeroscope run``: (the trace, each rank's figures alone, each rank's figures watched)."""
+    ``zeroscope run`` (``extra``: more of the job's arguments): (the trace, each rank's figures
+    alone, each rank's figures watched)."""
     env = job_env()
-    run_plain(script, ["--steps", str(steps), "--out", str(tmp_path / "plain")], env, timeout)
-    args = ["--steps", str(steps), "--out", str(tmp_path / "zs")]
-    run_zeroscope(script, args, env, tmp_path / "t.zstrace", timeout)
+    args = ["--steps", str(steps), *extra]
+    run_plain(script, [*args, "--out", str(tmp_path / "plain")], env, timeout)
+    run_zeroscope(
+        script, [*args, "--out", str(tmp_path / "zs")], env, tmp_path / "t.zstrace", timeout
+    )
     trace = read_trace(tmp_path / "t.zstrace")
     return trace, read_outputs(tmp_path / "plain"), read_outputs(tmp_path / "zs")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.attach_support import JOBS, job_env, read_outputs, read_trace, run_plain, run_zeroscope
+from tests.attach_support import JOBS, plain_and_watched
 from zeroscope.agent.attach.torch_loop import runs_a_micro_batch
 
 SCRIPT = JOBS / "lightning_train.py"
@@ -26,18 +26,10 @@ STEPS, ACCUM = 4, 3
 
 @pytest.fixture(scope="module", params=["fp32", "fp16-scaler"])
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    extra = ("--accum", str(ACCUM)) + (("--fp16-scaler",) if request.param != "fp32" else ())
     tmp = tmp_path_factory.mktemp("lightning")
-    env = job_env()
-    args = ["--steps", str(STEPS), "--accum", str(ACCUM)]
-    if request.param == "fp16-scaler":
-        args.append("--fp16-scaler")
-    run_plain(SCRIPT, [*args, "--out", str(tmp / "plain")], env, timeout=600)
-    run_zeroscope(SCRIPT, [*args, "--out", str(tmp / "zs")], env, tmp / "t.zstrace", 600)
-    return {
-        "plain": read_outputs(tmp / "plain"),
-        "zs": read_outputs(tmp / "zs"),
-        "trace": read_trace(tmp / "t.zstrace"),
-    }
+    trace, plain, zs = plain_and_watched(SCRIPT, STEPS, tmp, timeout=600, extra=extra)
+    return {"plain": plain, "zs": zs, "trace": trace}
 
 
 @pytest.mark.slow
