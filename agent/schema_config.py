@@ -95,6 +95,12 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     reduces each shard into ``grad_partitions_flat_buffer`` (the gradient-accumulation dtype,
     the model's by default) and copies it into the fp32 partition's ``.grad``, both held for
     the whole run: host G is (this + 4) bytes a trainable parameter over N, not 4."""
+    grad_accum_bytes: int = 0
+    """Bytes per element of whole gradient-accumulation buffers the engine keeps beside the
+    model's own gradients, over every padded parameter on every rank (0: none). DeepSpeed's
+    ``BF16_Optimizer`` (bf16 at ZeRO-1 with ``"data_types": {"grad_accum_dtype": "fp32"}``)
+    accumulates into fp32 flat buffers the size of its bf16 groups: G is 4 bytes a padded
+    parameter plus the bf16 gradients, not the paper's 2."""
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):

@@ -102,6 +102,7 @@ class DeepSpeedReader(EngineReader):
             host_grad_copy_bytes=_host_grad_copy(opt) if stage == 3 else 0,
             grad_elements_held=_grad_elements_held(opt) if stage in (1, 2) else 0,
             grads_freed_under_offload=stage == 1 and bool(getattr(opt, "cpu_offload", False)),
+            grad_accum_bytes=_grad_accum_bytes(opt),
             grads_all_reduced=stage in (1, 2),
             fp32_master_copy=stage >= 1
             and not engine.bfloat16_enabled()
@@ -116,7 +117,8 @@ class DeepSpeedReader(EngineReader):
             padded = sum(p.ds_tensor.numel() for p in params if hasattr(p, "ds_tensor"))
             padded *= int(engine.dp_world_size)
         else:
-            padded = sum(t.numel() for t in getattr(opt, "bit16_groups_flat", []))
+            flat = getattr(opt, "bit16_groups_flat", None) or getattr(opt, "bf16_groups_flat", [])
+            padded = sum(t.numel() for t in flat)
         counts = ParamCounts(
             total=sum(numel(p) for p in params),
             trainable=sum(numel(p) for p in params if p.requires_grad),
@@ -141,6 +143,12 @@ class DeepSpeedReader(EngineReader):
     def count_grads(self, census: Census) -> None:
         engine, opt, stage = self._parts()
         off_opt, _ = self._offload(engine)
+        if _bf16_optimizer(opt):
+            # The whole fp32 accumulation buffers (the fp32 partition's ``.grad`` is a view of
+            # its slice at the step) and the bf16 gradients autograd leaves on the parameters.
+            census.add("grads", getattr(opt, "fp32_groups_gradients_flat", []))
+            census.add("grads", (p.grad for g in getattr(opt, "bf16_groups", []) for p in g))
+            return
         if stage == 3:
             # The reduce bucket (``reduce_bucket_size`` elements) stays on the device; the
             # partitioned gradients live where the optimizer steps (stage3.py: self.device).
@@ -171,7 +179,11 @@ class DeepSpeedReader(EngineReader):
             inner = opt
         params = list(engine.module.parameters())
         frozen = [p for p in params if not p.requires_grad]
-        if stage == 3:
+        if _bf16_optimizer(opt):  # the parameters are views of its flat bf16 groups
+            census.add("params", getattr(opt, "bf16_groups_flat", []))
+            census.add("params", (p.data for p in frozen), frozen=True)
+            census.add("optim", getattr(opt, "fp32_groups_flat_partition", []), host=off_opt)
+        elif stage == 3:
             trainable = [p for p in params if p.requires_grad]
             census.add("params", (p.data for p in trainable if _persistent(p)))
             census.add("params", getattr(opt, "fp16_partitioned_groups_flat", []), host=off_param)
@@ -203,7 +215,9 @@ class DeepSpeedReader(EngineReader):
         if gone:
             return gone
         _, opt, stage = self._parts()
-        if stage == 3:
+        if _bf16_optimizer(opt):
+            gone += missing(opt, "deepspeed.bf16")
+        elif stage == 3:
             gone += missing(opt, "deepspeed.zero3")
             for p in engine.module.parameters():
                 gone += missing(p, "deepspeed.zero3_param")
@@ -229,6 +243,23 @@ class DeepSpeedReader(EngineReader):
                 gathered += p.data.nbytes
         memory.persistent_params = persistent
         memory.gathered_params = gathered
+
+
+def _bf16_optimizer(opt: Any) -> bool:
+    """DeepSpeed's ``BF16_Optimizer``: bf16 at ZeRO-1 with ``"data_types": {"grad_accum_dtype":
+    "fp32"}`` (and bf16 pipeline stages at ZeRO-0), its own layout: flat bf16 groups the
+    parameters view (P), whole fp32 gradient-accumulation buffers beside the bf16 gradients (G),
+    fp32 master partitions (O)."""
+    return hasattr(opt, "bf16_groups_flat") and hasattr(opt, "fp32_groups_flat_partition")
+
+
+def _grad_accum_bytes(opt: Any) -> int:
+    """Bytes per element of ``BF16_Optimizer``'s whole fp32 accumulation buffers (0 for any
+    other optimizer): a layout fact the Hello carries for the prediction."""
+    if not _bf16_optimizer(opt):
+        return 0
+    flat = getattr(opt, "fp32_groups_gradients_flat", None) or []
+    return int(flat[0].element_size()) if flat else 0
 
 
 def _grad_elements_held(opt: Any) -> int:

@@ -114,6 +114,13 @@ INSTANCE: dict[str, tuple[str, ...]] = {
         "optimizer",
         "loss_scaler",
     ),
+    "deepspeed.bf16": (
+        "bf16_groups",
+        "bf16_groups_flat",
+        "fp32_groups_flat_partition",
+        "fp32_groups_gradients_flat",
+        "optimizer",
+    ),
     "deepspeed.zero3": (
         "ipg_buckets",
         "grad_partitions_flat_buffer",

@@ -98,6 +98,9 @@ def predicted_memory(state: ClusterState) -> tuple[ModelStateBytes | None, str]:
             f", host G with the engine's {c.host_grad_copy_bytes}-byte gradient buffer beside"
             " the fp32 one"
         )
+    if c.grad_accum_bytes and m.grads:  # whole accumulation buffers beside the gradients
+        m = replace(m, grads=m.grads + c.grad_accum_bytes * float(p.padded_total or p.total))
+        buckets += f", G with the engine's {c.grad_accum_bytes}-byte gradient accumulation buffers"
     if c.grads_freed_under_offload and c.stage == 1 and c.offload_optimizer != "none":
         m = replace(m, grads=0.0)
         buckets += ", no device G at the step (the engine frees it under offload)"
