@@ -8,7 +8,9 @@ buffers beside the bf16 ones autograd leaves on the parameters, and each rank st
 master partition. Before, the reader looked for ZeRO-1/2's names, found none, showed P/G/O as NA
 and said the names were "gone", as if DeepSpeed had drifted. Oracles: DeepSpeed's own layout as
 a formula over the script's parameter groups, its losses (the same script under bare torchrun),
-and the prediction the Memory screen shows beside the measured bytes."""
+and the prediction the Memory screen shows beside the measured bytes. The same optimizer runs
+DeepSpeed's bf16 pipeline stages at ZeRO-0 (tests/scripts/pipe_tutorial.py ``--bf16``),
+accumulating in bf16 there."""
 
 from __future__ import annotations
 
@@ -105,3 +107,36 @@ def test_the_prediction_holds_the_fp32_accumulation_buffers_and_says_so(runs: di
     measured = runs["trace"][0].steps[-1].memory
     assert predicted.grads == measured.grads  # 4 bytes a padded parameter + the bf16 grads
     assert "4-byte gradient accumulation" in basis
+
+
+# -- bf16 pipeline stages (ZeRO-0): the same optimizer, accumulating in bf16 ----------------------
+
+PIPE = JOBS.parent / "scripts" / "pipe_tutorial.py"
+STAGE_PARAMS = (12 * 32 + 32 + 32 * 32 + 32, 32 * 16 + 16 + 16 * 5 + 5)
+"""The tutorial's two stages (``partition_method="parameters"``: its layers 0-3 and 4-6)."""
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("ds-bf16-pipe")
+    args = ["--bf16", "--steps", "2", "--out", str(tmp / "out.json")]
+    run_zeroscope(PIPE, args, job_env(), tmp / "t.zstrace", 600)
+    return read_trace(tmp / "t.zstrace")
+
+
+def test_bf16_pipeline_stages_are_counted_from_the_bf16_optimizer(pipe: dict) -> None:
+    """One rank a stage (data parallel 1): its flat bf16 group padded to even, a bf16
+    accumulation buffer the same size (the model's dtype: no ``grad_accum_dtype`` set) beside
+    the bf16 gradients, the fp32 master with AdamW's m and v and a step tensor."""
+    for rank, psi in enumerate(STAGE_PARAMS):
+        padded = math.ceil(psi / 2) * 2
+        hello = pipe[rank].hellos[-1]
+        assert hello.config.grad_accum_bytes == 2
+        expected = {"params": 2 * padded, "grads": 2 * padded + 2 * psi, "optim": 12 * padded + 4}
+        for step in pipe[rank].steps:
+            m = step.memory
+            assert {"params": m.params, "grads": m.grads, "optim": m.optim} == expected, rank
+        state = ClusterState()
+        state.ingest(hello)
+        predicted, _ = predicted_memory(state)
+        assert predicted is not None and predicted.grads == expected["grads"]

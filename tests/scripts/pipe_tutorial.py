@@ -24,12 +24,13 @@ def get_args():
     parser.add_argument("--out", default="")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--zero", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bf16 stages, bf16 inputs")
     return parser.parse_args()
 
 
-def dataset(n=96, features=12, classes=5, seed=7):
+def dataset(n=96, features=12, classes=5, seed=7, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, features, generator=g)
+    x = torch.randn(n, features, generator=g).to(dtype)
     y = torch.randint(0, classes, (n,), generator=g)
     return torch.utils.data.TensorDataset(x, y)
 
@@ -68,15 +69,19 @@ def main():
         "zero_optimization": {"stage": args.zero},
         "pipeline": {"seed_layers": False},
     }
+    dtype = torch.float32
+    if args.bf16:  # DeepSpeed's BF16_Optimizer; the pipeline feeds the first stage as given
+        config["bf16"] = {"enabled": True}
+        dtype = torch.bfloat16
     engine, _, _, _ = deepspeed.initialize(
         args=args,
         model=net,
         model_parameters=[p for p in net.parameters() if p.requires_grad],
-        training_data=dataset(),
+        training_data=dataset(dtype=dtype),
         config=config,
     )
     losses = [float(engine.train_batch()) for _ in range(args.steps)]
-    held_out = torch.utils.data.DataLoader(dataset(n=16, seed=8), batch_size=2)
+    held_out = torch.utils.data.DataLoader(dataset(n=16, seed=8, dtype=dtype), batch_size=2)
     eval_loss = float(engine.eval_batch(data_iter=iter(held_out)))
     if args.out and engine.global_rank == 0:
         with open(args.out, "w") as f:
