@@ -100,7 +100,8 @@ class ConfigSummary(msgspec.Struct, omit_defaults=True):
     model's own gradients, over every padded parameter on every rank (0: none). DeepSpeed's
     ``BF16_Optimizer`` (bf16 at ZeRO-1 with ``"data_types": {"grad_accum_dtype": "fp32"}``)
     accumulates into fp32 flat buffers the size of its bf16 groups: G is 4 bytes a padded
-    parameter plus the bf16 gradients, not the paper's 2."""
+    parameter plus the bf16 gradients, not the paper's 2 (on bf16 pipeline stages, with no
+    ``grad_accum_dtype`` set, the buffers are bf16: 2)."""
 
 
 class ParamCounts(msgspec.Struct, omit_defaults=True):

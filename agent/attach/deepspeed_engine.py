@@ -144,8 +144,9 @@ class DeepSpeedReader(EngineReader):
         engine, opt, stage = self._parts()
         off_opt, _ = self._offload(engine)
         if _bf16_optimizer(opt):
-            # The whole fp32 accumulation buffers (the fp32 partition's ``.grad`` is a view of
-            # its slice at the step) and the bf16 gradients autograd leaves on the parameters.
+            # The whole accumulation buffers (fp32 under ``grad_accum_dtype: fp32``; the fp32
+            # partition's ``.grad`` is a view of its slice at the step) and the bf16 gradients
+            # autograd leaves on the parameters.
             census.add("grads", getattr(opt, "fp32_groups_gradients_flat", []))
             census.add("grads", (p.grad for g in getattr(opt, "bf16_groups", []) for p in g))
             return
@@ -248,14 +249,15 @@ class DeepSpeedReader(EngineReader):
 def _bf16_optimizer(opt: Any) -> bool:
     """DeepSpeed's ``BF16_Optimizer``: bf16 at ZeRO-1 with ``"data_types": {"grad_accum_dtype":
     "fp32"}`` (and bf16 pipeline stages at ZeRO-0), its own layout: flat bf16 groups the
-    parameters view (P), whole fp32 gradient-accumulation buffers beside the bf16 gradients (G),
-    fp32 master partitions (O)."""
+    parameters view (P), whole gradient-accumulation buffers (fp32 as configured; bf16 on
+    pipeline stages without ``grad_accum_dtype``) beside the bf16 gradients (G), fp32 master
+    partitions (O)."""
     return hasattr(opt, "bf16_groups_flat") and hasattr(opt, "fp32_groups_flat_partition")
 
 
 def _grad_accum_bytes(opt: Any) -> int:
-    """Bytes per element of ``BF16_Optimizer``'s whole fp32 accumulation buffers (0 for any
-    other optimizer): a layout fact the Hello carries for the prediction."""
+    """Bytes per element of ``BF16_Optimizer``'s whole accumulation buffers (0 for any other
+    optimizer): a layout fact the Hello carries for the prediction."""
     if not _bf16_optimizer(opt):
         return 0
     flat = getattr(opt, "fp32_groups_gradients_flat", None) or []
