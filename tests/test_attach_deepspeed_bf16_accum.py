@@ -32,6 +32,7 @@ from zeroscope.state.prediction import predicted_memory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
+SCRIPT = JOBS / "deepspeed_train.py"
 N, STEPS, MICRO = 2, 3, 2
 CONFIG = {
     "train_micro_batch_size_per_gpu": 4,
@@ -57,9 +58,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "trace": read_trace(tmp / "t.zstrace"),
         "said": done.stdout + done.stderr,
     }
-
-
-SCRIPT = JOBS / "deepspeed_train.py"
 
 
 def bf16_optimizer(groups: list[list[int]]) -> dict[str, int]:
