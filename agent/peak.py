@@ -67,10 +67,17 @@ def datasheet_peak(device_name: str, precision: str) -> tuple[float, str] | None
 
 
 def measure_matmul(
-    torch: Any, device: Any, dtype: Any, size: int, seconds: float = 0.25
+    torch: Any,
+    device: Any,
+    dtype: Any,
+    size: int,
+    seconds: float = 0.25,
+    stop: threading.Event | None = None,
 ) -> float | None:
     """The best FLOP/s of ``size x size`` matmuls in ``dtype`` on ``device`` over about
-    ``seconds`` (2·n³ FLOPs each); None when it cannot run there."""
+    ``seconds`` (2·n³ FLOPs each); None when it cannot run there, or when ``stop`` was set
+    before the ``seconds`` were up (a partial best could be far below the peak)."""
+    stop = stop or threading.Event()
     try:
         a = torch.ones((size, size), device=device, dtype=dtype)
         b = torch.ones((size, size), device=device, dtype=dtype)
@@ -82,7 +89,7 @@ def measure_matmul(
             with torch.cuda.stream(stream):
                 torch.mm(a, b, out=out)  # warm-up (kernel selection)
                 deadline = time.perf_counter() + seconds
-                while time.perf_counter() < deadline:
+                while time.perf_counter() < deadline and not stop.is_set():
                     start, end = torch.cuda.Event(True), torch.cuda.Event(True)
                     start.record(stream)
                     for _ in range(8):
@@ -93,11 +100,11 @@ def measure_matmul(
         else:
             torch.mm(a, b, out=out)
             deadline = time.perf_counter() + seconds
-            while time.perf_counter() < deadline:
+            while time.perf_counter() < deadline and not stop.is_set():
                 t0 = time.perf_counter()
                 torch.mm(a, b, out=out)
                 best = max(best, flops / max(time.perf_counter() - t0, 1e-9))
-        return best or None
+        return None if stop.is_set() else best or None
     except Exception:
         return None
 
@@ -106,10 +113,14 @@ class PeakProbe:
     """The peak MFU divides by, found once per process: the datasheet's for a known GPU, else
     measured on a thread of its own. ``figure()`` is (FLOP/s or None, source or why not)."""
 
+    PROBE_S = 0.25
+    """How long each dtype's matmuls run."""
+
     def __init__(self) -> None:
         self._peak: float | None = None
         self._source = "peak not known yet"
         self._started = False
+        self._stop = threading.Event()
 
     def start(self, torch: Any, device: Any, precision: str) -> None:
         """Find the peak for ``precision`` on ``device`` (once; returns at once)."""
@@ -150,7 +161,14 @@ class PeakProbe:
         # Not a daemon: a job that ends while the probe is inside a matmul would otherwise be
         # finalized under it, and torch's thread pool aborted the process ("terminate called
         # without an active exception", exit 134: a 4-step DeepSpeed job under zeroscope run).
-        # The interpreter waits for it instead, at most one matmul past its 0.25 s.
+        # The interpreter waits for it instead, but only to the end of the matmul under way: a
+        # job that ends first stops the probe (a 3-step job's ranks each exited ~0.2 s late).
+        # (``threading._register_atexit``: what ``concurrent.futures`` uses to stop its
+        # workers, run before the interpreter joins its threads.)
+        try:
+            threading._register_atexit(self._stop.set)  # type: ignore[attr-defined]
+        except Exception:  # finalizing already, or an interpreter without it: the wait
+            pass
         threading.Thread(
             target=self._measure,
             args=(torch, device, dtype, size, precision),
@@ -163,9 +181,17 @@ class PeakProbe:
         at ~2 % of its fp32 speed (0.84 vs 48 GFLOP/s here), and a 16-bit job there does
         much of its math in fp32, so the fp16 figure was no ceiling (the fp16 demo's MFU read
         20 % at step 1, then NA above 100 % for the rest of the run)."""
-        found = [(measure_matmul(torch, device, dtype, size), precision)]
+        found = [(measure_matmul(torch, device, dtype, size, self.PROBE_S, self._stop), precision)]
         if dtype != torch.float32:
-            found.append((measure_matmul(torch, device, torch.float32, size), "fp32"))
+            found.append(
+                (
+                    measure_matmul(torch, device, torch.float32, size, self.PROBE_S, self._stop),
+                    "fp32",
+                )
+            )
+        if self._stop.is_set():
+            self._source = "the job ended before the peak was measured"
+            return
         measured = [(peak, name) for peak, name in found if peak is not None]
         if not measured:
             self._source = "the peak matmul could not run on this device"
@@ -178,3 +204,8 @@ class PeakProbe:
 
     def figure(self) -> tuple[float | None, str]:
         return self._peak, self._source
+
+    def stop(self) -> None:
+        """End a measurement under way after its current matmul (the interpreter's shutdown
+        calls this), with no peak."""
+        self._stop.set()

@@ -4,6 +4,11 @@ inputs of every kind, and the peak table and probe."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+
 import msgspec
 import pytest
 import torch
@@ -372,6 +377,40 @@ def test_peak_probe_measures_on_cpu_or_says_why_not(monkeypatch: pytest.MonkeyPa
         None,
         f"no datasheet peak for this device, and {peak_mod.PEAK_PROBE_ENV}=0",
     )
+
+
+_PROBE_THEN_EXIT = """
+import threading, torch
+from zeroscope.agent.peak import PeakProbe
+PeakProbe.PROBE_S = 600.0
+probe = PeakProbe()
+probe.start(torch, torch.device("cpu"), "bf16")
+print(probe.figure()[1], flush=True)
+"""
+
+
+def test_a_job_that_ends_while_the_peak_is_measured_is_not_held_by_it() -> None:
+    """The probe's thread is not a daemon (a job finalized under a matmul aborts), so the
+    interpreter waits for it: a job that ends first stops it after the matmul under way, where
+    it held the exit for its whole measurement (~0.25 s a dtype; here 600 s, so a probe the end
+    does not stop fails the timeout), and the peak is NA with the reason, not a partial best."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE_THEN_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, peak_mod.PEAK_PROBE_ENV: "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "peak being measured"
+    probe = PeakProbe()
+    probe.PROBE_S = 600.0
+    probe.start(torch, torch.device("cpu"), "fp32")
+    (thread,) = [t for t in threading.enumerate() if t.name == "zeroscope-peak"]
+    probe.stop()
+    thread.join(300)
+    assert not thread.is_alive()
+    assert probe.figure() == (None, "the job ended before the peak was measured")
 
 
 def test_a_new_model_is_counted_anew_even_where_it_reuses_a_freed_ones_id() -> None:
