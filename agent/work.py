@@ -171,10 +171,15 @@ class WorkMeter:
         """A counted shape came back and its step was counted again (one check per model)."""
         self._checking = False
         self._varies = ""
+        """Why no count is reused: the check found the model's work changed with its data."""
+        self.unseen = ""
+        """Why no forward of the model is seen in any step (a plain loop's model that the attach
+        could not watch, agent/attach/plain_model.py): each step's Work says so, where there
+        was none (and its figures NA with nothing to explain)."""
+        self._unseen_once = ""
         self._paused = False
         """The step's count is off between a backward's end and the next forward
         (:meth:`pause`)."""
-        """Why no count is reused: the check found the model's work changed with its data."""
         self._kinds: dict[Any, tuple[int, int] | str] = {}
         self._models: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
         """Each model trained before the current one: its counts, kept for when it is back."""
@@ -316,6 +321,10 @@ class WorkMeter:
             and first_shape in self._counted_first
         )
 
+    def not_seen_this_step(self, why: str) -> None:
+        """This step's forwards ran unseen (before the model was known): its Work says ``why``."""
+        self._unseen_once = why
+
     def take(self, step: int) -> tuple[Any, ...] | None:
         """The step's raw facts (None when no forward was seen in it), and a fresh step."""
         flops: tuple[float, int] | None = None
@@ -338,8 +347,13 @@ class WorkMeter:
                     self._counted[key] = flops
             except Exception:
                 self.errors += 1
+        once, self._unseen_once = self._unseen_once, ""
         if not self._shapes:
-            return None
+            why = once or self.unseen
+            if not why:
+                return None
+            peak, source = self.peak.figure()
+            return (None, None, [], None, why, peak, source, None)
         if flops is None and not self._varies:
             flops = self._counted.get(key)
         why = self._na

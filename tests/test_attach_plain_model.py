@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from zeroscope.agent.attach.plain_model import COMPILED, FOUND_NOW
+
 ITERATIONS = 4
 
 
@@ -76,8 +78,18 @@ def _loop(rank: int, world: int, collector: str, how: str, attach: bool) -> dict
     trainer = Trainer(model)
     trainer.marks = []
     memories: list[Any] = []
+    works: list[Any] = []  # each step's (positions, why) as the agent's meter took them
     if attach:
         SESSION._start()
+        meter = SESSION.tel.work
+        take = meter.take
+
+        def take_(step: int) -> Any:
+            facts = take(step)
+            works.append(None if facts is None else (facts[0], facts[4]))
+            return facts
+
+        meter.take = take_
         end = SESSION.tel.step_end
 
         def step_end(**figures: Any) -> None:
@@ -99,6 +111,7 @@ def _loop(rank: int, world: int, collector: str, how: str, attach: bool) -> dict
         "marks": trainer.marks,
         "params": [(m.params, m.frozen_params, a and a[0]) for m, a in memories],
         "found": SESSION.model is not None and SESSION.model() is model,
+        "works": works,
         "errors": SESSION.errors,
     }
 
@@ -115,6 +128,11 @@ def test_the_loops_model_is_found_and_its_forward_timed_from_the_second_step(how
     timed = ["forward", "forward", "backward", "backward"]
     # Step 1 ends where the model is found: its forward ran unwatched; then once per step.
     assert r["marks"] == [[]] + [timed] * (ITERATIONS - 1)
+    # Step 1's tokens and FLOPs are NA saying why (they were NA with no reason); from step 2
+    # the model's inputs are seen (a [16, 8] input is no batch of sequences: that is said).
+    works = r["works"]
+    assert works[0] == (None, FOUND_NOW), works
+    assert all(w is not None and w[1] != FOUND_NOW and "sequences" in w[1] for w in works[1:])
     net = Net()
     every = 4 * sum(p.numel() for p in net.parameters())
     frozen = 4 * sum(p.numel() for p in net.embed.parameters()) if how == "frozen" else 0
@@ -136,3 +154,4 @@ def test_a_compiled_model_is_left_alone() -> None:
     assert r["losses"] == plain["losses"]
     assert not r["found"] and r["errors"] == 0
     assert all("forward" not in marks for marks in r["marks"])
+    assert r["works"] == [(None, COMPILED)] * ITERATIONS  # NA with the reason, every step

@@ -75,23 +75,40 @@ def _compiled(module: Any) -> bool:
     )
 
 
-def find(optimizer_params: list[Any], frame: Any) -> Any:
-    """The module of the loop whose optimizer steps ``optimizer_params`` (None: none found,
-    or one the forward of which is left alone: see the module docstring)."""
+FOUND_NOW = (
+    "the model's forward was not seen in this step: a plain loop's model is found at its "
+    "first optimizer step, and counted from the next"
+)
+COMPILED = (
+    "the model's forward is not seen: the loop's model is compiled (wrapping its forward "
+    "would make Dynamo recompile it)"
+)
+NOT_FOUND = (
+    "the model's forward is not seen: no module holding the optimizer's parameters was found "
+    "in the frames calling optimizer.step() (docs/engines/plain-loop.md)"
+)
+
+
+def find(optimizer_params: list[Any], frame: Any) -> tuple[Any, str]:
+    """The module of the loop whose optimizer steps ``optimizer_params``, or None and why its
+    forward will not be seen ("": a wrapper whose own reader sees it, or no parameters): see
+    the module docstring."""
     wanted = {id(p) for p in optimizer_params}
     if not wanted:
-        return None
+        return None, ""
     modules = _candidates(frame)
     if any(_compiled(m) for m in modules):
-        return None
+        return None, COMPILED
     best, key = None, (0, 0)
     for module in modules:
         held, total = _holding(module, wanted)
         if held and (held, total) > key:
             best, key = module, (held, total)
-    if best is None or type(best).__name__ in WRAPPERS:
-        return None
-    return best
+    if best is None:
+        return None, NOT_FOUND
+    if type(best).__name__ in WRAPPERS:
+        return None, ""
+    return best, ""
 
 
 def watch(model: torch.nn.Module) -> None:
@@ -126,8 +143,15 @@ def discover(optimizer: Any) -> None:
     patches.on_restore(_done.clear)  # installed again (the overhead bench's switch): again
     try:
         params = optimizer_params(local_optimizer(optimizer))
-        model = find(params, sys._getframe(1))
+        model, why = find(params, sys._getframe(1))
+        # Tokens, FLOPs and MFU NA say why (they showed NA with no reason): for this step
+        # only once the model is watched, for every step when it is not.
+        meter = getattr(s.tel, "work", None)
         if model is not None:
             watch(model)
+            if meter is not None:
+                meter.not_seen_this_step(FOUND_NOW)
+        elif meter is not None and why:
+            meter.unseen = why
     except Exception:
         s.errors += 1
