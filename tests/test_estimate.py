@@ -91,11 +91,12 @@ def test_estimate_single_stage_with_offload(capsys: pytest.CaptureFixture[str]) 
     argv = ["estimate", "--params", "1e9", "--ranks", "4", "--stage", "3", "--offload", "cpu"]
     assert main(argv) == 0
     (row,) = _rows(capsys.readouterr().out)
-    stage, p, g, o, device, host, nvme, comm = row
+    stage, p, g, o, device, host, nvme, comm, sent = row
     # 1e9 params on 4 ranks: device P 2Ψ/N = 0.5 GB (and nothing else on the device); host
-    # fp32 G + O 16Ψ/N = 4.0 GB; nothing on NVMe; 3Ψ fp16 = 6 GB per step.
-    assert (stage, p, g, o, device, host, nvme, comm) == (
-        "3", "500MB", "0B", "0B", "500MB", "4.0GB", "0B", "6.0GB"
+    # fp32 G + O 16Ψ/N = 4.0 GB; nothing on NVMe; 3Ψ fp16 = 6 GB per step, of which each rank
+    # sends 3/4 on a ring.
+    assert (stage, p, g, o, device, host, nvme, comm, sent) == (
+        "3", "500MB", "0B", "0B", "500MB", "4.0GB", "0B", "6.0GB", "4.5GB"
     )  # fmt: skip
 
 
@@ -103,7 +104,7 @@ def test_estimate_small_models_never_print_zero(capsys: pytest.CaptureFixture[st
     # 1e6 parameters: every part is kilobytes to megabytes; a fixed-GB column printed "0.0".
     assert main(["estimate", "--params", "1e6", "--ranks", "64", "--stage", "3"]) == 0
     (row,) = _rows(capsys.readouterr().out)
-    assert row[1:] == ["31.2KB", "31.2KB", "188KB", "250KB", "0B", "0B", "6.0MB"]
+    assert row[1:] == ["31.2KB", "31.2KB", "188KB", "250KB", "0B", "0B", "6.0MB", "5.9MB"]
 
 
 def test_estimate_counts_nvme_apart_from_host_memory(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,6 +116,14 @@ def test_estimate_counts_nvme_apart_from_host_memory(capsys: pytest.CaptureFixtu
     (row,) = _rows(capsys.readouterr().out)
     device, host, nvme = row[4:7]
     assert (device, host, nvme) == ("0B", "4.0GB", "14.0GB")  # 4Ψ/N; 12Ψ/N + 2Ψ/N
+
+
+def test_one_rank_sends_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """A step's collectives on one rank keep their message sizes (2Ψ: DeepSpeed still calls
+    them) but move nothing: sent/rank is 0, not the 2Ψ it read as "volume per rank"."""
+    assert main(["estimate", "--params", "7e9", "--ranks", "1", "--stage", "0"]) == 0
+    (row,) = _rows(capsys.readouterr().out)
+    assert row[7:] == ["28.0GB", "0B"]  # 2 x 7e9 x 2 bytes; (1 - 1) / 1 of it
 
 
 def test_estimate_rejects_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

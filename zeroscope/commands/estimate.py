@@ -96,10 +96,11 @@ def main(args: argparse.Namespace) -> int:
         f"{args.precision}, offload_optimizer={args.offload}, offload_param={args.offload_param}"
     )
     print(
-        "P G O device: on each GPU; host: CPU memory; NVMe: on disk; comm/step: volume per "
-        "rank (1 GB = 1e9 bytes)"
+        "P G O device: on each GPU; host: CPU memory; NVMe: on disk; comm/step: message bytes "
+        "of a step's collectives (nccl-tests' sizes, as a run counts them); sent/rank: (N-1)/N "
+        "of it, what a rank sends on a ring (1 GB = 1e9 bytes)"
     )
-    head = ("stage", "P", "G", "O", "device", "host", "NVMe", "comm/step")
+    head = ("stage", "P", "G", "O", "device", "host", "NVMe", "comm/step", "sent/rank")
     print(" ".join(f"{h:>9}" if i else f"{h:>5}" for i, h in enumerate(head)))
     for row in stage_estimates(
         args.params,
@@ -111,6 +112,6 @@ def main(args: argparse.Namespace) -> int:
         trainable=trainable,
     ):
         m = row.memory
-        cells = (m.params, m.grads, m.optim, m.device_total, row.host, row.nvme, row.comm)
+        cells = (m.params, m.grads, m.optim, m.device_total, row.host, row.nvme, row.comm, row.sent)
         print(f"{row.stage:>5} " + " ".join(f"{units.size(v):>9}" for v in cells))
     return 0

@@ -21,7 +21,10 @@ class StageEstimate:
     nvme: float
     """Bytes offloaded to NVMe."""
     comm: float
-    """Communication volume per rank per step, bytes (the paper's 2Ψ / 3Ψ accounting)."""
+    """The step's collectives' message bytes (the paper's 2Ψ / 3Ψ, in nccl-tests' size
+    convention: what a run's comm/step counts, agent/schema.py ``Collective.nbytes``)."""
+    sent: float
+    """What each rank sends of ``comm`` on a ring: (N-1)/N of it (nothing on one rank)."""
 
 
 def placement(
@@ -57,5 +60,5 @@ def stage_estimates(
         m = model_state_bytes(psi, ranks, stage, precision, offload, param, trainable=trainable)
         host, nvme = placement(m, offload, param)
         comm = comm_bytes_per_step(psi, stage, precision, trainable)
-        rows.append(StageEstimate(stage, m, host, nvme, comm))
+        rows.append(StageEstimate(stage, m, host, nvme, comm, comm * (ranks - 1) / ranks))
     return rows
