@@ -235,6 +235,8 @@ def test_cli_preflight_and_bad_input(tmp_path: Path) -> None:
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     no_world = _cli(str(config))
     assert no_world.returncode == 2 and "--world-size" in no_world.stderr
+    half = _cli(str(config), "--world-size", "4", "--per-device-train-batch-size", "4")
+    assert half.returncode == 2 and half.stderr.count("\n") == 1, half.stderr
 
 
 def test_stage3_save_without_gathering_is_reported(tmp_path: Path) -> None:
@@ -499,3 +501,64 @@ def test_the_batch_triad_is_judged_only_for_engines_that_have_one() -> None:
             )  # fmt: skip
         found = batch_triad(Facts(state), Thresholds())
         assert (found is not None) == judged, engine
+
+
+def _hf_filled(raw: dict[str, Any], world: int, per_device: int, accumulation: int) -> Any:
+    """transformers' own DeepSpeed config of ``raw`` for a Trainer of those values on
+    ``world`` ranks (the oracle of preflight's ``trainer``)."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    class Args(TrainingArguments):
+        @property
+        def world_size(self) -> int:
+            return world
+
+    args = Args(
+        output_dir="unused",
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        report_to=[],
+    )
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(raw)))
+    hf.trainer_config_process(args)
+    return hf
+
+
+HF_ZERO3 = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+}
+"""The shape of the Hugging Face documentation's ZeRO-3 ds_config: every batch key "auto"."""
+
+
+@pytest.mark.parametrize(
+    ("given", "trainer"),
+    [
+        ({}, (4, 2)),
+        ({"gradient_accumulation_steps": 2}, (4, 2)),
+        ({"train_micro_batch_size_per_gpu": 8}, (4, 2)),  # the Trainer refuses the mismatch
+        ({"train_batch_size": 48}, (3, 2)),
+    ],
+)
+def test_a_hugging_face_config_is_checked_as_the_trainer_fills_it(
+    given: dict[str, Any], trainer: tuple[int, int]
+) -> None:
+    """Its "auto" batch keys are no error (the Trainer fills them; preflight said to remove
+    them, which leaves the Trainer nothing to fill): with the Trainer's values preflight
+    checks the config the Trainer makes, and a number the Trainer would refuse is an error."""
+    raw, world = {**HF_ZERO3, **given}, 8
+    alone = preflight(raw, world)
+    assert [a.severity for a in alone if a.rule == "auto"] == ["advice"]
+    assert not any(a.severity == "error" for a in alone), alone
+    hf = _hf_filled(raw, world, *trainer)
+    found = preflight(raw, world, trainer=trainer)
+    refused = [a for a in found if a.rule == "auto" and a.severity == "error"]
+    assert len(refused) == len(hf.mismatches), (found, hf.mismatches)
+    if not hf.mismatches:  # what the Trainer hands DeepSpeed, accepted by DeepSpeed
+        filled = {k: hf.config[k] for k in _raw(1, 1, 1)}
+        assert deepspeed_accepts(filled, world)
+        assert not [a for a in found if a.rule in ("auto", "batch_triad")], found

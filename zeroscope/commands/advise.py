@@ -48,6 +48,15 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=None, help="preflight: ranks in all")
     parser.add_argument("--pipeline-stages", type=int, default=1, help="preflight: pp degree")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="preflight: tp degree")
+    parser.add_argument(
+        "--per-device-train-batch-size", "--per_device_train_batch_size", type=int,
+        dest="per_device", metavar="B",
+        help='preflight of a Hugging Face config: the Trainer\'s value its "auto" keys take',
+    )  # fmt: skip
+    parser.add_argument(
+        "--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int,
+        dest="accumulation", metavar="K", help="preflight of a Hugging Face config: the same",
+    )  # fmt: skip
     parser.add_argument("--rule", help="--verify this rule's advice instead of the top one")
     parser.add_argument("--config", type=Path, help="--verify: the ds_config in the command")
     parser.add_argument("--timeout", type=float, default=None, help="--verify: trial limit [s]")
@@ -86,14 +95,14 @@ def _is_trace(path: Path) -> bool:
         return False
 
 
-def format_advice(advisory: Any) -> str:
+def format_advice(advisory: Any, judged: str = "what was measured") -> str:
     """The text report: each advice with its evidence, change and price; then what was not
-    judged and why."""
+    judged and why (``judged``: what the rules read, a run or a ds_config)."""
     from zeroscope.state.viewmodel import price_words
 
     lines = []
     if not advisory.advice:
-        lines.append("no advice: no rule found a change worth making in what was measured")
+        lines.append(f"no advice: no rule found a change worth making in {judged}")
     for i, a in enumerate(advisory.advice, 1):
         price = price_words(a.saves_ms, a.saves_bytes)
         tag = "ERROR " if a.severity == "error" else ""
@@ -208,6 +217,12 @@ def _preflight(args: argparse.Namespace) -> int:
 
     if args.world_size is None or args.world_size < 1:
         raise CliError("a ds_config needs --world-size N (the ranks it will run on)")
+    given = (args.per_device, args.accumulation)
+    if (given[0] is None) != (given[1] is None) or any(v is not None and v < 1 for v in given):
+        raise CliError(
+            "--per-device-train-batch-size and --gradient-accumulation-steps go together, "
+            "each a positive count (the Trainer's values for the ds_config's \"auto\" keys)"
+        )
     try:
         raw = read_config(args.target)
     except TrialError as exc:
@@ -217,10 +232,11 @@ def _preflight(args: argparse.Namespace) -> int:
         args.world_size,
         pipeline_stages=args.pipeline_stages,
         tensor_parallel=args.tensor_parallel,
+        trainer=None if args.per_device is None else (args.per_device, args.accumulation),
     )
     if args.json:
         json.dump([a.as_dict() for a in found], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_advice(Advisory(found, [])))
+        print(format_advice(Advisory(found, []), "the ds_config at this world size"))
     return 1 if any(a.severity == "error" for a in found) else 0

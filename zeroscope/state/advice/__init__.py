@@ -14,7 +14,7 @@ or nothing. docs/advisor.md lists every rule, its evidence, formula and sources.
 | 5 fp16 overflow storms | rules_run.fp16 |
 | 6 activations / micro-batch ceiling | rules_memory.activations |
 | 7 offload | rules_offload.offload |
-| 8 batch triad, pipeline + ZeRO-2/3 | preflight.preflight (a ds_config), rules_run.batch_triad |
+| 8 batch triad, pipeline + ZeRO-2/3 | preflight.preflight (a ds_config; hf_batch: its "auto" keys as the HF Trainer fills them), rules_run.batch_triad |
 | 9 zero.Init | rules_offload.zero_init |
 | 10 stage-3 save without gathering | rules_offload.save_gather |
 | 11 divergent collective sequences | rules_run.divergence (state/sequences.py) |

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .hf_batch import auto_left, fill_auto
 from .model import Advice, Change
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -70,21 +71,22 @@ def _error(rule: str, title: str, evidence: str, change: Change, formula: str) -
 
 
 def preflight(
-    raw: Mapping[str, Any], world_size: int, *, pipeline_stages: int = 1, tensor_parallel: int = 1
+    raw: Mapping[str, Any],
+    world_size: int,
+    *,
+    pipeline_stages: int = 1,
+    tensor_parallel: int = 1,
+    trainer: tuple[int, int] | None = None,
 ) -> list[Advice]:
-    """Advice on a raw ds_config (a parsed JSON/hjson mapping) for ``world_size`` ranks."""
+    """Advice on a raw ds_config (a parsed JSON/hjson mapping) for ``world_size`` ranks;
+    ``trainer``: the Hugging Face Trainer's (per_device_train_batch_size,
+    gradient_accumulation_steps), which fill its ``"auto"`` batch keys (:mod:`.hf_batch`)."""
     out: list[Advice] = []
+    if trainer is not None:
+        raw, out = fill_auto(raw, world_size, *trainer)
     autos = [k for k in TRIAD if raw.get(k) == "auto"]
     if autos:
-        out.append(
-            _error(
-                "auto",
-                '"auto" batch keys are filled only by the Hugging Face integration',
-                f'{", ".join(autos)} = "auto" in the ds_config',
-                Change({k: None for k in autos}),
-                'DeepSpeed itself cannot resolve "auto" (a TypeError at start-up)',
-            )
-        )
+        out.append(auto_left(autos))
     model_parallel = max(1, pipeline_stages) * max(1, tensor_parallel)
     where = f"world size {world_size}"
     if model_parallel > 1:
