@@ -121,6 +121,8 @@ class PeakProbe:
         self._source = "peak not known yet"
         self._started = False
         self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        """The measuring thread, once started."""
 
     def start(self, torch: Any, device: Any, precision: str) -> None:
         """Find the peak for ``precision`` on ``device`` (once; returns at once)."""
@@ -169,12 +171,13 @@ class PeakProbe:
             threading._register_atexit(self._stop.set)  # type: ignore[attr-defined]
         except Exception:  # finalizing already, or an interpreter without it: the wait
             pass
-        threading.Thread(
+        self.thread = threading.Thread(
             target=self._measure,
             args=(torch, device, dtype, size, precision),
             name="zeroscope-peak",
             daemon=False,
-        ).start()
+        )
+        self.thread.start()
 
     def _measure(self, torch: Any, device: Any, dtype: Any, size: int, precision: str) -> None:
         """The best of the job's dtype and fp32: a CPU without 16-bit matmul units runs fp16
