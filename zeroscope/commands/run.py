@@ -308,12 +308,11 @@ def _drain(state: ClusterState, source: QueueSource, *, lines: bool = True) -> N
     fold = _print_steps if lines else _fold_steps
     deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
-        if state.ranks and all(r.bye for r in state.ranks.values()):
-            # A rank's Bye is the last it sends: what is left is already in the queue (the
-            # quiet moment below would hold every clean run's end 0.3 s for nothing).
-            fold(state, source.poll(0.05))
-            return
-        messages = source.poll(0.3)
+        # A rank's Bye is the last it sends: once every rank said it, what is left is already
+        # queued, and the drain ends as soon as the queue is empty (waiting for a quiet 0.3 s
+        # held every clean run's end that long for nothing).
+        said_bye = bool(state.ranks) and all(r.bye for r in state.ranks.values())
+        messages = source.poll(0.05 if said_bye else 0.3)
         fold(state, messages)
         if not messages:
             return
