@@ -12,7 +12,6 @@ model's parameter count."""
 
 import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -79,5 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
