@@ -19,34 +19,31 @@ from typing import Any
 
 from .model import Advice, Change
 
-AUTO_TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
 
 def fill_auto(
     raw: Mapping[str, Any], world_size: int, per_device: int, accumulation: int
 ) -> tuple[dict[str, Any], list[Advice]]:
     """``raw`` with its batch keys as the Trainer fills them, and the mismatches it refuses."""
-    trainer = {
-        "train_micro_batch_size_per_gpu": (per_device, "per_device_train_batch_size"),
-        "gradient_accumulation_steps": (accumulation, "gradient_accumulation_steps"),
+    trainer = {  # ds_config key -> (the Trainer's value, its name, how it is made)
         "train_batch_size": (
             world_size * per_device * accumulation,
-            "train_batch_size (world size x per_device_train_batch_size x "
-            "gradient_accumulation_steps)",
+            "train_batch_size",
+            " (world size x per_device_train_batch_size x gradient_accumulation_steps)",
         ),
+        "train_micro_batch_size_per_gpu": (per_device, "per_device_train_batch_size", ""),
+        "gradient_accumulation_steps": (accumulation, "gradient_accumulation_steps", ""),
     }
     filled = dict(raw)
     out = []
-    for key in AUTO_TRIAD:
-        value, name = trainer[key]
+    for key, (value, name, how) in trainer.items():
         if raw.get(key) == "auto":
             filled[key] = value
         elif key in raw and raw[key] != value:
             out.append(
                 Advice(
                     rule="auto",
-                    title=f"{key} disagrees with the Trainer's {name.split(' ')[0]}",
-                    evidence=(f"ds_config {key} {raw[key]!r}, the Trainer's {name} {value}",),
+                    title=f"{key} disagrees with the Trainer's {name}",
+                    evidence=(f"ds_config {key} {raw[key]!r}, the Trainer's {name}{how} {value}",),
                     change=Change({key: "auto"}),
                     formula="the Trainer refuses a ds_config value that mismatches its own "
                     "(transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize)",
