@@ -339,13 +339,13 @@ async def test_messages_the_view_took_but_never_folded_are_handed_back(pause_s: 
     feed = LiveFeed(source)
     folded: list[Any] = []
     state = ClusterState()
-    original = state.ingest
+    original = state.ingest_all
 
-    def ingest(message: Any, now: float | None = None) -> Any:
-        folded.append(message)
-        return original(message, now)
+    def ingest_all(messages: Any, now: float | None = None) -> Any:
+        folded.extend(messages)
+        return original(messages, now)
 
-    state.ingest = ingest  # type: ignore[method-assign]
+    state.ingest_all = ingest_all  # type: ignore[method-assign]
     app = ZeroscopeApp(state, feed)
     async with app.run_test(size=(80, 24)) as pilot:
         await asyncio.sleep(pause_s)

@@ -210,25 +210,28 @@ class LagBook:
             if track is None:
                 track = tracks[r] = _Track(deque(maxlen=size))
             window = track.window
+            compute_overs, link_overs = track.compute_overs, track.link_overs
             if len(window) == size:
                 _, _, _, gone_c, gone_l, _ = window[0]
-                track.compute_overs -= gone_c
-                track.link_overs -= gone_l
+                compute_overs -= gone_c
+                link_overs -= gone_l
             over_c, over_l = compute > limit, link > limit
             window.append((step, compute, link, over_c, over_l, slowness))
-            track.compute_overs += over_c
-            track.link_overs += over_l
+            compute_overs = track.compute_overs = compute_overs + over_c
+            link_overs = track.link_overs = link_overs + over_l
             since = track.since
+            if not since and compute_overs < need and link_overs < need:
+                continue  # nothing raised, nothing to raise: a steady rank (most of them)
             # A kind is flagged while ``need`` of the window's steps are over, from the first
             # over-step in the window when it was raised; a slow-compute rank is not also a
             # slow link.
-            if track.compute_overs >= need:
+            if compute_overs >= need:
                 if "straggler" not in since:
                     since["straggler"] = next(e[0] for e in window if e[3])
                 since.pop("slow_link", None)
             else:
                 since.pop("straggler", None)
-                if track.link_overs >= need:
+                if link_overs >= need:
                     if "slow_link" not in since:
                         since["slow_link"] = next(e[0] for e in window if e[4])
                 else:

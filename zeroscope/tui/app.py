@@ -191,8 +191,7 @@ class ZeroscopeApp(App[str]):
             self.state.thinned, self.state.totals.thinned = old.thinned, old.totals.thinned
             self.state.recording_error = old.recording_error
         now = receive_now() if self.live_clock else None
-        for message in batch.messages:
-            self.state.ingest(message, now)
+        self.state.ingest_all(batch.messages, now)
         if isinstance(self.feed, LiveFeed):
             self.feed.applied(len(batch.messages))
         if batch.final:
