@@ -113,11 +113,16 @@ def test_a_batch_folds_as_one_message_at_a_time(shape: RunShape, history: int) -
         assert _state(batched) == _state(one), size
     assert closed_one and one.steps_completed >= shape.steps // 2  # the rough run still closes
 
-    # The live path: a batch arrives at one receive time, as the view folds it.
+    # The live path: a batch arrives at one receive time, as the view folds it; the node
+    # table, read after each batch, is what refolding every node gives (a node a batch left
+    # unmarked would keep its figures from before).
     live_one = ClusterState(history_steps=history)
     live = ClusterState(history_steps=history)
-    for i in range(0, len(run), 9):
-        for m in run[i : i + 9]:
+    for i in range(0, len(run), 3):  # fewer than a step's reports: most batches close none
+        for m in run[i : i + 3]:
             live_one.ingest(m, 1000.0 + i)
-        live.ingest_all(run[i : i + 9], 1000.0 + i)
+        live.ingest_all(run[i : i + 3], 1000.0 + i)
+        kept = _figures(live.nodes.figures(live.ranks))
+        live.nodes.touch_all()
+        assert kept == _figures(live.nodes.figures(live.ranks)), i
     assert _state(live) == _state(live_one)
