@@ -67,23 +67,61 @@ def formulas() -> dict[Any, Any]:
 class StepFlops(TorchDispatchMode):
     """A dispatch mode that adds up the FLOPs of the ops that have a formula and runs every op
     as it was called (no decomposition, no other kernel). Entered on the training thread at
-    the counted step's first forward, left at its end; ``total`` is then the step's FLOPs.
-    Models that run compiled code are not counted at all (agent/work.py says why)."""
+    the counted step's first forward, left at its end; ``total`` is then the step's model
+    FLOPs. Models that run compiled code are not counted at all (agent/work.py says why).
+
+    Model FLOPs leave out the forward that activation checkpointing runs again in the
+    backward (MFU's definition, PaLM appendix B: recomputation is hardware FLOPs, not the
+    model's; an HF GPT-2 with ``gradient_checkpointing`` counted 1.32x its FLOPs without it).
+    The recompute is told apart by autograd's own state, whichever checkpoint runs it (torch's
+    reentrant or not, DeepSpeed's, the bundled engine's): inside a backward graph task the
+    engine runs each node with grad mode off, and a checkpoint turns it on to run its forward
+    again. A task whose every op ran with grad mode on is a ``create_graph`` backward (a
+    gradient penalty's): its ops are the backward's own, and stay counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.registry = formulas()
-        self.total = 0
+        self.counted = 0
+        """Every op's FLOPs as it ran, recomputed forwards included (hardware FLOPs)."""
         self.failed = ""
         """The op whose formula raised (the count is then NA, never short), else empty."""
+        self._grad_on: dict[int, int] = {}
+        """Backward graph task -> FLOPs of its ops run with grad mode on."""
+        self._grad_off: set[int] = set()
+        """Backward graph tasks where some op ran with grad mode off (not ``create_graph``)."""
+
+    @property
+    def recomputed(self) -> int:
+        """FLOPs of the forwards activation checkpointing ran again in the backward."""
+        return sum(n for task, n in self._grad_on.items() if task in self._grad_off)
+
+    @property
+    def total(self) -> int:
+        """The step's model FLOPs: counted, less the recomputed forwards."""
+        return self.counted - self.recomputed
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # the job's op: its errors are the job's own
+        task = _graph_task()
+        grad_on = task != -1 and torch.is_grad_enabled()
+        if task != -1 and not grad_on:
+            self._grad_off.add(task)
         formula = self.registry.get(getattr(func, "_overloadpacket", None))
         if formula is not None and not self.failed:
             try:  # a formula's failure must never reach the job's step
-                self.total += int(formula(*args, **kwargs, out_val=out))
+                n = int(formula(*args, **kwargs, out_val=out))
             except Exception:
                 self.failed = str(func)
+            else:
+                self.counted += n
+                if grad_on:
+                    self._grad_on[task] = self._grad_on.get(task, 0) + n
         return out
+
+
+_graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+"""The autograd engine's graph task running on this thread (-1 outside a backward). Private;
+tests/test_flops_recompute.py fails on a torch without it (every backward op would then read
+as outside a backward, and a recompute as the model's)."""
