@@ -18,7 +18,7 @@ from zeroscope.agent import work as work_mod
 from zeroscope.agent.peak import PeakProbe, datasheet_peak, measure_matmul
 from zeroscope.agent.schema import SCHEMA_VERSION, Hello, Phases, StepReport, Work, decode, encode
 from zeroscope.agent.work import WorkMeter, work_report
-from zeroscope.state import ClusterState
+from zeroscope.state import ClusterState, units
 from zeroscope.state.lines import step_line, summary_lines
 from zeroscope.state.report import run_report
 from zeroscope.state.throughput import cluster_step, predicted_flops, rank_step
@@ -117,6 +117,42 @@ def test_run_figures_leave_the_first_step_out() -> None:
     assert out["peak_source"] == "datasheet H100 bf16 dense" and out["throughput_na"] == ""
     assert out["ranks"][0]["tokens_per_s"] == out["tokens_per_s"]
     assert any("model throughput 50 tokens/s" in line for line in summary_lines(state))
+
+
+def test_zeroscope_summary_says_the_runs_model_throughput(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``zeroscope summary`` of a trace prints the run's tokens/s, model FLOP/s and MFU (it
+    printed them under --json only), as the live run's final summary says them: the text
+    goes through the JSON report's fields, the live line through the run's figures."""
+    from pathlib import Path
+
+    from tests.fixtures import RunShape, synthetic_run, write_trace
+    from zeroscope.cli import main
+
+    run = synthetic_run(RunShape(ranks=4, steps=6, work=True))
+    path = Path(str(tmp_path)) / "run.zstrace"
+    write_trace(path, run)
+    assert main(["summary", str(path)]) == 0
+    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("model throughput")]
+    state = ClusterState()
+    state.ingest_all(run)
+    state.flush()
+    live = [x for x in summary_lines(state) if x.startswith("model throughput")]
+    assert printed == live and len(live) == 1
+    # The figure itself, from the reports: every rank's tokens of the steady steps over the
+    # cluster's step times (the slowest rank's).
+    steady = [
+        m
+        for m in run
+        if isinstance(m, StepReport)
+        and m.step > min(r.step for r in run if isinstance(r, StepReport))
+    ]
+    tokens = sum(m.work.tokens for m in steady if m.work is not None)
+    seconds = sum(
+        max(m.duration_s for m in steady if m.step == s) for s in {m.step for m in steady}
+    )
+    assert f"model throughput {units.count(tokens / seconds)} tokens/s" in live[0]
 
 
 def test_a_run_divides_steps_reported_before_the_probe_ended_by_the_peak_found_later() -> None:

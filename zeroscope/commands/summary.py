@@ -105,6 +105,8 @@ def _exposed(row: dict[str, Any]) -> str:
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    from zeroscope.state.lines import throughput_line
+
     # The host column when something was offloaded: an offloaded run's G and O on the device
     # read 0B, and what moved to host memory was only in --json.
     host = any(r.get("host_peak") for r in summary["ranks"])
@@ -150,6 +152,15 @@ def format_table(summary: dict[str, Any]) -> str:
         f"{'NA' if steps_s is None else f'{steps_s:.3f}'} steps/s  "
         f"{'NA' if samples_s is None else f'{samples_s:.2f}'} samples/s  "
         "(per-step figures over steady steps: the first step's one-off traffic left out)",
+        throughput_line(
+            summary["tokens_per_s"],
+            summary["tflops_per_s"],
+            summary["mfu"],
+            summary["peak_tflops"],
+            summary["peak_source"],
+            summary["throughput_over"],
+            summary["throughput_na"],
+        ),
     ]
     lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):

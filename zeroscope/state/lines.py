@@ -126,15 +126,10 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"exposed comm {units.percent(t.exposed_share)}"
         )
         w = cluster_run(state)
-        peak_text = ""
-        if w.peak_tflops is not None:
-            peak_text = f" of {units.flop_rate(w.peak_tflops)} peak ({w.peak_source})"
         lines.append(
-            f"model throughput {units.count(w.tokens_per_s)} tokens/s, "
-            f"{units.flop_rate(w.tflops_per_s)}, MFU {units.fine_percent(w.mfu)}"
-            + peak_text
-            + (f"; {w.over}" if w.over else "")
-            + (f"; NA: {w.na}" if w.na else "")
+            throughput_line(
+                w.tokens_per_s, w.tflops_per_s, w.mfu, w.peak_tflops, w.peak_source, w.over, w.na
+            )
         )
         peak = max(done, key=lambda a: a.summaries[a.worst_memory_rank].device_total or 0)
         r = peak.worst_memory_rank
@@ -153,6 +148,28 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
     if trace:
         lines.append(f"trace: {trace}")
     return lines
+
+
+def throughput_line(
+    tokens_per_s: float | None,
+    tflops_per_s: float | None,
+    mfu: float | None,
+    peak_tflops: float | None,
+    peak_source: str,
+    over: str,
+    na: str,
+) -> str:
+    """The run's model throughput (zeroscope.state.throughput ``cluster_run``), as the final
+    summary and ``zeroscope summary`` say it: tokens/s, model FLOP/s, MFU of the peak, what a
+    figure rests on and why one is NA."""
+    peak = "" if peak_tflops is None else f" of {units.flop_rate(peak_tflops)} peak ({peak_source})"
+    return (
+        f"model throughput {units.count(tokens_per_s)} tokens/s, "
+        f"{units.flop_rate(tflops_per_s)}, MFU {units.fine_percent(mfu)}"
+        + peak
+        + (f"; {over}" if over else "")
+        + (f"; NA: {na}" if na else "")
+    )
 
 
 def missing_lines(state: ClusterState) -> list[str]:
