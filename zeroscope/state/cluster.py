@@ -29,7 +29,7 @@ from .ending import JobEnd
 from .history import StepSeries, step_point
 from .mesh import mesh_shape
 from .nodes import NodeBook
-from .rank import HISTORY_STEPS, RankState
+from .rank import HISTORY_STEPS, RankState, steps_kept
 from .roster import MissingGroup, Roster, missing_of
 from .sequences import SequenceBook
 from .step import StepAggregate
@@ -48,6 +48,10 @@ class ClusterState:
     ) -> None:
         self.rules = rules or AlertRules()
         self.history_steps = history_steps
+        self.kept_steps = history_steps
+        """Steps of summaries kept (``steps``, each rank's ``history``): ``history_steps``,
+        fewer for a job of thousands of ranks (rank.steps_kept); the series keeps
+        ``history_steps`` points."""
         self.ranks: dict[int, RankState] = {}
         self.steps: OrderedDict[int, StepAggregate] = OrderedDict()
         self.events: deque[Event] = deque(maxlen=2000)
@@ -105,7 +109,7 @@ class ClusterState:
     def rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
         if state is None:
-            state = self.ranks[rank] = RankState(rank)
+            state = self.ranks[rank] = RankState(rank, history=deque(maxlen=self.kept_steps))
             self.nodes.touch(rank)
         return state
 
@@ -168,7 +172,7 @@ class ClusterState:
                 agg = steps.get(step)
                 if agg is None:
                     agg = steps[step] = StepAggregate(step)
-                    while len(steps) > self.history_steps:
+                    while len(steps) > self.kept_steps:
                         steps.popitem(last=False)
             summaries = agg.summaries
             summaries[r] = rank.record(m)
@@ -200,6 +204,9 @@ class ClusterState:
             self.roster.start(received_s)
             self.job_id = self.job_id or message.job_id
             self.world_size = max(self.world_size, message.world_size)
+            kept = steps_kept(self.world_size, self.history_steps)
+            if kept < self.kept_steps:
+                self._keep(kept)
             if self.config is None or message.rank == self._config_rank:
                 # The first rank's, and its own again when it says more (a Hello sent again)
                 self.config, self.params = message.config, message.params
@@ -218,6 +225,14 @@ class ClusterState:
         elif isinstance(message, Bye):
             rank.bye = message
             self.conditions.bye(message.rank, message)
+
+    def _keep(self, kept: int) -> None:
+        """Keep ``kept`` steps of summaries from now on (a Hello said a larger world)."""
+        self.kept_steps = kept
+        for rs in self.ranks.values():
+            rs.history = deque(rs.history, maxlen=kept)
+        while len(self.steps) > kept:
+            self.steps.popitem(last=False)
 
     def _conditions_of(self, rank: RankState, report: StepReport) -> None:
         """The report's host sample (if it became the rank's newest) and drop count, to the

@@ -37,7 +37,25 @@ _NBYTES = attrgetter("nbytes")
 _DURATION = attrgetter("duration_s")
 
 HISTORY_STEPS = 512
-"""Steps of per-rank history kept for the over-time charts."""
+"""Steps of per-rank history kept for the over-time charts (fewer for a large job, below)."""
+
+RANK_STEPS_KEPT = 1 << 20
+"""Rank-steps of summaries a view keeps in all: each rank's history and each kept step's
+reports hold the same ~1.5 KB summaries (18 collectives a report), so 512 steps of 16,384 ranks
+grew a viewer by ~25 MB a step, ~13 GB at 512 (bench/view_ingest.py --long). A job of more than
+2,048 ranks keeps fewer steps of them, never fewer than :data:`MIN_STEPS_KEPT`; the cluster's
+series (StepSeries: one point a step) keeps its HISTORY_STEPS whatever the job's size."""
+
+MIN_STEPS_KEPT = 64
+"""The fewest steps of summaries kept: every window the alerts and the advice read (the
+advice's 32 steps, the straggler and overflow-storm windows) fits in it."""
+
+
+def steps_kept(world_size: int, history_steps: int = HISTORY_STEPS) -> int:
+    """Steps of summaries (per-rank history, per-step reports) a view of ``world_size`` ranks
+    keeps: ``history_steps``, fewer where that many would exceed :data:`RANK_STEPS_KEPT`."""
+    budget = RANK_STEPS_KEPT // max(1, world_size)
+    return min(history_steps, max(MIN_STEPS_KEPT, budget))
 
 
 def fingerprint(report: StepReport) -> int:
