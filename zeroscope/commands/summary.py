@@ -105,7 +105,7 @@ def _exposed(row: dict[str, Any]) -> str:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    from zeroscope.state.lines import throughput_line
+    from zeroscope.state.viewmodel import throughput_line
 
     # The host column when something was offloaded: an offloaded run's G and O on the device
     # read 0B, and what moved to host memory was only in --json.

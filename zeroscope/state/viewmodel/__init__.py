@@ -46,6 +46,7 @@ from zeroscope.state.lines import (
     step_line,
     step_lines,
     summary_lines,
+    throughput_line,
 )
 from zeroscope.state.mesh import PipelineRun, mesh_shape, parallel_fields, role
 from zeroscope.state.pipeline import Act, PipelineView, layout_of, pipeline_view
@@ -141,5 +142,6 @@ __all__ = [
     "summary_lines",
     "summary_mfu",
     "summary_tokens_per_s",
+    "throughput_line",
     "volume_series",
 ]
