@@ -195,6 +195,7 @@ def test_known_global_batch_and_step_rate() -> None:
     assert report["steps_per_s"] == pytest.approx(8.81)
     assert report["samples_per_s"] == pytest.approx(105.72)  # not 3 x 105.72 = 317
     assert "8.810 steps/s, 105.72 samples/s" in summary_lines(state)[1]
+    assert report["samples_na"] == "" and not any("samples/s NA" in x for x in summary_lines(state))
 
 
 def test_samples_not_reported_are_na_not_zero() -> None:
@@ -204,7 +205,11 @@ def test_samples_not_reported_are_na_not_zero() -> None:
     )  # fmt: skip
     steps_s, samples_s = state.throughput()
     assert steps_s == pytest.approx(1.0) and samples_s is None
-    assert run_report(state)["samples_per_s"] is None
+    report = run_report(state)
+    assert report["samples_per_s"] is None
+    # Said with its reason, in the run's lines and in the report (a plain loop's samples).
+    assert report["samples_na"].startswith("no rank reported its samples")
+    assert f"samples/s NA: {report['samples_na']}" in summary_lines(state)
 
 
 def test_exposed_percent_has_one_definition_everywhere() -> None:

@@ -162,6 +162,8 @@ def format_table(summary: dict[str, Any]) -> str:
             summary["throughput_na"],
         ),
     ]
+    if summary.get("samples_na"):
+        lines.append(f"samples/s NA: {summary['samples_na']}")
     lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):
         if i == len(rows) - 1:

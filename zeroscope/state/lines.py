@@ -125,6 +125,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"{units.number(t.samples_per_s, '.2f')} samples/s; "
             f"exposed comm {units.percent(t.exposed_share)}"
         )
+        if t.samples_na:
+            lines.append(f"samples/s NA: {t.samples_na}")
         w = cluster_run(state)
         lines.append(
             throughput_line(

@@ -187,6 +187,7 @@ def run_report(state: ClusterState) -> dict[str, Any]:
         "steps": t.steps,
         "steps_per_s": t.steps_per_s,
         "samples_per_s": t.samples_per_s,
+        "samples_na": t.samples_na,
         "mean_step_s": t.mean_step_s,
         "exposed_percent": _percent(t.exposed_share),
         **run,

@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from .rank import StepSummary
 
 
+NO_SAMPLES = (
+    "no rank reported its samples: they are read from DeepSpeed, the HF Trainer and the "
+    "bundled engine; a DDP, FSDP or plain loop's batch is its script's (tokens/s counts its work)"
+)
+"""Why samples/s is NA for a run whose steps have a span (ClusterTotals.samples_na)."""
+
+
 @dataclass(slots=True)
 class _Sums:
     steps: int = 0
@@ -230,6 +237,11 @@ class ClusterTotals:
         if self.thinned and self.steps > 1:
             return self.samples / (self.steps - 1) * self.periods / span
         return self.samples / span
+
+    @property
+    def samples_na(self) -> str:
+        """Why ``samples_per_s`` is NA while the run's steps have a span ("" otherwise)."""
+        return NO_SAMPLES if self.span_s and not self.samples else ""
 
     @property
     def mean_step_s(self) -> float | None:
