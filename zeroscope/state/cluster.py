@@ -130,8 +130,8 @@ class ClusterState:
         and lookup per report is ~1 ms of the step (bench/view_ingest.py)."""
         done: list[StepAggregate] = []
         ranks, steps, nodes, conditions = self.ranks, self.steps, self.nodes, self.conditions
-        # The step of the report before this one: steps are only added here, and the one
-        # evicted to make room is never the one just added.
+        # The step of the report before this one: steps are added here, and the one evicted
+        # to make room is never the one just added.
         agg: StepAggregate | None = None
         for m in messages:
             if isinstance(m, Admission):
@@ -162,6 +162,7 @@ class ClusterState:
                     conditions.seen(r, seen)
             if not isinstance(m, StepReport):
                 self._other(rank, m, now)
+                agg = None  # a Hello of a larger world may have let older steps go (_keep)
                 continue
             step = m.step
             if self.last_complete is not None and step <= self.last_complete:
