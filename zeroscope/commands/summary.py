@@ -152,6 +152,7 @@ def format_table(summary: dict[str, Any]) -> str:
         f"{'NA' if steps_s is None else f'{steps_s:.3f}'} steps/s  "
         f"{'NA' if samples_s is None else f'{samples_s:.2f}'} samples/s  "
         "(per-step figures over steady steps: the first step's one-off traffic left out)",
+        *([f"samples/s NA: {summary['samples_na']}"] if summary.get("samples_na") else []),
         throughput_line(
             summary["tokens_per_s"],
             summary["tflops_per_s"],
@@ -162,8 +163,6 @@ def format_table(summary: dict[str, Any]) -> str:
             summary["throughput_na"],
         ),
     ]
-    if summary.get("samples_na"):
-        lines.append(f"samples/s NA: {summary['samples_na']}")
     lines += _missing_lines(summary["missing_ranks"])
     for i, row in enumerate(rows):
         if i == len(rows) - 1:
