@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.attach_support import job_env, read_outputs, read_trace, run_plain, run_zeroscope
-from tests.jobs.throughput_train import ACCUMULATION, LLAMA, MICRO, SEQ
+from tests.jobs.throughput_train import ACCUMULATION, LLAMA, MICRO, SEQ, llama_dense_params
 from tests.throughput_support import closed_form
 from zeroscope.commands.summary import summarize
 
@@ -26,16 +26,6 @@ SCRIPT = Path(__file__).parent / "jobs" / "throughput_train.py"
 MODES = ["ddp-llama", "fsdp2-gpt", "mlp-ddp", "ds-zero3-gpt"]
 STEPS = 3
 N = 2
-
-
-def llama_dense_params() -> int:
-    """N of the Llama config by hand: q and o h², k and v h·kv_width, the MLP 3·h·i per
-    layer, the untied output layer V·h (embedding table and norms do no matmul)."""
-    h, i = LLAMA["hidden_size"], LLAMA["intermediate_size"]
-    kv = h // LLAMA["num_attention_heads"] * LLAMA["num_key_value_heads"]
-    return (
-        LLAMA["num_hidden_layers"] * (2 * h * h + 2 * h * kv + 3 * h * i) + LLAMA["vocab_size"] * h
-    )
 
 
 @pytest.fixture(scope="module")

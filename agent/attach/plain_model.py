@@ -1,10 +1,13 @@
-"""The model of a plain loop (no DDP, FSDP or DeepSpeed wrapper, no HF Trainer): found once, at
-its optimizer's first step, so its forward is timed like a wrapped engine's.
+"""The model of a plain loop (no DDP, FSDP or DeepSpeed wrapper: a script's own loop, or an HF
+Trainer on one device): found once, at its optimizer's first step, so its forward is timed
+like a wrapped engine's.
 
 A wrapper's forward tells the attach which module is the model; a plain loop's optimizer only
 holds parameters. Without the model, a single-process job (nanoGPT on one GPU, a script's own
-loop) showed no forward phase, no activations (A), no tokens, FLOPs or MFU ("no model forward
-seen"), and a LoRA loop's P left out the frozen base its optimizer does not step.
+loop, an HF Trainer or TRL's SFTTrainer not distributed) showed no forward phase, no
+activations (A), no tokens, FLOPs or MFU ("no model forward seen"), and a LoRA loop's P left
+out the frozen base its optimizer does not step. The Trainer names its model (for P's frozen
+part) but wraps nothing of it on one device, so its model is searched for as a loop's is.
 
 Found by looking where the loop is: the frames calling ``optimizer.step()`` (their local
 variables, and one level into an object's attributes, a trainer class's ``self.model``) for
@@ -37,6 +40,8 @@ WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEng
 
 _done: list[bool] = []
 """The search ran (once a process, found or not)."""
+_watched: list[Any] = []
+"""The model whose forward :func:`watch` times (its weak reference)."""
 
 
 def _holding(module: torch.nn.Module, wanted: set[int]) -> tuple[int, int]:
@@ -130,6 +135,8 @@ def watch(model: torch.nn.Module) -> None:
     forward_.__doc__ = forward.__doc__
     patches.replace(cls, "forward", forward_)
     SESSION.model = target
+    _watched.append(target)
+    patches.on_restore(_watched.clear)
 
 
 def discover(optimizer: Any) -> None:
@@ -137,8 +144,8 @@ def discover(optimizer: Any) -> None:
     parameters ``optimizer`` steps and watch it. Never raises into the job (a failure is
     counted and the loop runs on unwatched)."""
     s = SESSION
-    if _done or s.passive or s.model is not None:
-        return
+    if _done or s.passive or (s.model is not None and s.model in _watched):
+        return  # (a model a frontend named, an HF Trainer's, is searched for as any other)
     _done.append(True)
     patches.on_restore(_done.clear)  # installed again (the overhead bench's switch): again
     try:

@@ -40,6 +40,16 @@ def llama() -> torch.nn.Module:
     return LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="sdpa"))
 
 
+def llama_dense_params() -> int:
+    """N of the Llama config by hand: q and o h², k and v h·kv_width, the MLP 3·h·i per
+    layer, the untied output layer V·h (embedding table and norms do no matmul)."""
+    h, i = LLAMA["hidden_size"], LLAMA["intermediate_size"]
+    kv = h // LLAMA["num_attention_heads"] * LLAMA["num_key_value_heads"]
+    return (
+        LLAMA["num_hidden_layers"] * (2 * h * h + 2 * h * kv + 3 * h * i) + LLAMA["vocab_size"] * h
+    )
+
+
 def train(mode: str, steps: int) -> dict:
     torch.manual_seed(0)
     if mode == "ddp-llama":

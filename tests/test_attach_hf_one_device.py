@@ -1,0 +1,68 @@
+"""An HF ``Trainer`` on one device (no DDP, FSDP or DeepSpeed underneath: a single-GPU
+fine-tune, and TRL's ``SFTTrainer`` with it) under ``zeroscope run``, script unchanged
+(tests/jobs/hf_trainer_one_device.py).
+
+Before, the Trainer named its model to the attach (for P's frozen part) and that stopped the
+plain loop's model search (agent/attach/plain_model.py): nothing wrapped the model's forward,
+so every step showed no forward phase, A NA, and tokens, FLOPs and MFU NA ("no model forward
+seen"). Now its model is found at the first optimizer step as a loop's is, and timed from the
+next.
+
+Oracles: the run under bare torchrun (losses, bit for bit); the masks' sums the script counted
+(tokens leave padding out); micro x seq x accumulation (positions); the closed form of the
+Llama's FLOPs (tests/test_throughput_attach.py); the Trainer's own parallel mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.attach_support import plain_and_watched
+from tests.jobs.throughput_train import ACCUMULATION, LLAMA, MICRO, SEQ, llama_dense_params
+from zeroscope.agent.attach.plain_model import FOUND_NOW
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SCRIPT = Path(__file__).parent / "jobs" / "hf_trainer_one_device.py"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    return plain_and_watched(SCRIPT, STEPS, tmp_path_factory.mktemp("hf-one-device"))
+
+
+def test_the_trainer_ran_alone_and_its_losses_are_bit_identical(runs: tuple) -> None:
+    trace, plain, watched = runs
+    for alone, zs in zip(plain, watched, strict=True):
+        assert alone["parallel_mode"] == zs["parallel_mode"] == "not_parallel"
+        assert zs["losses"] == alone["losses"]
+    for rank in range(2):
+        assert trace[rank].hellos[-1].engine == "hf-trainer+torch"
+
+
+def test_the_models_forward_is_timed_and_its_tokens_and_flops_counted(runs: tuple) -> None:
+    trace, _, watched = runs
+    positions = MICRO * SEQ * ACCUMULATION
+    h, layers = LLAMA["hidden_size"], LLAMA["num_hidden_layers"]
+    dense = 6.0 * llama_dense_params() * positions
+    attention = 12.0 * layers * h * SEQ * positions
+    for rank in range(2):
+        steps = trace[rank].steps
+        assert [s.step for s in steps] == list(range(1, STEPS + 1))
+        first, rest = steps[0], steps[1:]
+        # Step 1 ends where the model is found: its forward ran unwatched, and says so.
+        assert first.phases.forward is None
+        assert first.work is not None and first.work.tokens is None
+        assert first.work.na == FOUND_NOW
+        for report, tokens in zip(rest, watched[rank]["tokens"][1:], strict=True):
+            assert report.phases.forward and report.phases.forward > 0
+            w = report.work
+            assert w is not None and w.na == "", w
+            assert w.positions == positions and w.tokens == tokens < positions
+            assert w.dense_params == llama_dense_params()
+            # torch counts the attention backward's recomputed scores: 7/6 of the textbook
+            # term (as under DDP, tests/test_throughput_attach.py).
+            assert w.flops == dense + attention * 7 / 6
+        assert rest[0].memory.activations, rest[0].memory  # A counted on the first steps
