@@ -207,7 +207,46 @@ def attach(quick: bool) -> list[Table]:
         "scaler's wrappers on). ddp+compile: DDP under torch.compile (aot_eager). DeepSpeed: "
         "ZeRO-3 with every parameter sharded."
     )
-    return [t]
+    return [t, recorder(quick)]
+
+
+def _us_span(interval: tuple[float, float] | None) -> str:
+    return "NA" if interval is None else f"{interval[0]:+.2f} to {interval[1]:+.2f}"
+
+
+def recorder(quick: bool) -> Table:
+    """What torch's Flight Recorder costs a collective, and zeroscope's ring size against
+    torch's default (bench/recorder_cost.py): the attach rows above cannot see it."""
+    from bench import recorder_cost
+
+    args = recorder_cost.parser().parse_args(["--rounds", "3" if quick else "30"])
+    r = recorder_cost.run(args)
+    modes = [m for m in recorder_cost.MODES if m != recorder_cost.BASE]
+    t = Table(
+        title="torch's Flight Recorder: a gloo all-reduce's CPU by ring (1 process a mode, "
+        "world 1), against torch's default ring",
+        columns=[
+            "clock",
+            "stack depth",
+            "us, torch's default ring",
+            *(f"{m}: us more (90% interval)" for m in modes),
+            "A/A",
+        ],
+        digits={"A/A": 3},
+    )
+    for key, row in r["figures"].items():
+        clock, depth = key.split()
+        cells = [f"{row[m]['extra_us']:+.2f} ({_us_span(row[m]['extra_interval'])})" for m in modes]
+        t.add(clock, int(depth), row["base_us"], *cells, row["aa"])
+    kept = ", ".join(f"{m} {n:.0f}" for m, n in r["rings"].items())
+    t.note = (
+        f"{args.rounds} rounds of four processes (torch's default, 128, none, torch's default "
+        f"again: the A/A), the order rotated; {args.ops} all-reduces of 256 floats a block, "
+        f"{args.blocks} blocks a depth; medians over rounds of each round's difference. "
+        f"Entries each ring kept: {kept}. thread: the calling thread's CPU clock; process: the "
+        "whole process's (gloo's worker threads included)."
+    )
+    return t
 
 
 def ingest(quick: bool) -> list[Table]:

@@ -192,3 +192,16 @@ def test_the_goal_is_met_only_when_the_whole_interval_is_under_it() -> None:
     assert goal.verdict((low, high), 1.03).startswith("UNREADABLE: A/A")
     noisy = [0.95, 1.06, 1.0, 0.97, 1.05, 1.02]  # the same median, a wide interval: no claim
     assert goal.verdict(goal.median_interval(noisy), 1.0).startswith("UNREADABLE")
+
+
+def test_the_recorder_bench_runs_each_ring_as_asked() -> None:
+    """Each process must keep the ring its mode names (128 entries, none), else the bench
+    raises: its figures compare what they say they compare. torch 2.13 records by default."""
+    from bench import recorder_cost
+
+    args = recorder_cost.parser().parse_args(["--rounds", "1", "--ops", "50", "--blocks", "1"])
+    result = recorder_cost.run(args)
+    assert result["rings"] == {"torch's default": 200, "zeroscope's 128": 128, "none": 0}
+    keys = {f"{clock} {depth}" for clock in ("thread", "process") for depth in recorder_cost.DEPTHS}
+    assert set(result["figures"]) == keys
+    assert all(f["base_us"] > 0 for f in result["figures"].values())

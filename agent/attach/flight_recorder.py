@@ -3,9 +3,11 @@ Recorder (``torch._C._distributed_c10d._dump_fr_trace_json``).
 
 DDP's bucket all-reduces run inside its C++ reducer, below every Python method the attach
 wraps. Rather than replace the reducer's comm hook (which would change what the job runs),
-the attach asks torch for the record it keeps anyway once ``TORCH_FR_BUFFER_SIZE`` is set
-(:func:`configure_environment`, from the bootstrap, before the job creates its process
-groups): every collective of every group, with its group, its per-group sequence number, its
+the attach reads the record torch keeps anyway (torch 2.13 records every collective by
+default, in a ring of 2,000 entries; :func:`configure_environment`, from the bootstrap before
+the job creates its process groups, makes the ring 128 entries unless the job sized it, since
+a dump walks the whole ring: docs/engines/timing.md says what that changes): every collective
+of every group, with its group, its per-group sequence number, its
 name (``gloo:all_reduce``), its input and output sizes and dtypes.
 
 What runs where:
@@ -110,8 +112,10 @@ burst between two step ends, an evaluation's collectives, does not predict the n
 
 
 def configure_environment(env: Any = os.environ) -> None:
-    """Turn torch's Flight Recorder on (and NCCL's per-collective timing) for process groups
-    created from now on, unless the job set them itself (under either of torch's names)."""
+    """Size torch's Flight Recorder's ring (on by default in torch 2.13, at 2,000 entries:
+    :data:`DEFAULT_BUFFER` here, so a dump stays short) and turn on NCCL's per-collective
+    timing, for process groups created from now on, unless the job set them itself (under
+    either of torch's names)."""
     if BUFFER_ENV not in env and LEGACY_BUFFER_ENV not in env:
         env[BUFFER_ENV] = str(DEFAULT_BUFFER)
     env.setdefault(TIMING_ENV, "1")
