@@ -6,7 +6,7 @@ Before, the Trainer named its model to the attach (for P's frozen part) and that
 plain loop's model search (agent/attach/plain_model.py): nothing wrapped the model's forward,
 so every step showed no forward phase, A NA, and tokens, FLOPs and MFU NA ("no model forward
 seen"). Now its model is found at the first optimizer step as a loop's is, and timed from the
-next.
+next; so is each Trainer's of a script that trains two in turn (a sweep).
 
 Oracles: the run under bare torchrun (losses, bit for bit); the masks' sums the script counted
 (tokens leave padding out); micro x seq x accumulation (positions); the closed form of the
@@ -26,18 +26,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).parent / "jobs" / "hf_trainer_one_device.py"
 STEPS = 3
+TRAINERS = 2
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    return plain_and_watched(SCRIPT, STEPS, tmp_path_factory.mktemp("hf-one-device"))
+    tmp = tmp_path_factory.mktemp("hf-one-device")
+    return plain_and_watched(SCRIPT, STEPS, tmp, extra=("--trainers", str(TRAINERS)))
 
 
 def test_the_trainer_ran_alone_and_its_losses_are_bit_identical(runs: tuple) -> None:
     trace, plain, watched = runs
     for alone, zs in zip(plain, watched, strict=True):
-        assert alone["parallel_mode"] == zs["parallel_mode"] == "not_parallel"
-        assert zs["losses"] == alone["losses"]
+        assert len(alone) == len(zs) == TRAINERS
+        for trainer_alone, trainer_zs in zip(alone, zs, strict=True):
+            assert trainer_alone["parallel_mode"] == trainer_zs["parallel_mode"] == "not_parallel"
+            assert trainer_zs["losses"] == trainer_alone["losses"]
+            # An evaluation builds its dataloader after the model was wrapped: the wrapper
+            # keeps the forward's signature, whose parameters name the columns it keeps.
+            assert trainer_zs["evaluations"]  # at step 2, and the Trainer's last
+            assert trainer_zs["evaluations"] == trainer_alone["evaluations"]
     for rank in range(2):
         assert trace[rank].hellos[-1].engine == "hf-trainer+torch"
 
@@ -50,19 +58,22 @@ def test_the_models_forward_is_timed_and_its_tokens_and_flops_counted(runs: tupl
     attention = 12.0 * layers * h * SEQ * positions
     for rank in range(2):
         steps = trace[rank].steps
-        assert [s.step for s in steps] == list(range(1, STEPS + 1))
-        first, rest = steps[0], steps[1:]
-        # Step 1 ends where the model is found: its forward ran unwatched, and says so.
-        assert first.phases.forward is None
-        assert first.work is not None and first.work.tokens is None
-        assert first.work.na == FOUND_NOW
-        for report, tokens in zip(rest, watched[rank]["tokens"][1:], strict=True):
-            assert report.phases.forward and report.phases.forward > 0
-            w = report.work
-            assert w is not None and w.na == "", w
-            assert w.positions == positions and w.tokens == tokens < positions
-            assert w.dense_params == llama_dense_params()
-            # torch counts the attention backward's recomputed scores: 7/6 of the textbook
-            # term (as under DDP, tests/test_throughput_attach.py).
-            assert w.flops == dense + attention * 7 / 6
-        assert rest[0].memory.activations, rest[0].memory  # A counted on the first steps
+        assert [s.step for s in steps] == list(range(1, TRAINERS * STEPS + 1))
+        for i, said in enumerate(watched[rank]):
+            first, *rest = steps[i * STEPS : (i + 1) * STEPS]
+            # Each Trainer's step 1 ends where its model is found: its forward ran unwatched,
+            # and says so.
+            assert first.phases.forward is None
+            assert first.work is not None and first.work.tokens is None
+            assert first.work.na == FOUND_NOW
+            for report, tokens in zip(rest, said["tokens"][1:], strict=True):
+                assert report.phases.forward and report.phases.forward > 0
+                w = report.work
+                assert w is not None and w.na == "", w
+                assert w.positions == positions and w.tokens == tokens < positions
+                assert w.dense_params == llama_dense_params()
+                # torch counts the attention backward's recomputed scores: 7/6 of the
+                # textbook term (as under DDP, tests/test_throughput_attach.py).
+                assert w.flops == dense + attention * 7 / 6
+            assert rest[0].memory.activations, rest[0].memory  # A counted on the first steps
+        assert watched[rank][0]["tokens"] != watched[rank][1]["tokens"]  # each its own data

@@ -23,6 +23,7 @@ step the model was found in has no forward phase.
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 import weakref
@@ -132,7 +133,11 @@ def watch(model: torch.nn.Module) -> None:
             return forward(self, *args, **kwargs)
         return timed_forward(forward, self, self, args, kwargs)
 
-    forward_.__doc__ = forward.__doc__
+    # The model's own signature, through ``__wrapped__``: an HF Trainer built after this
+    # (a second one, or its evaluation's dataloader) keeps the dataset columns the forward's
+    # parameters name, read with ``inspect.signature``; a bare (*args, **kwargs) made it drop
+    # them all and the job failed ("The batch received was empty").
+    functools.update_wrapper(forward_, forward)
     patches.replace(cls, "forward", forward_)
     SESSION.model = target
     _watched.append(target)
@@ -140,12 +145,16 @@ def watch(model: torch.nn.Module) -> None:
 
 
 def discover(optimizer: Any) -> None:
-    """Once a process, at the plain loop's first optimizer step: find the model whose
-    parameters ``optimizer`` steps and watch it. Never raises into the job (a failure is
+    """At the plain loop's first optimizer step (once a process), or at the first step of a
+    model a frontend named and nothing watches yet (each HF Trainer's: a script that trains
+    several in turn, a ``model_init`` that makes a new model at ``train()``): find the model
+    whose parameters ``optimizer`` steps and watch it. Never raises into the job (a failure is
     counted and the loop runs on unwatched)."""
     s = SESSION
-    if _done or s.passive or (s.model is not None and s.model in _watched):
-        return  # (a model a frontend named, an HF Trainer's, is searched for as any other)
+    if s.passive or (s.model is not None and s.model in _watched):
+        return
+    if _done and s.model is None:
+        return  # a loop's model is searched for once
     _done.append(True)
     patches.on_restore(_done.clear)  # installed again (the overhead bench's switch): again
     try:

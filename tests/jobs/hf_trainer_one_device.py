@@ -4,9 +4,11 @@ right padding through an attention mask, ``ACCUMULATION`` micro-batches an optim
 
 Started by torchrun, each rank is a job of its own: on CPU the Trainer does not form a
 process group under torchrun, and the script says what it ran as (``parallel_mode``), so a
-Trainer that did go distributed is seen. Per rank it writes to ``--out``.RANK each
-micro-batch's loss (the exact float, hex) and each optimizer step's tokens (the masks' sums the
-Trainer fed the model, counted here).
+Trainer that did go distributed is seen. ``--trainers N`` trains N Trainers one after another
+(each its own model, as a sweep script does). Per rank it writes to ``--out``.RANK, per
+Trainer, each micro-batch's loss (the exact float, hex), each optimizer step's tokens (the
+masks' sums the Trainer fed the model, counted here) and its evaluations' losses (every 2
+steps).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from tests.jobs.throughput_train import ACCUMULATION, MICRO, SEQ, VOCAB, llama
 class Padded(torch.utils.data.Dataset):
     """Sequences of ``SEQ`` ids, each with its own right padding (labels -100 there)."""
 
-    def __init__(self, rank: int, size: int = 64) -> None:
-        data = torch.Generator().manual_seed(rank)
+    def __init__(self, seed: int, size: int = 64) -> None:
+        data = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, VOCAB, (size, SEQ), generator=data)
         self.lengths = torch.randint(SEQ // 2, SEQ + 1, (size,), generator=data)
 
@@ -44,47 +46,62 @@ class Padded(torch.utils.data.Dataset):
 
 
 class Recording(Trainer):
-    """The Trainer, its ``compute_loss`` noting each micro-batch's loss and tokens."""
+    """The Trainer, its ``compute_loss`` noting each training micro-batch's loss and tokens."""
 
     losses: list[str]
     tokens: list[int]
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        loss = super().compute_loss(model, inputs, *args, **kwargs)
-        self.losses.append(float(loss.detach()).hex())
-        self.tokens.append(int(inputs["attention_mask"].sum()))
-        return loss
+        out = super().compute_loss(model, inputs, *args, **kwargs)
+        if model.training:  # not an evaluation's (which asks for the outputs too)
+            self.losses.append(float(out.detach()).hex())
+            self.tokens.append(int(inputs["attention_mask"].sum()))
+        return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--trainers", type=int, default=1, help="Trainers run one after another")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
+    runs = [
+        train(args.steps, rank, i, f"{args.out}-trainer{i}.{rank}") for i in range(args.trainers)
+    ]
+    with open(f"{args.out}.{rank}", "w") as f:
+        json.dump(runs, f)
+
+
+def train(steps: int, rank: int, index: int, folder: str) -> dict[str, Any]:
+    """The ``index``-th Trainer's run (its own data): its losses, its steps' tokens, what it
+    ran as."""
     training = TrainingArguments(
-        output_dir=f"{args.out}-trainer.{rank}",
-        max_steps=args.steps,
+        output_dir=folder,
+        max_steps=steps,
         per_device_train_batch_size=MICRO,
         gradient_accumulation_steps=ACCUMULATION,
         learning_rate=1e-3,
         report_to=[],
         save_strategy="no",
         logging_strategy="no",
+        eval_strategy="steps",  # its dataloader is built after step 1: the model is wrapped
+        eval_steps=2,
         disable_tqdm=True,
         dataloader_num_workers=0,
         bf16=False,
         seed=0,
     )
-    trainer = Recording(model=llama(), args=training, train_dataset=Padded(rank))
+    data = Padded(100 * index + rank)
+    trainer = Recording(model=llama(), args=training, train_dataset=data, eval_dataset=data)
     trainer.losses, trainer.tokens = [], []
     trainer.train()
     tokens = trainer.tokens
-    steps = [sum(tokens[i : i + ACCUMULATION]) for i in range(0, len(tokens), ACCUMULATION)]
-    with open(f"{args.out}.{rank}", "w") as f:
-        said = {"parallel_mode": str(training.parallel_mode.value), "world": training.world_size}
-        json.dump({"losses": trainer.losses, "tokens": steps, **said}, f)
+    per_step = [sum(tokens[i : i + ACCUMULATION]) for i in range(0, len(tokens), ACCUMULATION)]
+    said = {"parallel_mode": str(training.parallel_mode.value), "world": training.world_size}
+    evaluations = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    return {"losses": trainer.losses, "tokens": per_step, "evaluations": evaluations, **said}
 
 
 if __name__ == "__main__":
