@@ -52,7 +52,7 @@ from .schema import (
     TransferDirection,
 )
 from .termination import TerminationBye
-from .timeline import RawMark, StepAxis
+from .timeline import LOOP_BEGIN, LoopBegin, RawMark, StepAxis
 from .work import WorkMeter
 
 
@@ -201,7 +201,7 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
             self._device_event is None and self._peaks is None and not self._cadence.may_count(step)
         )
 
-    def _mark(self, scope: PhaseScope | None, host_ns: int | None = None) -> None:
+    def _mark(self, scope: PhaseScope | LoopBegin | None, host_ns: int | None = None) -> None:
         make = self._device_event
         self._marks.append(
             (scope, now_ns() if host_ns is None else host_ns, None if make is None else make())
@@ -276,6 +276,21 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
             self.__dict__["collective"] = self._collectives.recorder
         else:
             self.__dict__.pop("collective", None)
+
+    def begin_first_step(self) -> None:
+        """A frontend says a step begins now (an HF Trainer's ``on_step_begin``): step 1's time
+        runs from here (agent/timeline.py ``LOOP_BEGIN``). Without it, a step 1 whose forward
+        ran unseen (a model found at its first optimizer step) read its optimizer phase alone,
+        or 0 s."""
+        if self._started or self.step != 1:
+            return
+        t0 = now_ns()
+        self._started = True
+        self._fast_collective(True)
+        try:
+            self._mark(LOOP_BEGIN, t0)
+        except Exception:
+            self.errors += 1
 
     def _begin(self, host_ns: int) -> None:
         """Step 1 has begun at ``host_ns`` with something other than a phase."""

@@ -15,7 +15,8 @@ The training thread only appends raw marks, one tuple per phase entry or exit (t
 line run there runs cold between the engine's kernels): ``(scope, host_ns, event)``, the
 scope's first mark in a step being its entry and its second its exit, and ``(None, host_ns,
 event)`` for the first thing that happened in step 1 when it was not a phase (a collective, a
-transfer). :class:`StepTimeline` turns a step's marks into its :class:`StepAxis` on the sender
+transfer), and ``(LOOP_BEGIN, host_ns, event)`` where a frontend said step 1 begins (an HF
+Trainer's ``on_step_begin``). :class:`StepTimeline` turns a step's marks into its :class:`StepAxis` on the sender
 thread, in step order.
 
 ``step_end`` may be called inside a phase (the bundled engine reports from within its
@@ -38,6 +39,16 @@ never exited must not grow the set forever)."""
 
 RawMark = tuple[Any, int, Any]
 """(the phase's scope object or None, ``perf_counter_ns`` instant, CUDA event or None)."""
+
+
+class LoopBegin:
+    """The scope of the mark where a frontend said step 1 begins: no phase, never exited."""
+
+    __slots__ = ()
+    name = "begin"
+
+
+LOOP_BEGIN = LoopBegin()
 
 
 class StepAxis:
@@ -143,7 +154,7 @@ class StepTimeline:
         evals: list[tuple[RawMark, RawMark]] = []  # eval forwards before the first forward
         for mark in marks:
             scope = mark[0]
-            if scope is None:
+            if scope is None or scope is LOOP_BEGIN:
                 continue
             key = id(scope)
             entered = opened.pop(key, None)
@@ -187,9 +198,13 @@ class StepTimeline:
 
 
 def _loop_start(marks: list[RawMark], end: RawMark) -> RawMark:
-    """Step 1's start: its first phase mark (an evaluation's aside: one run before training,
-    ``trainer.evaluate()`` first, is no part of the step), else its first mark (a collective,
-    a transfer), else its end."""
+    """Step 1's start: where a frontend said it begins (before its first forward: a model its
+    engine did not wrap ran that forward unseen), else its first phase mark (an evaluation's
+    aside: one run before training, ``trainer.evaluate()`` first, is no part of the step), else
+    its first mark (a collective, a transfer), else its end."""
+    for mark in marks:
+        if mark[0] is LOOP_BEGIN:
+            return mark
     for mark in marks:
         if mark[0] is not None and mark[0].name != "eval":
             return mark

@@ -146,6 +146,32 @@ def test_an_evaluation_before_training_is_no_part_of_step_one(
     assert 0.01 <= first.duration_s <= step
 
 
+def test_step_one_runs_from_where_a_frontend_said_it_begins(
+    agent: tuple[LiveTelemetry, Sink],
+) -> None:
+    """An HF Trainer's on_step_begin (``begin_first_step``) starts step 1 where its forward ran
+    unseen (a model found at its first optimizer step): before, step 1 ran from its optimizer
+    phase, the first thing seen, and read that phase alone. Only step 1: step 2 runs from step
+    1's end, the call then a no-op."""
+    tel, sink = agent
+    t0 = time.perf_counter()
+    tel.begin_first_step()
+    time.sleep(0.05)  # the forward and backward no wrapper saw
+    with tel.phase("optimizer"):
+        time.sleep(0.01)
+    tel.step_end(memory=MemoryBytes())
+    step = time.perf_counter() - t0
+    time.sleep(0.03)  # between the steps: step 2's time
+    tel.begin_first_step()  # step 2's: nothing (it runs from step 1's end)
+    time.sleep(0.02)
+    tel.step_end(memory=MemoryBytes())
+    first, second = sink.reports()
+    assert 0.06 <= first.duration_s <= step, first
+    assert [p.name for p in first.phase_spans] == ["optimizer"]
+    assert first.phase_spans[0].start_s >= 0.05
+    assert second.duration_s >= 0.05, second
+
+
 SLEEP_S = 0.2
 
 

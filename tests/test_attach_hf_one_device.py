@@ -62,8 +62,10 @@ def test_the_models_forward_is_timed_and_its_tokens_and_flops_counted(runs: tupl
         for i, said in enumerate(watched[rank]):
             first, *rest = steps[i * STEPS : (i + 1) * STEPS]
             # Each Trainer's step 1 ends where its model is found: its forward ran unwatched,
-            # and says so.
+            # and says so. Its time runs from the Trainer's on_step_begin (it read 0 s): at
+            # least its micro-batches' span and at most train()'s, on the script's own clock.
             assert first.phases.forward is None
+            assert said["step1_forwards_s"] <= first.duration_s <= said["train_s"], first
             assert first.work is not None and first.work.tokens is None
             assert first.work.na == FOUND_NOW
             for report, tokens in zip(rest, said["tokens"][1:], strict=True):

@@ -50,6 +50,9 @@ def install(module: ModuleType) -> None:
             if SESSION.drives("hf-trainer") and isinstance(steps, int) and steps > 0:
                 SESSION.number_steps_from(steps + 1)
 
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            SESSION.begin_step("hf-trainer")
+
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             _events.add("pre")
             _lr[0] = learning_rate(kw.get("optimizer"))

@@ -256,6 +256,21 @@ class AttachSession:
         self.reader = None
         patches.restore_all()
 
+    def begin_step(self, source: str) -> None:
+        """``source`` says a step begins (an HF Trainer's ``on_step_begin``, before its first
+        micro-batch's forward): step 1's time runs from there where nothing began it sooner.
+        On one device the Trainer's model is found at its first optimizer step (its step 1
+        forward unwatched), so step 1 began with nothing and read 0 s."""
+        if self.passive or not self.drives(source):
+            return
+        self._start()
+        begin = getattr(self.tel, "begin_first_step", None)
+        if begin is not None:
+            try:
+                begin()
+            except Exception:
+                self.errors += 1
+
     # -- phases ------------------------------------------------------------------------------
 
     def enter(self, name: str) -> None:

@@ -7,8 +7,9 @@ process group under torchrun, and the script says what it ran as (``parallel_mod
 Trainer that did go distributed is seen. ``--trainers N`` trains N Trainers one after another
 (each its own model, as a sweep script does). Per rank it writes to ``--out``.RANK, per
 Trainer, each micro-batch's loss (the exact float, hex), each optimizer step's tokens (the
-masks' sums the Trainer fed the model, counted here) and its evaluations' losses (every 2
-steps).
+masks' sums the Trainer fed the model, counted here), its evaluations' losses (every 2
+steps), and on its own clock how long step 1's micro-batches ran (the first one's start to the
+last one's end) and ``train()`` took.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from typing import Any
 
 import torch
@@ -50,12 +52,16 @@ class Recording(Trainer):
 
     losses: list[str]
     tokens: list[int]
+    spans: list[tuple[int, int]]
+    """Each training micro-batch's (start, end) on the monotonic clock [ns]."""
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
         out = super().compute_loss(model, inputs, *args, **kwargs)
         if model.training:  # not an evaluation's (which asks for the outputs too)
             self.losses.append(float(out.detach()).hex())
             self.tokens.append(int(inputs["attention_mask"].sum()))
+            self.spans.append((start, time.perf_counter_ns()))
         return out
 
 
@@ -95,13 +101,19 @@ def train(steps: int, rank: int, index: int, folder: str) -> dict[str, Any]:
     )
     data = Padded(100 * index + rank)
     trainer = Recording(model=llama(), args=training, train_dataset=data, eval_dataset=data)
-    trainer.losses, trainer.tokens = [], []
+    trainer.losses, trainer.tokens, trainer.spans = [], [], []
+    t0 = time.perf_counter_ns()
     trainer.train()
+    train_s = (time.perf_counter_ns() - t0) / 1e9
     tokens = trainer.tokens
+    # Step 1's forwards ran from its first micro-batch's start to its last one's end.
+    first = trainer.spans[:ACCUMULATION]
+    forwards_s = (first[-1][1] - first[0][0]) / 1e9
     per_step = [sum(tokens[i : i + ACCUMULATION]) for i in range(0, len(tokens), ACCUMULATION)]
     said = {"parallel_mode": str(training.parallel_mode.value), "world": training.world_size}
     evaluations = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
-    return {"losses": trainer.losses, "tokens": per_step, "evaluations": evaluations, **said}
+    figures = {"evaluations": evaluations, "step1_forwards_s": forwards_s, "train_s": train_s}
+    return {"losses": trainer.losses, "tokens": per_step, **figures, **said}
 
 
 if __name__ == "__main__":
