@@ -282,22 +282,16 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
         runs from here (agent/timeline.py ``LOOP_BEGIN``). Without it, a step 1 whose forward
         ran unseen (a model found at its first optimizer step) read its optimizer phase alone,
         or 0 s."""
-        if self._started or self.step != 1:
-            return
-        t0 = now_ns()
-        self._started = True
-        self._fast_collective(True)
-        try:
-            self._mark(LOOP_BEGIN, t0)
-        except Exception:
-            self.errors += 1
+        if not self._started and self.step == 1:
+            self._begin(now_ns(), LOOP_BEGIN)
 
-    def _begin(self, host_ns: int) -> None:
-        """Step 1 has begun at ``host_ns`` with something other than a phase."""
+    def _begin(self, host_ns: int, scope: LoopBegin | None = None) -> None:
+        """Step 1 has begun at ``host_ns`` with something other than a phase (``scope``: a
+        frontend said so)."""
         self._started = True
         self._fast_collective(True)
         try:
-            self._mark(None, host_ns)
+            self._mark(scope, host_ns)
         except Exception:
             self.errors += 1
 
