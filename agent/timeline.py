@@ -16,8 +16,8 @@ line run there runs cold between the engine's kernels): ``(scope, host_ns, event
 scope's first mark in a step being its entry and its second its exit, and ``(None, host_ns,
 event)`` for the first thing that happened in step 1 when it was not a phase (a collective, a
 transfer), and ``(LOOP_BEGIN, host_ns, event)`` where a frontend said step 1 begins (an HF
-Trainer's ``on_step_begin``). :class:`StepTimeline` turns a step's marks into its :class:`StepAxis` on the sender
-thread, in step order.
+Trainer's ``on_step_begin``). :class:`StepTimeline` turns a step's marks into its
+:class:`StepAxis` on the sender thread, in step order.
 
 ``step_end`` may be called inside a phase (the bundled engine reports from within its
 optimizer phase): the open phase is cut there, its time so far belongs to the step that ends,
