@@ -282,7 +282,7 @@ class LiveTelemetry(RankIdentity, RankClose, Telemetry):
         runs from here (agent/timeline.py ``LOOP_BEGIN``). Without it, a step 1 whose forward
         ran unseen (a model found at its first optimizer step) read its optimizer phase alone,
         or 0 s."""
-        if not self._started and self.step == 1:
+        if not self._started:  # (set for good at step 1's end)
             self._begin(now_ns(), LOOP_BEGIN)
 
     def _begin(self, host_ns: int, scope: LoopBegin | None = None) -> None:

@@ -96,7 +96,8 @@ its place)."""
 BASE = "torch's default"
 
 
-def one_process(args: argparse.Namespace, ring: str | None) -> dict[str, float]:
+def one_process(args: argparse.Namespace, ring: str | None) -> tuple[float, dict[str, float]]:
+    """(the entries torch kept, the process's figures) with the ring ``ring`` asks for."""
     from zeroscope.agent.attach.flight_recorder import BUFFER_ENV, LEGACY_BUFFER_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in (BUFFER_ENV, LEGACY_BUFFER_ENV)}
@@ -110,8 +111,7 @@ def one_process(args: argparse.Namespace, ring: str | None) -> dict[str, float]:
     if ring is not None and recorded != int(ring):
         # not the ring asked for: the modes would not compare what they say
         raise RuntimeError(f"TORCH_FR_BUFFER_SIZE={ring}: torch kept {recorded:.0f} entries")
-    figures["ring"] = recorded
-    return figures
+    return recorded, figures
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,14 +122,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     order = [*MODES, "torch's default again"]
     rounds: list[dict[str, dict[str, float]]] = []
+    rings: dict[str, float] = {}
     for r in range(args.rounds):
-        rounds.append({mode: one_process(args, MODES.get(mode)) for mode in rotated(order, r)})
-    rings = {mode: rounds[0][mode].pop("ring") for mode in MODES}
-    for got in rounds[1:]:
-        for mode in order:
-            got[mode].pop("ring", None)
-    rounds[0]["torch's default again"].pop("ring", None)
-    result: dict[str, Any] = {"rounds": args.rounds, "ops": args.ops, "rings": rings}
+        got: dict[str, dict[str, float]] = {}
+        for mode in rotated(order, r):
+            kept, got[mode] = one_process(args, MODES.get(mode))
+            rings.setdefault(mode, kept)
+        rounds.append(got)
+    kept_by_mode = {mode: rings[mode] for mode in MODES}
+    result: dict[str, Any] = {"rounds": args.rounds, "ops": args.ops, "rings": kept_by_mode}
     figures: dict[str, Any] = {}
     for key in rounds[0][BASE]:
         base = [r[BASE][key] for r in rounds]

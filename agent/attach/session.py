@@ -261,8 +261,8 @@ class AttachSession:
         micro-batch's forward): step 1's time runs from there where nothing began it sooner.
         On one device the Trainer's model is found at its first optimizer step (its step 1
         forward unwatched), so step 1 began with nothing and read 0 s."""
-        if self.passive or not self.drives(source):
-            return
+        if self.steps or self.passive or not self.drives(source):
+            return  # (only step 1 can begin with nothing: later ones run from the last end)
         self._start()
         begin = getattr(self.tel, "begin_first_step", None)
         if begin is not None:
