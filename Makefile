@@ -45,12 +45,19 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy engine agent zeroscope
 
+# Two pytest workers, a test module to each (`--dist loadfile`: a module's fixtures, which
+# launch its reference jobs, run once): the suite alone leaves half of a 2-core machine idle
+# (its launchers' single-threaded imports, its waits on jobs). docs/testing.md has the figures.
+# PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: lint ds-ops
-	$(BIN)/pytest --durations=60
+	$(BIN)/pytest $(PYTEST_PARALLEL) --durations=60
 
 # For your own loop: lint, then everything but the slow end-to-end and fault tests.
 test-fast: lint ds-ops
-	$(BIN)/pytest -m "not slow" -x -q
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow" -x -q
 
 # The long tier: the tests marked soak (the pipeline tutorial at four stages on both engines),
 # then the generated differential suite's soak: 300 generated models on both engines.
