@@ -23,6 +23,9 @@ class Work(msgspec.Struct, omit_defaults=True):
     step of these input shapes."""
     flops_step: int = 0
     """The step the count ran on."""
+    flops_fit: bool = False
+    """``flops`` is not a count of these shapes: the exact fit of the counted steps over the
+    micro-batches' b, b·s and b·s² (agent/flops_fit.py), verified on ``flops_step``."""
     peak_flops: float | None = None
     """The device's peak [FLOP/s] that MFU divides by; ``peak_source`` says which."""
     peak_source: str = ""

@@ -15,7 +15,9 @@ op as called (torch's FlopCounterMode does not: it swaps some fused kernels for 
 decompositions, which moved a Llama's gradients; agent/flops.py says which). Later steps with
 the same input shapes reuse the count; a step with new shapes is counted again, at most
 ``MAX_COUNTS`` times per model (each count costs Python dispatch on every op of one step),
-after which a step of uncounted shapes has its FLOPs NA with the reason.
+after which a step of uncounted shapes has its FLOPs NA with the reason, unless the counted
+steps fit the sequence model's form exactly (agent/flops_fit.py: dynamic padding's ever-new
+lengths): then it has the fit's FLOPs, and no count is made again.
 
 Reuse assumes a model's work follows its input shapes, which a model whose work follows its
 data breaks: a masked-LM head run over the masked positions only, a mixture of experts'
@@ -39,6 +41,7 @@ import torch
 
 from .cadence import MAX_COUNTED_FORWARDS
 from .flops import StepFlops
+from .flops_fit import FlopsFit
 from .peak import PeakProbe
 from .scalars import DeferredScalar
 from .schema import Work
@@ -51,7 +54,7 @@ COMPILED_NA = (
 MAX_COUNTS = 4
 
 
-_PER_MODEL = ("_shape", "_counted", "_counted_first", "_checked", "_varies", "_na_flops")
+_PER_MODEL = ("_shape", "_counted", "_counted_first", "_checked", "_varies", "_na_flops", "_fit")
 """The meter's state that belongs to one model (kept for it while another trains)."""
 
 
@@ -172,6 +175,8 @@ class WorkMeter:
         self._checking = False
         self._varies = ""
         """Why no count is reused: the check found the model's work changed with its data."""
+        self._fit = FlopsFit()
+        """FLOPs of shapes never counted, once the counted steps fit (agent/flops_fit.py)."""
         self.unseen = ""
         """Why no forward of the model is seen in any step (a plain loop's model that the attach
         could not watch, agent/attach/plain_model.py): each step's Work says so, where there
@@ -267,7 +272,7 @@ class WorkMeter:
         self._shape = model_shape(module)
         self._counted, self._counted_first = {}, set()
         self._checked, self._varies = False, ""
-        self._na_flops = ""
+        self._na_flops, self._fit = "", FlopsFit()
         if self.enabled:  # the peak only divides counted FLOPs: no probe without them
             p = next(module.parameters(), None)
             device = p.device if p is not None else torch.device("cpu")
@@ -310,6 +315,7 @@ class WorkMeter:
             and self._counter is None
             and first_shape not in self._counted_first
             and len(self._counted) < MAX_COUNTS
+            and not self._fit.usable
         )
 
     def _check_due(self, first_shape: tuple[int, ...]) -> bool:
@@ -345,6 +351,7 @@ class WorkMeter:
                     if checking:
                         self._compare(self._counted.get(key), flops)
                     self._counted[key] = flops
+                    self._fit.add(key, flops[0], step)
             except Exception:
                 self.errors += 1
         once, self._unseen_once = self._unseen_once, ""
@@ -353,9 +360,14 @@ class WorkMeter:
             if not why:
                 return None
             peak, source = self.peak.figure()
-            return (None, None, [], None, why, peak, source, None)
+            return (None, None, [], None, why, peak, source, None, False)
+        fitted = False
         if flops is None and not self._varies:
             flops = self._counted.get(key)
+            if flops is None and not self._na_flops and self._fit.usable:
+                predicted = self._fit.predict(key)
+                if predicted is not None:
+                    flops, fitted = (predicted, self._fit.verified_step), True
         why = self._na
         if flops is None and (self._na_flops or self._varies):
             why = why or self._na_flops or self._varies
@@ -363,13 +375,14 @@ class WorkMeter:
             why = why or (
                 "FLOPs not counted: the count is off (ZEROSCOPE_FLOPS=0)"
                 if not self.enabled
-                else f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
+                else self._fit.refused
+                or f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
             )
         peak, source = self.peak.figure()
         masks = self._masks if len(self._masks) == len(self._shapes) else []
         facts = (self._positions if not self._na else None, self._seq, masks, flops, why)
         self._positions, self._seq, self._masks, self._shapes, self._na = 0, None, [], [], ""
-        return (*facts, peak, source, self._shape)
+        return (*facts, peak, source, self._shape, fitted)
 
     def _compare(self, before: tuple[float, int] | None, now: tuple[float, int]) -> None:
         """The check's count against the earlier count of the same shapes."""
@@ -385,7 +398,7 @@ class WorkMeter:
 def work_report(facts: tuple[Any, ...]) -> Work:
     """The step's Work from ``take``'s facts (on the sender thread: the masks' sums are read
     here, after the step's end, so reading them waits for nothing on the training thread)."""
-    positions, seq, masks, flops, why, peak, source, shape = facts
+    positions, seq, masks, flops, why, peak, source, shape, fitted = facts
     tokens = positions
     if tokens is not None and masks:
         sums = []
@@ -400,6 +413,7 @@ def work_report(facts: tuple[Any, ...]) -> Work:
         seq_len=seq,
         flops=None if flops is None else flops[0],
         flops_step=0 if flops is None else flops[1],
+        flops_fit=fitted,
         peak_flops=peak,
         peak_source=source,
         dense_params=n,
