@@ -319,12 +319,16 @@ class WorkMeter:
         )
 
     def _check_due(self, first_shape: tuple[int, ...]) -> bool:
-        """A counted shape is back: count it again, once (see the module docstring)."""
+        """A counted shape is back: count it again, once (see the module docstring). Only the
+        step's first shape is known here: with gradient accumulation a later micro-batch may
+        make the step's shapes new after all (dynamic padding), a count but no check, so the
+        check stays due, within the counts' budget plus one."""
         return (
             self.enabled
             and not self._na_flops
             and not self._checked
             and first_shape in self._counted_first
+            and len(self._counted) <= MAX_COUNTS
         )
 
     def not_seen_this_step(self, why: str) -> None:
@@ -385,9 +389,12 @@ class WorkMeter:
         return (*facts, peak, source, self._shape, fitted)
 
     def _compare(self, before: tuple[float, int] | None, now: tuple[float, int]) -> None:
-        """The check's count against the earlier count of the same shapes."""
+        """The check's count against the earlier count of the same shapes (none: the step's
+        shapes were new after all, and nothing was checked)."""
+        if before is None:
+            return
         self._checked = True
-        if before is not None and before[0] != now[0]:
+        if before[0] != now[0]:
             self._varies = (
                 "FLOPs not counted: this model's work changes with its data at equal input "
                 f"shapes (step {before[1]} counted {before[0]:.4g}, step {now[1]} {now[0]:.4g}), "

@@ -340,6 +340,36 @@ def test_a_model_whose_work_follows_its_data_reuses_no_count() -> None:
     assert "changes with its data" in third.na and "step 1" in third.na and "step 2" in third.na
 
 
+def test_the_data_check_is_not_spent_on_a_step_whose_later_micro_batch_is_new() -> None:
+    """Gradient accumulation with dynamic padding: step 2's first micro-batch has step 1's
+    shape (so a check is due) but its second is new, so its shapes were never counted and
+    nothing was checked. Before, that spent the one check, and step 3, step 1's shapes again
+    with other data, reused step 1's count: a figure the model did not do."""
+    torch.manual_seed(0)
+    model, meter = _MaskedHead(), WorkMeter()
+
+    def ids(even: int, length: int = 8) -> torch.Tensor:
+        flat = torch.tensor([2] * even + [1] * (2 * length - even))
+        return flat.reshape(2, length)
+
+    def step(n: int, *batches: torch.Tensor) -> Work:
+        for batch in batches:
+            meter.inputs(model, (batch,), {}, n)
+            model(batch).backward()
+            meter.pause()
+        facts = meter.take(n)
+        assert facts is not None
+        return work_report(facts)
+
+    first = step(1, ids(12), ids(6, 5))
+    second = step(2, ids(12), ids(6, 3))  # new shapes after all: counted, nothing checked
+    third = step(3, ids(4), ids(6, 5))  # step 1's shapes, other data: the check, and differs
+    assert second.flops_step == 2 and third.flops_step == 3
+    assert third.flops != first.flops
+    fourth = step(4, ids(12), ids(6, 5))
+    assert fourth.flops is None and "changes with its data" in fourth.na, fourth
+
+
 def test_meter_counts_up_to_its_budget_then_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(work_mod, "MAX_COUNTS", 1)
     model, meter = KnownGPT(seq=16), WorkMeter()
