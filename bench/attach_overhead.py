@@ -90,6 +90,7 @@ PARTS = (
     "collectives",
     "loop",
     "scaler",
+    "clip",
     "ddp",
     "fsdp2",
     "fsdp1",

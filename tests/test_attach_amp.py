@@ -9,6 +9,7 @@ of the losses it handed to ``scaler.scale()``, the scale after ``update()``, and
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -89,6 +90,22 @@ def test_loss_is_unscaled_mean_of_the_micro_batches(runs: dict) -> None:
                 expected = float.fromhex(mine["loss"])
                 assert step.loss is not None
                 assert abs(step.loss - expected) <= 1e-6 * abs(expected)
+
+
+def test_each_steps_gradient_norm_is_the_unscaled_norm_clipping_returned(runs: dict) -> None:
+    """The script unscales and clips (``clip_grad_norm_``; under FSDP2 on DTensor gradients,
+    whose norm torch returns replicated): each step's norm is the one it got, inf or nan where
+    the step overflowed."""
+    for rank in range(N):
+        for steps, own in zip(runs["steps"][rank], runs["zs"][rank]["runs"], strict=True):
+            for step, mine in zip(steps, own, strict=True):
+                expected = float.fromhex(mine["grad_norm"])
+                assert step.grad_norm is not None, (rank, step.step)
+                if math.isnan(expected):
+                    assert math.isnan(step.grad_norm) and mine["skipped"], (rank, step.step)
+                else:
+                    assert step.grad_norm == expected, (rank, step.step)
+                    assert math.isfinite(expected) or mine["skipped"], (rank, step.step)
 
 
 def test_loss_scale_after_each_step(runs: dict) -> None:

@@ -45,6 +45,15 @@ def test_each_iteration_is_one_step_its_loss_the_micro_batches_mean_undivided(
             assert step.loss_scale is None and not step.skipped, (rank, step.step)
 
 
+def test_each_steps_gradient_norm_is_the_one_clipping_returned(runs: dict) -> None:
+    """``torch.nn.utils.clip_grad_norm_``'s total norm (before clipping), as the script got it:
+    it showed NA for every job but DeepSpeed's."""
+    for rank in range(2):
+        own = runs["zs"][rank]["iterations"]
+        norms = [step.grad_norm for step in runs["trace"][rank].steps]
+        assert norms == [float.fromhex(mine["grad_norm"]) for mine in own], rank
+
+
 def test_only_the_synced_micro_batch_all_reduces_and_every_token_counts(runs: dict) -> None:
     """``require_backward_grad_sync = False`` holds the first micro-batch's reduction: the
     step's all-reduced bytes are the model's fp32 gradients once (4 x its parameters)."""

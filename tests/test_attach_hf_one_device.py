@@ -79,3 +79,13 @@ def test_the_models_forward_is_timed_and_its_tokens_and_flops_counted(runs: tupl
                 assert w.flops == dense + attention * 7 / 6
             assert rest[0].memory.activations, rest[0].memory  # A counted on the first steps
         assert watched[rank][0]["tokens"] != watched[rank][1]["tokens"]  # each its own data
+
+
+def test_each_steps_gradient_norm_is_the_one_the_trainer_logged(runs: tuple) -> None:
+    """The Trainer clips through accelerate's ``clip_grad_norm_`` (``max_grad_norm`` 1.0 by
+    default) and logs the norm it got: each step's norm is that one."""
+    trace, _, watched = runs
+    for rank in range(2):
+        logged = [norm for said in watched[rank] for norm in said["grad_norms"]]
+        assert len(logged) == TRAINERS * STEPS
+        assert [s.grad_norm for s in trace[rank].steps] == logged, rank

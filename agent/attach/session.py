@@ -33,11 +33,13 @@ import msgspec
 import torch
 
 from zeroscope.agent.cadence import ActivationCadence
-from zeroscope.agent.schema import ConfigSummary, EventKind, MemoryBytes, ParamCounts, Precision
+from zeroscope.agent.schema import EventKind, MemoryBytes
 
 from . import collectives, patches
 from .accumulation import unscaled
 from .census import Census
+from .engine_reader import EngineReader as EngineReader
+from .engine_reader import precision_of as precision_of
 from .losses import LOSSES_HELD, mean_loss, read_host_losses
 from .optimizer_cycle import OptimizerCycle
 
@@ -51,46 +53,6 @@ attach never sees (gradients computed with no ``optimizer.step()``: a probe, an 
 autograd on, an optimizer that is not a ``torch.optim.Optimizer``) would otherwise hold more of
 them at every iteration, for the whole run. Past it, phases and inputs are not recorded until a
 step ends (said once); the loop itself is untouched."""
-
-
-def precision_of(dtype: torch.dtype) -> Precision:
-    return "bf16" if dtype == torch.bfloat16 else "fp16" if dtype == torch.float16 else "fp32"
-
-
-class EngineReader:
-    """Reads one engine's state into the schema; subclasses know one engine."""
-
-    kind = "torch"
-    """Shown in the header (``Hello.engine``)."""
-    priority = 0
-    """Higher wins when several engines are found in one process (DeepSpeed over DDP)."""
-
-    def alive(self) -> bool:
-        """False once the engine object is gone (a later engine takes over)."""
-        return True
-
-    def hello(self) -> tuple[ConfigSummary, ParamCounts, str]:
-        """(config, parameter counts, device) for the Hello."""
-        raise NotImplementedError
-
-    def count_grads(self, census: Census) -> None:
-        """Gradients held just before the optimizer step."""
-
-    def count_state(self, census: Census) -> None:
-        """Parameters (first) and optimizer state, after the optimizer step."""
-
-    def memory_extras(self, memory: MemoryBytes) -> None:
-        """Engine-specific fields (persistent or gathered stage-3 parameters)."""
-
-    def layout(self) -> Any:
-        """A cheap value that changes when the engine's state changes size (the optimizer
-        creating its state on its first real step): memory is then counted again at once."""
-        return None
-
-    def private_missing(self) -> list[str]:
-        """The private attributes this reader relies on that the live engine lacks (a torch or
-        DeepSpeed release renamed them: :mod:`.private_api`); checked once, when found."""
-        return []
 
 
 class AttachSession:
@@ -122,6 +84,8 @@ class AttachSession:
         """A weakref to the model a frontend (the HF Trainer) trains: a plain optimizer's
         reader counts its parameters that the optimizer does not step (frozen) in P."""
         self._losses: list[Any] = []
+        self.grad_norm: Any = None
+        """The step's gradient norm as its loop's clipping returned it (grad_clip.py)."""
         self._divisor: float | None = None
         """The divisor every micro-batch loss of the step was handed in with (None: no loss
         yet; 0: they differ)."""
@@ -436,7 +400,7 @@ class AttachSession:
         except Exception:
             self.errors += 1
         self.steps += 1
-        self._losses = []
+        self._losses, self.grad_norm = [], None
         self._divisor = None
         self._phases = 0
 
@@ -483,6 +447,8 @@ class AttachSession:
         self._census_ns = 0
         if "loss" not in figures:
             figures["loss"] = mean_loss(unscaled(self._losses, self._divisor or 1.0))
+        if "grad_norm" not in figures:  # (DeepSpeed says its own)
+            figures["grad_norm"] = self.grad_norm
         memory = self._memory
         if self._census_at and self._census_at != getattr(tel, "current_step", 0):
             memory = msgspec.structs.replace(memory, census_step=self._census_at)  # repeated

@@ -1,13 +1,15 @@
 """A plain PyTorch mixed-precision script with nothing of zeroscope in it: ``torch.autocast`` on
 the CPU (fp16 by default), ``torch.amp.GradScaler("cpu")`` (FSDP's ``ShardedGradScaler`` in
 an FSDP2 run), gradient accumulation (DDP's ``no_sync()`` on all but the last micro-batch)
-and non-reentrant activation checkpointing.
+and non-reentrant activation checkpointing, clipping the unscaled gradients
+(``scaler.unscale_``, ``clip_grad_norm_``).
 
 ``--runs`` trains several runs one after the other in one process (a fresh model, optimizer
 and scaler each). Per step it prints and writes to ``--out``.RANK its own account: the mean of the micro-batch
 losses it handed to ``scaler.scale()`` (the exact float, hex), the scale after
 ``scaler.update()``, and whether the scaler found inf/nan gradients (the scaler's own
-``found_inf`` for the optimizer, read before ``update()``: the step was skipped).
+``found_inf`` for the optimizer, read before ``update()``: the step was skipped), and the norm
+``clip_grad_norm_`` returned (inf or nan in a step that overflowed).
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ def train(spec: str, accum: int, dtype: torch.dtype, rank: int) -> list[dict]:
                     loss = torch.nn.functional.mse_loss(model(x).float(), y)
                 scaler.scale(loss).backward()
             micro.append(loss.item())
+        scaler.unscale_(opt)  # clipping the true gradients (torch.amp's documented recipe)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
         scaler.step(opt)
         found = scaler._found_inf_per_device(opt)
         skipped = bool(sum(float(v.item()) for v in found.values()))
@@ -99,7 +105,8 @@ def train(spec: str, accum: int, dtype: torch.dtype, rank: int) -> list[dict]:
         opt.zero_grad()
         mean = sum(micro) / len(micro)
         scale = scaler.get_scale()
-        steps.append({"loss": mean.hex(), "scale": scale, "skipped": skipped})
+        own = {"loss": mean.hex(), "scale": scale, "skipped": skipped}
+        steps.append({**own, "grad_norm": norm.item().hex()})
         print(f"{spec} rank {rank} step {step} loss {mean:.6f} scale {scale:g} skipped {skipped}")
     return steps
 

@@ -7,8 +7,8 @@ evaluation on rank 0 alone every few iterations (``model.eval()``, forwards unde
 ``torch.no_grad()`` on the DDP model, ``model.train()``) before that iteration's micro-batches.
 
 Each rank writes to ``--out``.RANK its own account per iteration: the micro-batch losses
-(``float.hex``, undivided), the tokens of its batches, whether it evaluated first; and the
-model's parameter count."""
+(``float.hex``, undivided), the tokens of its batches, whether it evaluated first, the norm
+``clip_grad_norm_`` returned; and the model's parameter count."""
 
 import argparse
 import json
@@ -66,11 +66,12 @@ def main() -> None:
             x, y = batch()  # the next batch before the backward, as nanoGPT prefetches
             scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        iterations.append({"losses": losses, "tokens": tokens, "evaluated": evaluated})
+        own_step = {"losses": losses, "tokens": tokens, "evaluated": evaluated}
+        iterations.append({**own_step, "grad_norm": norm.item().hex()})
     own = {"iterations": iterations, "params": sum(p.numel() for p in model.parameters())}
     with open(f"{args.out}.{rank}", "w") as f:
         json.dump(own, f)

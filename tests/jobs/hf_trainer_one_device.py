@@ -91,7 +91,7 @@ def train(steps: int, rank: int, index: int, folder: str) -> dict[str, Any]:
         learning_rate=1e-3,
         report_to=[],
         save_strategy="no",
-        logging_strategy="no",
+        logging_steps=1,  # each step's grad_norm, as the Trainer read it, in its log_history
         eval_strategy="steps",  # its dataloader is built after step 1: the model is wrapped
         eval_steps=2,
         disable_tqdm=True,
@@ -112,7 +112,9 @@ def train(steps: int, rank: int, index: int, folder: str) -> dict[str, Any]:
     per_step = [sum(tokens[i : i + ACCUMULATION]) for i in range(0, len(tokens), ACCUMULATION)]
     said = {"parallel_mode": str(training.parallel_mode.value), "world": training.world_size}
     evaluations = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
     figures = {"evaluations": evaluations, "step1_forwards_s": forwards_s, "train_s": train_s}
+    figures["grad_norms"] = norms
     return {"losses": trainer.losses, "tokens": per_step, **figures, **said}
 
 
