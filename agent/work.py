@@ -379,14 +379,21 @@ class WorkMeter:
             why = why or (
                 "FLOPs not counted: the count is off (ZEROSCOPE_FLOPS=0)"
                 if not self.enabled
-                else self._fit.refused
-                or f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
+                else self._fit.refused or self._uncounted_why()
             )
         peak, source = self.peak.figure()
         masks = self._masks if len(self._masks) == len(self._shapes) else []
         facts = (self._positions if not self._na else None, self._seq, masks, flops, why)
         self._positions, self._seq, self._masks, self._shapes, self._na = 0, None, [], [], ""
         return (*facts, peak, source, self._shape, fitted)
+
+    def _uncounted_why(self) -> str:
+        if len(self._counted) >= MAX_COUNTS:
+            return f"FLOPs not counted for these input shapes ({MAX_COUNTS} counts spent)"
+        return (
+            "FLOPs not counted for these input shapes: a count starts at a step's first "
+            "micro-batch, whose shape had been counted, and a later one's was new"
+        )
 
     def _compare(self, before: tuple[float, int] | None, now: tuple[float, int]) -> None:
         """The check's count against the earlier count of the same shapes (none: the step's

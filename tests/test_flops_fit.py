@@ -148,3 +148,16 @@ def test_the_fit_needs_independent_steps_and_a_verification() -> None:
     assert fit.predict(((4, 100), (1, 3))) == flops(((4, 100), (1, 3)))
     assert fit.predict(((2, 3, 4, 5),)) is None  # not a batch of sequences
     assert terms(()) is None
+
+
+def test_a_step_left_uncounted_by_its_first_micro_batch_says_so_not_that_counts_ran_out() -> None:
+    """A count starts at a step's first micro-batch, when only its shape is known: a step whose
+    first shape was counted before (the data check spent) and whose later one is new is not
+    counted, with its own reason; before, it read "4 counts spent" after one count."""
+    torch.manual_seed(0)
+    model, meter = KnownGPT(seq=16), WorkMeter()
+    _run_step(meter, model, 1, [_gpt_batch(2, 8), _gpt_batch(2, 12)])
+    _run_step(meter, model, 2, [_gpt_batch(2, 8), _gpt_batch(2, 12)])  # the check: equal
+    third = _run_step(meter, model, 3, [_gpt_batch(2, 8), _gpt_batch(2, 5)])
+    assert third.flops is None and "counts spent" not in third.na
+    assert "first micro-batch" in third.na, third.na
