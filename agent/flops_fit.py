@@ -95,8 +95,9 @@ class FlopsFit:
         if self.usable or self.refused:
             return
         row = terms(shapes)
-        if row is None:
-            return
+        if row is None or any(p[0] == row for p in self._points):
+            return  # the same terms again (a check, or the same micro-batches in another order):
+            # nothing new to solve from, and a verification that could not fail
         if self.coefficients is not None:
             predicted = self._predict(row)
             if abs(predicted - flops) <= TOLERANCE * max(abs(flops), 1.0):
@@ -109,8 +110,6 @@ class FlopsFit:
                     f"gave {predicted:.4g} (this model's work is not of that form)"
                 )
             return
-        if any(p[0] == row for p in self._points):
-            return  # the same terms again (a check of a counted shape): nothing new
         self._points.append((row, flops, step))
         if len(self._points) >= 3:
             self._fit_from_points()

@@ -143,8 +143,10 @@ def test_the_fit_needs_independent_steps_and_a_verification() -> None:
     fit.add(((2, 9),), flops(((2, 9),)), 4)
     fit.add(((1, 20), (3, 5)), flops(((1, 20), (3, 5))), 5)
     assert fit.coefficients is not None and not fit.usable  # solved, not yet verified
-    fit.add(((2, 31),), flops(((2, 31),)), 6)
-    assert fit.usable and fit.verified_step == 6
+    fit.add(((3, 5), (1, 20)), 1.0, 6)  # step 5's micro-batches in another order: no test
+    assert not fit.usable and not fit.refused
+    fit.add(((2, 31),), flops(((2, 31),)), 7)
+    assert fit.usable and fit.verified_step == 7
     assert fit.predict(((4, 100), (1, 3))) == flops(((4, 100), (1, 3)))
     assert fit.predict(((2, 3, 4, 5),)) is None  # not a batch of sequences
     assert terms(()) is None
