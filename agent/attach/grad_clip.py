@@ -16,7 +16,9 @@ The norm is a tensor on the gradients' device: the report reads it as it reads t
 FSDP2 norm is a DTensor: replicated (torch 2.13 returns it so) its local value is the whole
 norm; a partial one would need a collective to read, so the step's norm stays NA. Under
 GradScaler the loop unscales first, so the norm is of the true gradients; in a step that
-overflowed it is inf or nan, as the loop's own is.
+overflowed it is inf or nan, as the loop's own is. Clipping inside a compiled region (a
+train step under ``torch.compile``) runs torch's function alone, nothing added to the graph
+(agent/attach/compiled.py): that step's norm is NA.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import patches
+from . import compiled, patches
 from .session import SESSION
 
 
@@ -56,7 +58,8 @@ def _clip_grad_norm(original: Any) -> Any:
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
         norm = original(*args, **kwargs)
-        note(norm)
+        if not compiled.tracing():  # (inside a compiled step: nothing added to its graph)
+            note(norm)
         return norm
 
     return clip_grad_norm_
@@ -66,7 +69,8 @@ def _clip_grads_with_norm(original: Any) -> Any:
     @functools.wraps(original)
     def clip_grads_with_norm_(*args: Any, **kwargs: Any) -> Any:
         done = original(*args, **kwargs)
-        note(kwargs["total_norm"] if "total_norm" in kwargs else args[2] if len(args) > 2 else None)
+        if not compiled.tracing():
+            note(kwargs.get("total_norm", args[2] if len(args) > 2 else None))
         return done
 
     return clip_grads_with_norm_
