@@ -267,6 +267,20 @@ def test_fsdp1_memory_equals_its_flat_shards_and_its_forward_is_timed(
             assert m.activations and m.activations > 0
 
 
+def test_the_gradient_norm_is_fsdp1s_clip_grad_norm_and_na_where_nothing_clips(runs: dict) -> None:
+    """The FSDP1 modes clip with FSDP1's own ``clip_grad_norm_`` (the norm all-reduced over the
+    group, the same on every rank): each step's norm is what it returned. The other modes do
+    not clip: nothing computed a norm, so NA."""
+    for rank in range(N):
+        for mode in MODES:
+            norms = [s.grad_norm for s in _mode_steps(runs, rank, mode)]
+            own = runs["zs"][rank][mode]["grad_norms"]
+            if mode.startswith("fsdp1"):
+                assert norms == [float.fromhex(x) for x in own] and len(own) == STEPS, mode
+            else:
+                assert norms == [None] * STEPS and own == [], mode
+
+
 @pytest.mark.parametrize("mode", ["fsdp1", "fsdp1-grad-op"])
 def test_fsdp1_collective_bytes_per_step_match_its_sharding(runs: dict, mode: str) -> None:
     """Each unit's padded flat parameter is all-gathered in forward and its gradient
@@ -277,6 +291,7 @@ def test_fsdp1_collective_bytes_per_step_match_its_sharding(runs: dict, mode: st
     expected = sorted(
         [("all_gather", size) for size in sizes + again]
         + [("reduce_scatter", size) for size in sizes]
+        + [("all_reduce", 4)]  # the script clips: FSDP1 all-reduces the norm (one float32)
     )
     for rank in range(N):
         for step in _mode_steps(runs, rank, mode):

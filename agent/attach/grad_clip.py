@@ -5,7 +5,9 @@ other job zeroscope attaches to showed ``grad norm NA``, though nearly every LLM
 and the norm is the figure a loss spike is read against: nanoGPT and Lightning call
 ``torch.nn.utils.clip_grad_norm_``; accelerate's ``clip_grad_norm_`` (an HF Trainer's) and
 torchtitan work the total norm out themselves (``get_total_norm``) and hand it to
-``torch.nn.utils.clip_grads_with_norm_``. Both functions are wrapped where they live (the
+``torch.nn.utils.clip_grads_with_norm_``; FSDP1 clips with its own method,
+``FullyShardedDataParallel.clip_grad_norm_`` (an HF Trainer's ``--fsdp``, through accelerate),
+which returns the norm it all-reduced. The two functions are wrapped where they live (the
 ``torch.nn.utils`` package and its ``clip_grad`` module, before the script imports either
 name), and the norm is kept for the step's report: the total norm of the gradients before
 clipping, as torch returns it and as DeepSpeed reports its own. The last clip before the step's
@@ -94,3 +96,14 @@ def install() -> None:
         for held, value in list(vars(clip_grad).items()):
             if value is original:
                 patches.replace(clip_grad, held, wrapped)
+    from . import postimport
+    from .install import guarded
+
+    def fsdp1(module: Any) -> None:
+        cls = module.FullyShardedDataParallel
+        guarded(
+            "the gradient norm of FSDP's clip_grad_norm_",
+            lambda: patches.replace(cls, "clip_grad_norm_", _clip_grad_norm(cls.clip_grad_norm_)),
+        )
+
+    postimport.when_imported("torch.distributed.fsdp.fully_sharded_data_parallel", fsdp1)

@@ -77,12 +77,14 @@ def train(mode: str, steps: int) -> dict:
     model, layout = wrap(mode, build_model())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(dist.get_rank())
-    losses = []
+    losses, norms = [], []
     for _ in range(steps):
         x = torch.randn(8, IN, generator=data)
         y = torch.randn(8, OUT, generator=data)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if mode.startswith("fsdp1"):  # FSDP1's own clipping: its norm all-reduced over the group
+            norms.append(model.clip_grad_norm_(0.5).item().hex())
         opt.step()
         opt.zero_grad()
         losses.append(loss.item().hex())
@@ -91,7 +93,7 @@ def train(mode: str, steps: int) -> dict:
         logged = logging_data()
         layout["bucket_sizes"] = [int(b) for b in logged["bucket_sizes"].split(", ")]
         layout["comm_hook"] = logged.get("comm_hook")  # DDP's own: None = its built-in one
-    return {"losses": losses, **layout}
+    return {"losses": losses, "grad_norms": norms, **layout}
 
 
 def main() -> None:
