@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -111,6 +112,23 @@ def test_exposed_comm_memory_headroom_and_minimum_loss_scale() -> None:
     assert summary is not None
     assert summary.ops["all_gather"].busbw == pytest.approx(busbw("all_gather", 10**8, 0.5, 2))
     assert summary.ops["all_gather"].busbw == pytest.approx(10**8 / 0.5 / 2)
+
+
+def test_the_step_line_says_the_gradient_norm_where_a_rank_reported_one() -> None:
+    """The largest rank's norm (under data parallelism all are the one global norm); nan when a
+    rank's was (an overflowed fp16 step); left out of the line when no rank's job clipped."""
+    state = ClusterState()
+    nan = float("nan")  # (step 0 makes both ranks known: a step closes on every known rank)
+    norms = {0: (None, None), 1: (1.25, 1.5), 2: (nan, 2.0), 3: (None, None), 4: (None, None)}
+    closed = state.ingest_all(
+        [_report(r, step, grad_norm=pair[r]) for step, pair in norms.items() for r in (0, 1)]
+    )
+    by_step = {a.step: a for a in closed}
+    assert by_step[1].grad_norm == 1.5
+    assert "loss      NA  gnorm    1.5  scale" in step_line(by_step[1])
+    assert by_step[2].grad_norm is not None and math.isnan(by_step[2].grad_norm)
+    assert "gnorm    nan" in step_line(by_step[2])
+    assert by_step[3].grad_norm is None and "gnorm" not in step_line(by_step[3])
 
 
 def test_missing_figures_stay_none_and_print_na() -> None:

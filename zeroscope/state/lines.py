@@ -15,20 +15,25 @@ from .throughput import cluster_run, cluster_step, reasons_of, reported_step
 
 
 def step_line(agg: StepAggregate) -> str:
-    """step, step time, mean loss, loss scale, worst rank's P/G/O/A on the device (and what it
-    offloaded to host memory or NVMe), the cluster's exposed comm %, and the rank with the most
-    compute beyond the others (its excess)."""
+    """step, step time, mean loss, gradient norm (where some rank reported one), loss scale,
+    worst rank's P/G/O/A on the device (and what it offloaded to host memory or NVMe), the
+    cluster's exposed comm %, and the rank with the most compute beyond the others (its
+    excess)."""
     worst = agg.worst_memory_rank
     w = agg.summaries[worst]
     slowest = agg.slowest_rank
     excess = agg.slowest_excess
     flags = " SKIPPED" if agg.skipped else ""
     evaluation = agg.eval_time
+    norm = agg.grad_norm
     return (
         f"step {agg.step:>5}  time {units.seconds(agg.step_time):>6}  "
         # An evaluation ran before the step, in its time: said, or the step reads as slow.
         + (f"(eval {units.seconds(evaluation)})  " if evaluation is not None else "")
-        + f"loss {units.number(agg.loss, '.4f'):>7}  scale {units.scale(agg.loss_scale):>6}  "
+        + f"loss {units.number(agg.loss, '.4f'):>7}  "
+        # The gradient norm where the job clips (or DeepSpeed says it): a loss spike's context.
+        + (f"gnorm {units.number(norm, '.4g'):>6}  " if norm is not None else "")
+        + f"scale {units.scale(agg.loss_scale):>6}  "
         f"mem r{worst} P {units.params_size(w.params, w.frozen_params)} G {units.size(w.grads)} "
         f"O {units.size(w.optim)} A {units.size(w.activations)}"
         # Offloaded parts live in host memory: say how much, or O 0B reads as no optimizer.

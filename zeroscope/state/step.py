@@ -3,6 +3,7 @@ of a step as one of its properties (moved out of cluster.py, which holds the fol
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -149,6 +150,16 @@ class StepAggregate:
         reported one."""
         losses = [s.loss for s in self.summaries.values() if s.loss is not None]
         return sum(losses) / len(losses) if losses else None
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The largest of the ranks' gradient norms, as their clipping (or DeepSpeed) reported
+        them: under data parallelism every rank's is the same global norm. NaN where a rank's
+        was (an overflowed fp16 step's); NA when no rank reported one (nothing clipped)."""
+        norms = [s.grad_norm for s in self.summaries.values() if s.grad_norm is not None]
+        if not norms:
+            return None
+        return math.nan if any(math.isnan(n) for n in norms) else max(norms)
 
     @property
     def loss_scale(self) -> float | None:
