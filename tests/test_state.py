@@ -19,6 +19,7 @@ from zeroscope.agent.schema import (
 from zeroscope.state import AlertRules, ClusterState
 from zeroscope.state.bandwidth import busbw
 from zeroscope.state.lines import step_line, summary_lines
+from zeroscope.state.report import run_report
 
 
 def _state(shape: RunShape | None = None, until_step: int | None = None) -> ClusterState:
@@ -129,6 +130,29 @@ def test_the_step_line_says_the_gradient_norm_where_a_rank_reported_one() -> Non
     assert by_step[2].grad_norm is not None and math.isnan(by_step[2].grad_norm)
     assert "gnorm    nan" in step_line(by_step[2])
     assert by_step[3].grad_norm is None and "gnorm" not in step_line(by_step[3])
+
+
+def test_the_runs_summary_says_its_final_and_largest_finite_gradient_norm() -> None:
+    """The final norm, and the largest finite one with its step (an overflowed step's inf or
+    nan skipped its update: no spike); NA-free runs of jobs that never clip say nothing."""
+    inf = float("inf")
+    by_step = [(0.5, 0.5), (3.0, 3.0), (inf, inf), (float("nan"), 9.0), (1.0, 1.0)]
+    state = ClusterState()
+    state.ingest_all(
+        [_report(r, step, grad_norm=pair[r]) for step, pair in enumerate(by_step) for r in (0, 1)]
+    )
+    state.flush()
+    t = state.totals
+    assert (t.grad_norm_final, t.grad_norm_max, t.grad_norm_max_step) == (1.0, 3.0, 1)
+    assert any("grad norm 1 (largest 3 at step 1); " in line for line in summary_lines(state))
+    report = run_report(state)
+    assert (report["grad_norm_final"], report["grad_norm_max"]) == (1.0, 3.0)
+    assert report["grad_norm_max_step"] == 1
+    plain = ClusterState()
+    plain.ingest_all([_report(r, step) for step in range(3) for r in (0, 1)])
+    plain.flush()
+    assert not any("grad norm" in line for line in summary_lines(plain))
+    assert run_report(plain)["grad_norm_max"] is None
 
 
 def test_missing_figures_stay_none_and_print_na() -> None:

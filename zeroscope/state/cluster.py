@@ -289,6 +289,7 @@ class ClusterState:
             skipped=agg.skipped,
             overflow=agg.overflow,
             exposed_unmeasured=agg.exposed_unmeasured,
+            grad_norm=agg.grad_norm,
         )
 
     # ------------------------------------------------------------------ views

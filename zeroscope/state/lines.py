@@ -12,6 +12,7 @@ from .cluster import ClusterState, StepAggregate
 from .pipeline import layout_of
 from .roster import headcount
 from .throughput import cluster_run, cluster_step, reasons_of, reported_step
+from .totals import ClusterTotals
 
 
 def step_line(agg: StepAggregate) -> str:
@@ -126,7 +127,8 @@ def summary_lines(state: ClusterState, trace: str | None = None) -> list[str]:
             f"{t.skipped} skipped; final loss {units.number(last.loss, '.4f')} "
             f"({_whose_loss(state, last)}), "
             f"loss scale {units.scale(last.loss_scale)}; "
-            f"{units.number(t.steps_per_s, '.3f')} steps/s, "
+            + _grad_norm_text(t)
+            + f"{units.number(t.steps_per_s, '.3f')} steps/s, "
             f"{units.number(t.samples_per_s, '.2f')} samples/s; "
             f"exposed comm {units.percent(t.exposed_share)}"
         )
@@ -234,6 +236,18 @@ def exit_lines(state: ClusterState) -> list[str]:
         when = f"after step {last}" if last else "before step 1"
         lines.append(f"no rank said Bye: the job or its recording ended abruptly {when}")
     return lines
+
+
+def _grad_norm_text(t: ClusterTotals) -> str:
+    """The run's gradient norm: the final one and the largest (its step), where any was."""
+    if t.grad_norm_final is None and t.grad_norm_max is None:
+        return ""
+    largest = (
+        ""
+        if t.grad_norm_max is None
+        else f" (largest {units.number(t.grad_norm_max, '.4g')} at step {t.grad_norm_max_step})"
+    )
+    return f"grad norm {units.number(t.grad_norm_final, '.4g')}{largest}; "
 
 
 def _whose_loss(state: ClusterState, last: StepAggregate) -> str:

@@ -10,6 +10,7 @@ Peaks and counts cover every step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -173,6 +174,12 @@ class ClusterTotals:
 
     first_step_time_s: float = 0.0
     last_step: int | None = None
+    grad_norm_final: float | None = None
+    """The newest step's gradient norm (the largest rank's; NA where none reported one)."""
+    grad_norm_max: float | None = None
+    grad_norm_max_step: int | None = None
+    """The largest finite gradient norm of the run and its step: the spike to look at (an
+    overflowed fp16 step's inf or nan is no spike: its update was skipped)."""
     thinned: bool = False
     """The trace was thinned (store/thinning.py): the steps between the kept ones ran but were
     not recorded, so the rates count step numbers, not the steps seen, and samples/s scales the
@@ -189,8 +196,17 @@ class ClusterTotals:
         skipped: bool,
         overflow: bool,
         exposed_unmeasured: bool = False,
+        grad_norm: float | None = None,
     ) -> None:
         self.steps += 1
+        self.grad_norm_final = grad_norm
+        best = self.grad_norm_max
+        if (
+            grad_norm is not None
+            and math.isfinite(grad_norm)
+            and (best is None or grad_norm > best)
+        ):
+            self.grad_norm_max, self.grad_norm_max_step = grad_norm, step
         self.skipped += skipped
         self.overflows += overflow
         if self.first_step is None:
