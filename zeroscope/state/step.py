@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # C-level reads of every rank's summary: a closed step of 16,384 ranks reads each a few times.
 _WALL_NS = attrgetter("wall_ns")
 _DURATION = attrgetter("duration_s")
+_GRAD_NORM = attrgetter("grad_norm")
 _OVERFLOW = attrgetter("overflow")
 
 
@@ -156,7 +157,7 @@ class StepAggregate:
         """The largest of the ranks' gradient norms, as their clipping (or DeepSpeed) reported
         them: under data parallelism every rank's is the same global norm. NaN where a rank's
         was (an overflowed fp16 step's); NA when no rank reported one (nothing clipped)."""
-        norms = [s.grad_norm for s in self.summaries.values() if s.grad_norm is not None]
+        norms = [n for n in map(_GRAD_NORM, self.summaries.values()) if n is not None]
         if not norms:
             return None
         return math.nan if any(math.isnan(n) for n in norms) else max(norms)
