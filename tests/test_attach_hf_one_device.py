@@ -68,6 +68,12 @@ def test_the_models_forward_is_timed_and_its_tokens_and_flops_counted(runs: tupl
             assert said["step1_forwards_s"] <= first.duration_s <= said["train_s"], first
             assert first.work is not None and first.work.tokens is None
             assert first.work.na == FOUND_NOW
+            # Its gradients were not counted (the optimizer's reader is found at that step's
+            # end, after its pre-hook; the second Trainer's were counted by the first one's
+            # optimizer): NA, not the 0 bytes they read before. Then counted, on the next step:
+            # every parameter trains, in fp32, so G holds as many bytes as P.
+            assert first.memory.grads is None, first.memory
+            assert rest[0].memory.grads == rest[0].memory.params > 0, rest[0].memory
             for report, tokens in zip(rest, said["tokens"][1:], strict=True):
                 assert report.phases.forward and report.phases.forward > 0
                 w = report.work

@@ -91,7 +91,12 @@ class AttachSession:
         yet; 0: they differ)."""
         self._depth: dict[str, int] = {}
         self._open: dict[str, Any] = {}
-        self._grads: tuple[int, int] = (0, 0)
+        self._grads: tuple[int | None, int, int] = (None, 0, 0)
+        """G (device, host) counted before this step's optimizer step, and by which reader (its
+        id); None, or another reader than the one reporting the step (a plain loop's step 1,
+        whose reader is found at its end; a second Trainer's, counted by the first's optimizer,
+        which read 0), or a count that failed: NA, and the next step is counted again (once)."""
+        self._g_missed = False
         self._memory = MemoryBytes()
         self._layout: Any = None
         self.parallel: Any = None
@@ -358,7 +363,7 @@ class AttachSession:
         except Exception:
             self.errors += 1
             changed = False
-        due = changed or self.memory_cadence.due(step, False)
+        due = changed or self._g_missed or self.memory_cadence.due(step, False)
         self._due = (step, due)
         return due
 
@@ -383,7 +388,7 @@ class AttachSession:
         try:
             census = Census()
             reader.count_grads(census)
-            self._grads = (census.device["grads"], census.host["grads"])
+            self._grads = (census.device["grads"], census.host["grads"], id(reader))
         except Exception:
             self.errors += 1
         self._census_ns += time.thread_time_ns() - t0
@@ -428,8 +433,12 @@ class AttachSession:
             t0 = time.thread_time_ns()
             census = Census()
             reader.count_state(census)
-            grads, host_grads = self._grads
-            self._grads = (0, 0)
+            grads, host_grads, counted_by = self._grads
+            self._grads = (None, 0, 0)
+            missed = counted_by != id(reader)
+            if missed:
+                grads, host_grads = None, 0
+            self._g_missed = missed and not self._g_missed  # one step counted again, not more
             memory = MemoryBytes(
                 params=census.device["params"],
                 grads=grads,
