@@ -73,14 +73,14 @@ def _solve(rows: list[Terms], values: list[float]) -> tuple[Fraction, ...] | Non
 class FlopsFit:
     """One model's fit: the counted steps it is made from, then verified or refused."""
 
-    __slots__ = ("_floats", "_points", "coefficients", "refused", "verified_step")
+    __slots__ = ("_points", "coefficients", "refused", "verified_step")
 
     def __init__(self) -> None:
         self._points: list[tuple[Terms, float, int]] = []
-        self.coefficients: tuple[Fraction, ...] | None = None
-        self._floats: tuple[float, ...] = ()
-        """The coefficients as floats, once verified: a step's prediction is three products
-        on the training thread, not rational arithmetic."""
+        self.coefficients: tuple[float, float, float] | None = None
+        """(γ, α, β), solved exactly and kept as floats: a step's prediction is three products
+        on the training thread, not rational arithmetic (its rounding, ~1e-16, is far inside
+        the verification's tolerance)."""
         self.verified_step = 0
         """The counted step whose FLOPs the fit predicted (0: not verified yet)."""
         self.refused = ""
@@ -88,7 +88,8 @@ class FlopsFit:
 
     @property
     def usable(self) -> bool:
-        return self.verified_step > 0 and not self.refused
+        """Verified (a refused fit is never verified, and a verified one never refused)."""
+        return self.verified_step > 0
 
     def add(self, shapes: tuple[tuple[int, ...], ...], flops: float, step: int) -> None:
         """A counted step: a point to solve from, or the verification once solved."""
@@ -102,7 +103,6 @@ class FlopsFit:
             predicted = self._predict(row)
             if abs(predicted - flops) <= TOLERANCE * max(abs(flops), 1.0):
                 self.verified_step = step
-                self._floats = tuple(float(c) for c in self.coefficients)
             else:
                 self.refused = (
                     f"FLOPs not counted for these input shapes: step {step} counted {flops:.4g} "
@@ -122,12 +122,14 @@ class FlopsFit:
                 chosen = [points[i], points[j], points[-1]]
                 solved = _solve([p[0] for p in chosen], [p[1] for p in chosen])
                 if solved is not None:
-                    self.coefficients = solved
+                    g, a, b = solved
+                    self.coefficients = (float(g), float(a), float(b))
                     return
 
     def _predict(self, row: Terms) -> float:
         assert self.coefficients is not None
-        return float(sum(c * x for c, x in zip(self.coefficients, row, strict=True)))
+        g, a, b = self.coefficients
+        return g * row[0] + a * row[1] + b * row[2]
 
     def predict(self, shapes: tuple[tuple[int, ...], ...]) -> float | None:
         """The FLOPs of a step of ``shapes`` (None: the fit is not usable, or a micro-batch is
@@ -135,7 +137,4 @@ class FlopsFit:
         if not self.usable:
             return None
         row = terms(shapes)
-        if row is None:
-            return None
-        g, a, b = self._floats
-        return g * row[0] + a * row[1] + b * row[2]
+        return None if row is None else self._predict(row)

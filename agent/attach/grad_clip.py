@@ -31,18 +31,8 @@ from typing import Any
 import torch
 
 from . import compiled, patches
+from .losses import readable_scalar
 from .session import SESSION
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor | None:
-    """A scalar tensor the agent may read: detached, a replicated DTensor's local value; None
-    for a partial DTensor (its reading would be a collective the agent must not run)."""
-    placements = getattr(t, "placements", None)
-    if placements is not None:
-        if not all(p.is_replicate() for p in placements):
-            return None
-        t = t.to_local()  # type: ignore[attr-defined]  # (every rank: the same)
-    return t.detach()
 
 
 def note(norm: Any) -> None:
@@ -51,7 +41,7 @@ def note(norm: Any) -> None:
     if s.passive:
         return
     try:
-        s.grad_norm = local_value(norm) if isinstance(norm, torch.Tensor) else None
+        s.grad_norm = readable_scalar(norm) if isinstance(norm, torch.Tensor) else None
     except Exception:
         s.errors += 1
 

@@ -19,6 +19,19 @@ buffers: a loop whose step end is never seen (no hooked optimizer) grew ~0.4 MB 
 iteration on a DDP MLP (8 x 512, batch 32) until the step's end would have freed them."""
 
 
+def readable_scalar(t: torch.Tensor) -> torch.Tensor | None:
+    """A scalar tensor the agent may keep and read later: detached, a replicated DTensor's
+    local value (every rank's is the same: tensor parallel's ``loss_parallel`` loss, FSDP2's
+    gradient norm); None for a partial DTensor, whose reading would be a collective of the
+    agent's."""
+    placements = getattr(t, "placements", None)
+    if placements is not None:
+        if not all(p.is_replicate() for p in placements):
+            return None
+        t = t.to_local()  # type: ignore[attr-defined]
+    return t.detach()
+
+
 def read_host_losses(losses: list[tuple[Any, float]]) -> None:
     """Read the held CPU losses now (a float each: no device sync); device ones stay tensors."""
     for i, (loss, weight) in enumerate(losses):

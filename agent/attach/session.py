@@ -40,7 +40,7 @@ from .accumulation import unscaled
 from .census import Census
 from .engine_reader import EngineReader as EngineReader
 from .engine_reader import precision_of as precision_of
-from .losses import LOSSES_HELD, mean_loss, read_host_losses
+from .losses import LOSSES_HELD, mean_loss, read_host_losses, readable_scalar
 from .optimizer_cycle import OptimizerCycle
 
 STEP_SOURCES = {"optimizer": 0, "grad-scaler": 1, "hf-trainer": 2, "deepspeed": 3}
@@ -330,12 +330,9 @@ class AttachSession:
             if isinstance(loss, torch.Tensor):
                 if loss.numel() != 1:
                     return
-                placements = getattr(loss, "placements", None)
-                if placements is not None:  # a DTensor (tensor parallel's ``loss_parallel``)
-                    if not all(p.is_replicate() for p in placements):
-                        return  # reading a partial sum would be a collective of the agent's
-                    loss = loss.to_local()  # type: ignore[attr-defined]  # (every rank: the same)
-                loss = loss.detach()
+                loss = readable_scalar(loss)
+                if loss is None:  # a partial DTensor: reading it would be a collective
+                    return
             losses = self._losses
             if len(losses) >= LOSSES_HELD and len(losses) % LOSSES_HELD == 0:
                 read_host_losses(losses)

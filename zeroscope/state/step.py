@@ -44,14 +44,16 @@ class StepAggregate:
     reported_throughput: tuple[Throughput | None] | None = None
     """The closed step's cluster throughput, once worked out (throughput.reported_step)."""
 
-    _closed: tuple[int, float, float | None, bool] | None = None
-    """(wall_ns, step_time, exposed_s, overflow) frozen when the step closed (its reports are
-    final): the alerts read the newest steps' every frame, a pass over every rank each."""
+    _closed: tuple[int, float, float | None, bool, float | None] | None = None
+    """(wall_ns, step_time, exposed_s, overflow, grad_norm) frozen when the step closed (its
+    reports are final): the alerts read the newest steps' every frame, the run's totals and the
+    step line the norm, a pass over every rank each."""
 
     def close(self) -> None:
         self.complete = True
         self._closed = None
-        self._closed = (self.wall_ns, self.step_time, self.exposed_s, self.overflow)
+        figures = (self.wall_ns, self.step_time, self.exposed_s, self.overflow, self.grad_norm)
+        self._closed = figures
 
     @property
     def wall_ns(self) -> int:
@@ -157,6 +159,8 @@ class StepAggregate:
         """The largest of the ranks' gradient norms, as their clipping (or DeepSpeed) reported
         them: under data parallelism every rank's is the same global norm. NaN where a rank's
         was (an overflowed fp16 step's); NA when no rank reported one (nothing clipped)."""
+        if self._closed is not None:
+            return self._closed[4]
         norms = [n for n in map(_GRAD_NORM, self.summaries.values()) if n is not None]
         if not norms:
             return None
