@@ -49,9 +49,12 @@ def note(norm: Any) -> None:
 def _clip_grad_norm(original: Any) -> Any:
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        before = SESSION.grad_norm
         norm = original(*args, **kwargs)
-        if not compiled.tracing():  # (inside a compiled step: nothing added to its graph)
-            note(norm)
+        # torch's clip_grad_norm_ hands its norm to clip_grads_with_norm_, wrapped too: kept
+        # there already (a new tensor), it is not read twice. FSDP1's clips by itself.
+        if SESSION.grad_norm is before and not compiled.tracing():
+            note(norm)  # (inside a compiled step: nothing added to its graph)
         return norm
 
     return clip_grad_norm_
