@@ -193,7 +193,26 @@ def tight_capacity(trace: Path) -> int:
     return int(used / 0.95)
 
 
+def _gathers_hidden(trace: Path) -> str:
+    """Why the run is no case for lowering the stage, by the rule's own threshold ("" when it
+    is one): the all-gathers' exposed share of the step, measured by the agent. Idle, the job
+    reads 33-57 %; once a busy CI machine slowed both ranks alike, 14 % (16 ms of a 117 ms
+    step: the waits for the peer shrank while compute grew), and the advisor rightly put
+    prefetch first."""
+    state, _ = state_of(trace)
+    f = Facts(state)
+    share = f.op("all_gather").exposed / f.step_s if f.step_s else 0.0
+    floor = state.rules.advice.exposed_share_min
+    if share >= floor:
+        return ""
+    assert all(a.rule != "stage" for a in advise(state).advice)  # the rule declines, as it says
+    return f"all-gathers exposed {share:.0%} of the step here, under the rule's {floor:.0%}"
+
+
 def test_zero3_tiny_model_lower_the_stage(runs: dict[str, Path]) -> None:
+    hidden = _gathers_hidden(runs["zero3"])
+    if hidden:
+        pytest.skip(hidden)
     top, state = _top(runs["zero3"])
     assert top.rule == "stage", top
     assert top.change.ds_config["zero_optimization.stage"] == 2
@@ -268,6 +287,9 @@ def _held(trial: dict, metric: str) -> dict:
 
 
 def test_verify_lower_stage(runs: dict[str, Path]) -> None:
+    hidden = _gathers_hidden(runs["zero3"])
+    if hidden:
+        pytest.skip(hidden)
     trial = verify(runs, "zero3")
     assert trial["advice"]["rule"] == "stage"
     assert json.loads(Path(trial["config"]).read_text())["zero_optimization"]["stage"] == 2
